@@ -1,0 +1,3 @@
+from agentgrad.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,133 @@
+"""Agents: the user's code, seen through one small interface.
+
+An agent takes a task and the resources of the current version (an ``LLM`` endpoint, prompt
+templates…) and returns a reward — or emits rewards itself and returns None. Two ways in:
+
+* subclass :class:`Agent` and implement ``rollout`` (or ``rollout_async``);
+* decorate a function with :func:`rollout`: ``(task, llm)``, ``(task, prompt_template)`` or
+  ``(task, resources)``, optionally also taking ``rollout``, sync or async.
+
+(The module is ``agents``, not ``agent``, so that ``agentgrad.agent("name")`` — the tagging
+scope from :mod:`agentgrad.emit` — stays reachable at the top level.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, Union
+
+from agentgrad.types import LLM, PromptTemplate, Resources, Rollout
+
+#: What an agent may return: a reward, None (rewards were emitted), or a dict with ``reward``.
+RolloutResult = Union[float, int, None, Mapping[str, Any]]
+
+
+class Agent:
+    """Base class for agents. Implement ``rollout`` or ``rollout_async``.
+
+    ``training_rollout`` and ``validation_rollout`` default to ``rollout`` so an agent can
+    behave differently while training (e.g. sample) and evaluating (e.g. greedy).
+    """
+
+    #: Tags spans of this agent; multi-agent systems use ``agentgrad.agent("name")`` scopes.
+    name: str | None = None
+
+    def rollout(self, task: Any, resources: Resources, rollout: Rollout) -> RolloutResult:
+        raise NotImplementedError(f"{type(self).__name__} must implement rollout() or rollout_async()")
+
+    async def rollout_async(self, task: Any, resources: Resources, rollout: Rollout) -> RolloutResult:
+        return await asyncio.to_thread(self.rollout, task, resources, rollout)
+
+    def training_rollout(self, task: Any, resources: Resources, rollout: Rollout) -> Any:
+        return self._dispatch(task, resources, rollout)
+
+    def validation_rollout(self, task: Any, resources: Resources, rollout: Rollout) -> Any:
+        return self._dispatch(task, resources, rollout)
+
+    def _dispatch(self, task: Any, resources: Resources, rollout: Rollout) -> Any:
+        # Prefer whichever of the two the subclass implemented; async agents return a coroutine.
+        if type(self).rollout_async is not Agent.rollout_async:
+            return self.rollout_async(task, resources, rollout)
+        return self.rollout(task, resources, rollout)
+
+    def run_for(self, rollout: Rollout, resources: Resources) -> Any:
+        """Call the method for the rollout's mode; may return a coroutine (async agents)."""
+        method = self.training_rollout if rollout.mode == "train" else self.validation_rollout
+        return method(rollout.input, resources, rollout)
+
+
+_RESOURCE_PARAMS: dict[str, type | None] = {"llm": LLM, "prompt_template": PromptTemplate, "resources": None}
+
+
+class FunctionAgent(Agent):
+    """An :class:`Agent` made from a plain function by :func:`rollout`."""
+
+    def __init__(self, func: Callable[..., Any]) -> None:
+        params = list(inspect.signature(func).parameters)
+        if not params:
+            raise TypeError(f"@rollout function {func.__qualname__} must take the task as its first parameter")
+        self._resource_param = next((p for p in params[1:] if p in _RESOURCE_PARAMS), None)
+        unknown = [p for p in params[1:] if p not in _RESOURCE_PARAMS and p != "rollout"]
+        if unknown:
+            raise TypeError(
+                f"@rollout function {func.__qualname__} has unknown parameter(s) {unknown}: "
+                "use (task, llm | prompt_template | resources [, rollout])"
+            )
+        self._wants_rollout = "rollout" in params
+        self.func = func
+        self.name = func.__name__
+        functools.update_wrapper(self, func)
+
+    def _arguments(self, resources: Resources, rollout: Rollout) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {}
+        if self._resource_param is not None:
+            kwargs[self._resource_param] = _pick(resources, self._resource_param)
+        if self._wants_rollout:
+            kwargs["rollout"] = rollout
+        return kwargs
+
+    def _dispatch(self, task: Any, resources: Resources, rollout: Rollout) -> Any:
+        return self.func(task, **self._arguments(resources, rollout))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Still callable as the plain function (handy in unit tests of the agent itself)."""
+        return self.func(*args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickle by reference to the decorated function, so runner processes can import it.
+        return (_load_function_agent, (self.func.__module__, self.func.__qualname__))
+
+
+def _load_function_agent(module: str, qualname: str) -> FunctionAgent:
+    import importlib
+
+    target: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target if isinstance(target, FunctionAgent) else FunctionAgent(target)
+
+
+def _pick(resources: Resources, param: str) -> Any:
+    """The resource a parameter asks for: the item of that name, else the only one of its type."""
+    kind = _RESOURCE_PARAMS[param]
+    if kind is None:
+        return resources
+    if param in resources.items and isinstance(resources.items[param], kind):
+        return resources.items[param]
+    candidates = [v for v in resources.items.values() if isinstance(v, kind)]
+    if len(candidates) == 1:
+        return candidates[0]
+    have = {k: type(v).__name__ for k, v in resources.items.items()}
+    raise LookupError(
+        f"the agent asks for {param!r} but resources {resources.resources_id!r} have "
+        f"{'none' if not candidates else 'several'} of type {kind.__name__} (items: {have}); "
+        f"name one {param!r}"
+    )
+
+
+def rollout(func: Callable[..., Any]) -> FunctionAgent:
+    """Turn ``f(task, llm | prompt_template | resources [, rollout])`` into an :class:`Agent`."""
+    return FunctionAgent(func)

@@ -1,0 +1,136 @@
+"""Evaluate: run every task once and summarize — the algorithm behind ``Trainer.dev()``.
+
+It is the first thing to run on a new agent: does it finish, does it get rewards, does the store
+see its LLM calls? The summary answers exactly those questions.
+"""
+
+from __future__ import annotations
+
+import collections
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from agentgrad import semconv
+from agentgrad.algorithms.base import Algorithm, AlgorithmContext
+from agentgrad.errors import InvalidTransitionError
+from agentgrad.store.protocol import RolloutRequest, Store
+from agentgrad.types import Rollout, RolloutConfig, RolloutMode, RolloutStatus
+
+
+@dataclass
+class EvaluationReport:
+    """Outcome of running a batch of tasks once."""
+
+    rollouts: list[Rollout]
+    spans_per_rollout: list[int]
+    llm_calls_per_rollout: list[int]
+    failure_reasons: collections.Counter = field(default_factory=collections.Counter)
+    timed_out: int = 0
+
+    @property
+    def total(self) -> int:
+        return len(self.rollouts)
+
+    @property
+    def succeeded(self) -> int:
+        return sum(r.status == RolloutStatus.SUCCEEDED for r in self.rollouts)
+
+    @property
+    def failed(self) -> int:
+        return self.total - self.succeeded
+
+    @property
+    def rewards(self) -> list[float]:
+        return [r.reward for r in self.rollouts if r.reward is not None]
+
+    @property
+    def reward_mean(self) -> float | None:
+        return statistics.fmean(self.rewards) if self.rewards else None
+
+    @property
+    def no_llm_calls(self) -> int:
+        return sum(n == 0 for n in self.llm_calls_per_rollout)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "total": self.total, "succeeded": self.succeeded, "failed": self.failed,
+            "timed_out": self.timed_out, "reward_mean": self.reward_mean,
+            "spans_per_rollout": _mean(self.spans_per_rollout),
+            "llm_calls_per_rollout": _mean(self.llm_calls_per_rollout),
+            "rollouts_without_llm_calls": self.no_llm_calls,
+            "failure_reasons": dict(self.failure_reasons),
+        }
+
+    def print(self, console: Console | None = None) -> None:
+        console = console or Console()
+        table = Table(title="AgentGrad dev run", show_header=False)
+        for key, value in self.as_dict().items():
+            if key == "failure_reasons":
+                continue
+            table.add_row(key.replace("_", " "), "—" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value))
+        console.print(table)
+        if self.failure_reasons:
+            reasons = Table(title="failure reasons", show_header=True)
+            reasons.add_column("count", justify="right")
+            reasons.add_column("reason")
+            for reason, count in self.failure_reasons.most_common(10):
+                reasons.add_row(str(count), reason)
+            console.print(reasons)
+        if self.no_llm_calls:
+            console.print(f"[yellow]warning:[/] {self.no_llm_calls} rollout(s) captured no LLM call "
+                          "— they give no training data")
+
+
+def _mean(values: Sequence[int]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def summarize(store: Store, rollouts: Sequence[Rollout], timed_out: int = 0) -> EvaluationReport:
+    """Read back spans and attempts of finished rollouts into a report."""
+    spans, calls, reasons = [], [], collections.Counter()
+    for rollout in rollouts:
+        latest = store.query_spans(rollout.rollout_id, "latest")
+        spans.append(len(latest))
+        calls.append(sum(s.name == semconv.SPAN_LLM_CALL for s in latest))
+        if rollout.status != RolloutStatus.SUCCEEDED:
+            attempt = store.get_latest_attempt(rollout.rollout_id)
+            error = attempt.error if attempt else None
+            reasons[f"{error.type}: {error.message}"[:200] if error else rollout.status.value] += 1
+    return EvaluationReport(list(rollouts), spans, calls, reasons, timed_out)
+
+
+class Evaluate(Algorithm):
+    """Run each task once (in ``mode``) and report; with ``timeout`` unfinished ones are cancelled."""
+
+    def __init__(self, *, mode: RolloutMode = "train", timeout: float | None = None,
+                 config: RolloutConfig | None = None, resources_id: str | None = None) -> None:
+        self.mode, self.timeout, self.config, self.resources_id = mode, timeout, config, resources_id
+
+    def run(self, context: AlgorithmContext) -> EvaluationReport:
+        store = context.store
+        tasks = list(context.val_tasks if self.mode != "train" and context.val_tasks else context.train_tasks)
+        if not tasks:
+            raise ValueError("nothing to evaluate: no tasks were given")
+        enqueued = store.enqueue_rollouts([
+            RolloutRequest(input=task, mode=self.mode, config=self.config or RolloutConfig(),
+                           resources_id=self.resources_id)
+            for task in tasks
+        ])
+        ids = [r.rollout_id for r in enqueued]
+        with context.console.status(f"running {len(ids)} rollout(s)…"):
+            finished = {r.rollout_id for r in store.wait_for_rollouts(ids, self.timeout)}
+        timed_out = 0
+        for rollout_id in ids:
+            if rollout_id not in finished:
+                try:
+                    store.cancel_rollout(rollout_id)
+                    timed_out += 1
+                except InvalidTransitionError:  # it finished between the wait and the cancel
+                    pass
+        final = [store.get_rollout(rollout_id) for rollout_id in ids]
+        return summarize(store, final, timed_out)

@@ -1,0 +1,365 @@
+"""Runners: take rollouts from the store, run the agent, report the outcome.
+
+A :class:`Runner` is one worker loop with ``concurrency`` rollouts in flight (async agents run
+concurrently on its event loop; sync agents run in threads). A :class:`RunnerPool` starts
+``n_runners`` such workers as separate processes that open the store by URL.
+
+Failure model:
+* an agent exception fails the attempt with its type, message and traceback;
+* a non-numeric reward fails that rollout with a message, never the runner;
+* heartbeats go to the store every ``heartbeat_interval``; if the store says the attempt is over
+  (cancelled, timed out), the agent's task is cancelled;
+* SIGTERM/SIGINT stop dequeuing, give in-flight rollouts ``grace_seconds`` to finish, then hand
+  the rest back as failed attempts (``RunnerStopped``), which the store retries per the rollout's
+  ``retry_on``;
+* a runner killed outright (SIGKILL) leaves attempts that stop heartbeating: the store's
+  watchdog marks them ``unresponsive`` and retries them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+import multiprocessing
+import os
+import signal
+import socket
+import threading
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentgrad import semconv
+from agentgrad.agents import Agent, FunctionAgent
+from agentgrad.context import RolloutContext, use_context
+from agentgrad.emit import emit_reward
+from agentgrad.store.protocol import Store
+from agentgrad.types import (
+    AttemptedRollout,
+    AttemptError,
+    AttemptStatus,
+    Resources,
+    Worker,
+    new_id,
+    now,
+)
+
+log = logging.getLogger(__name__)
+
+
+class RewardError(TypeError):
+    """The agent returned something that is not a reward."""
+
+
+@dataclass
+class RunnerStats:
+    succeeded: int = 0
+    failed: int = 0
+    handed_back: int = 0
+    no_llm_calls: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def finished(self) -> int:
+        return self.succeeded + self.failed
+
+
+def reward_of(result: Any) -> float | None:
+    """The reward in an agent's return value: a number, None, or a dict with ``reward``."""
+    if isinstance(result, Mapping):
+        if "reward" not in result:
+            raise RewardError(f"the agent returned a dict without a 'reward' key (keys: {sorted(result)})")
+        result = result["reward"]
+    if result is None:
+        return None
+    if isinstance(result, bool) or not isinstance(result, (int, float)) or not math.isfinite(float(result)):
+        raise RewardError(f"the agent returned a non-numeric reward {result!r} ({type(result).__name__})")
+    return float(result)
+
+
+def as_agent(agent: Agent | Callable[..., Any]) -> Agent:
+    if isinstance(agent, Agent):
+        return agent
+    if callable(agent):
+        return FunctionAgent(agent)
+    raise TypeError(f"expected an Agent or a @rollout function, got {type(agent).__name__}")
+
+
+class Runner:
+    """One worker loop over a store.
+
+    Args:
+        agent: an :class:`Agent` or a function (wrapped as with ``@rollout``).
+        store: any :class:`Store` (in-process, or a client of the store service).
+        concurrency: rollouts in flight at once.
+        max_rollouts: stop after this many attempts (None: run until stopped).
+        poll_timeout: how long one dequeue long-polls before re-checking for a stop.
+        heartbeat_interval: seconds between heartbeats of an in-flight attempt.
+        grace_seconds: on stop, how long in-flight rollouts may take to finish.
+        llm_endpoint_for: optional hook giving the per-rollout LLM endpoint (the capture proxy).
+    """
+
+    def __init__(
+        self,
+        agent: Agent | Callable[..., Any],
+        store: Store,
+        *,
+        worker_id: str | None = None,
+        concurrency: int = 1,
+        max_rollouts: int | None = None,
+        poll_timeout: float = 0.5,
+        heartbeat_interval: float = 5.0,
+        grace_seconds: float = 30.0,
+        resources_hook: Callable[[Resources, AttemptedRollout], Resources] | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be ≥ 1, got {concurrency}")
+        self.agent = as_agent(agent)
+        self.store = store
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{new_id('w')[2:8]}"
+        self.concurrency = concurrency
+        self.max_rollouts = max_rollouts
+        self.poll_timeout = poll_timeout
+        self.heartbeat_interval = heartbeat_interval
+        self.grace_seconds = grace_seconds
+        self.resources_hook = resources_hook
+        self.stats = RunnerStats()
+        self._stopping = threading.Event()
+        self._claimed = 0
+        self._in_flight: dict[str, AttemptedRollout] = {}
+
+    # ---- control ----------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Ask the loop to stop taking work; in-flight rollouts get ``grace_seconds``."""
+        self._stopping.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def run(self) -> RunnerStats:
+        """Run until stopped or ``max_rollouts`` attempts are done (blocking)."""
+        return asyncio.run(self.run_async())
+
+    async def run_async(self) -> RunnerStats:
+        self._report_worker("idle")
+        slots = [asyncio.create_task(self._slot()) for _ in range(self.concurrency)]
+        try:
+            await asyncio.gather(*slots)
+        finally:
+            self._report_worker("stopped")
+        return self.stats
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def _take_ticket(self) -> bool:
+        if self.stopping or (self.max_rollouts is not None and self._claimed >= self.max_rollouts):
+            return False
+        self._claimed += 1
+        return True
+
+    async def _slot(self) -> None:
+        while self._take_ticket():
+            claimed = await asyncio.to_thread(self.store.dequeue_rollout, self.worker_id, self.poll_timeout)
+            if claimed is None:
+                self._claimed -= 1  # nothing came: the ticket is not spent
+                continue
+            if self.stopping:  # the stop arrived while we long-polled: hand it straight back
+                self._hand_back(claimed)
+                continue
+            await self._run_attempt(claimed)
+
+    async def _run_attempt(self, claimed: AttemptedRollout) -> None:
+        rollout, attempt = claimed.rollout, claimed.attempt
+        key = attempt.attempt_id
+        self._in_flight[key] = claimed
+        self._report_worker("busy", claimed)
+        try:
+            resources = self._resources_for(claimed)
+            self.store.update_attempt(rollout.rollout_id, attempt.attempt_id, AttemptStatus.RUNNING)
+            context = RolloutContext(
+                store=self.store, rollout=rollout, attempt=attempt, agent_name=self.agent.name,
+                trace_id=attempt.attempt_id.replace("-", "").ljust(32, "0")[:32],
+            )
+            with use_context(context):
+                work = asyncio.ensure_future(self._invoke(claimed, resources))
+                outcome = await self._supervise(work, claimed)
+            self._finish(claimed, outcome)
+        except Exception as exc:  # a store error while reporting: log, keep the runner alive
+            log.exception("runner %s could not report rollout %s", self.worker_id, rollout.rollout_id)
+            self.stats.errors.append(f"{rollout.rollout_id}: {type(exc).__name__}: {exc}")
+        finally:
+            self._in_flight.pop(key, None)
+            self._report_worker("idle")
+
+    async def _invoke(self, claimed: AttemptedRollout, resources: Resources) -> Any:
+        # Sync agents run in a thread (the context variable travels with it) so heartbeats and
+        # other slots keep going; async agents return a coroutine that runs on this loop.
+        result = await asyncio.to_thread(self.agent.run_for, claimed.rollout, resources)
+        if inspect.isawaitable(result):
+            result = await result
+        reward = reward_of(result)
+        if reward is not None:
+            emit_reward(reward)
+        return reward
+
+    async def _supervise(self, work: asyncio.Future, claimed: AttemptedRollout) -> BaseException | None:
+        """Await the agent while heartbeating; returns its exception (None on success)."""
+        rollout_id, attempt_id = claimed.rollout.rollout_id, claimed.attempt.attempt_id
+        last_beat = now()
+        grace_deadline: float | None = None
+        while True:
+            done, _ = await asyncio.wait({work}, timeout=0.25)
+            if done:
+                return work.exception()
+            if self.stopping:
+                grace_deadline = grace_deadline or now() + self.grace_seconds
+                if now() >= grace_deadline:
+                    work.cancel()
+                    return _Handback()
+                continue
+            if now() - last_beat < self.heartbeat_interval:
+                continue
+            last_beat = now()
+            state = await asyncio.to_thread(self.store.heartbeat, rollout_id, attempt_id)
+            if state.status.is_terminal:
+                log.warning("attempt %s of %s ended in the store (%s); cancelling the agent",
+                            attempt_id, rollout_id, state.status.value)
+                work.cancel()
+                return _Superseded(state.status.value)
+
+    def _finish(self, claimed: AttemptedRollout, outcome: BaseException | None) -> None:
+        rollout_id, attempt_id = claimed.rollout.rollout_id, claimed.attempt.attempt_id
+        if isinstance(outcome, _Superseded):
+            self.stats.failed += 1
+            return
+        if isinstance(outcome, _Handback):
+            self._hand_back(claimed)
+            return
+        if outcome is None:
+            self.store.update_attempt(rollout_id, attempt_id, AttemptStatus.SUCCEEDED)
+            self.stats.succeeded += 1
+            self._warn_if_no_llm_calls(rollout_id)
+            return
+        error = AttemptError(
+            type=type(outcome).__name__,
+            message=str(outcome),
+            traceback="".join(traceback.format_exception(outcome)),
+        )
+        log.warning("rollout %s failed: %s: %s", rollout_id, error.type, error.message)
+        self.store.update_attempt(rollout_id, attempt_id, AttemptStatus.FAILED, error)
+        self.stats.failed += 1
+
+    def _warn_if_no_llm_calls(self, rollout_id: str) -> None:
+        if self.store.query_spans(rollout_id, "latest", name=semconv.SPAN_LLM_CALL, limit=1):
+            return
+        self.stats.no_llm_calls += 1
+        if self.stats.no_llm_calls in (1, 10, 100) or self.stats.no_llm_calls % 1000 == 0:
+            log.warning(
+                "rollout %s finished with no captured LLM call (%d so far on this runner): it yields no "
+                "training data — is the agent using the LLM endpoint it was given?",
+                rollout_id, self.stats.no_llm_calls,
+            )
+
+    def _hand_back(self, claimed: AttemptedRollout) -> None:
+        error = AttemptError(type="RunnerStopped", message=f"runner {self.worker_id} stopped before finishing")
+        try:
+            self.store.update_attempt(claimed.rollout.rollout_id, claimed.attempt.attempt_id,
+                                      AttemptStatus.FAILED, error)
+        except Exception:
+            log.exception("could not hand back rollout %s", claimed.rollout.rollout_id)
+        self.stats.handed_back += 1
+
+    def _resources_for(self, claimed: AttemptedRollout) -> Resources:
+        rid = claimed.rollout.resources_id
+        resources = self.store.get_resources(rid) if rid else self.store.get_latest_resources()
+        resources = resources or Resources(resources_id="none", version=0)
+        return self.resources_hook(resources, claimed) if self.resources_hook else resources
+
+    def _report_worker(self, status: str, claimed: AttemptedRollout | None = None) -> None:
+        try:
+            self.store.update_worker(Worker(
+                worker_id=self.worker_id,
+                status="busy" if self._in_flight else status,  # type: ignore[arg-type]
+                current_rollout_id=claimed.rollout.rollout_id if claimed else None,
+                current_attempt_id=claimed.attempt.attempt_id if claimed else None,
+                metadata={"pid": os.getpid(), "concurrency": self.concurrency, "in_flight": len(self._in_flight),
+                          "succeeded": self.stats.succeeded, "failed": self.stats.failed},
+            ))
+        except Exception:  # worker records are diagnostics; never fail a rollout over them
+            log.debug("could not update worker record", exc_info=True)
+
+
+class _Handback(Exception):
+    """The runner stopped before the agent finished."""
+
+
+class _Superseded(Exception):
+    """The store ended the attempt (cancel, timeout) while the agent was still running."""
+
+
+# ---- process pool -----------------------------------------------------------------------------
+
+def _runner_process(agent: Agent, store_url: str, options: dict[str, Any]) -> None:
+    from agentgrad.store import open_store
+
+    logging.basicConfig(level=os.environ.get("AGENTGRAD_LOG_LEVEL", "WARNING"))
+    store = open_store(store_url, watchdog=False)
+    runner = Runner(agent, store, **options)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: runner.stop())
+    try:
+        runner.run()
+    finally:
+        store.close()
+
+
+class RunnerPool:
+    """``n_runners`` runner processes, each with ``concurrency`` rollouts in flight.
+
+    Processes are started with the ``spawn`` method (safe next to threads and torch) and open
+    the store by URL (``sqlite:///…``, ``postgresql://…`` or the store service's
+    ``http://…``). The agent is pickled: define it at module level.
+    """
+
+    def __init__(self, agent: Agent | Callable[..., Any], store_url: str, *, n_runners: int = 1,
+                 **runner_options: Any) -> None:
+        if n_runners < 1:
+            raise ValueError(f"n_runners must be ≥ 1, got {n_runners}")
+        self.agent = as_agent(agent)
+        self.store_url = store_url
+        self.n_runners = n_runners
+        self.runner_options = runner_options
+        self.processes: list[multiprocessing.process.BaseProcess] = []
+
+    def start(self) -> RunnerPool:
+        ctx = multiprocessing.get_context("spawn")
+        for index in range(self.n_runners):
+            options = {**self.runner_options}
+            options.setdefault("worker_id", f"runner-{index}-{new_id('w')[2:8]}")
+            process = ctx.Process(target=_runner_process, args=(self.agent, self.store_url, options),
+                                  name=f"agentgrad-runner-{index}", daemon=True)
+            process.start()
+            self.processes.append(process)
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM every runner (they finish or hand back work), then wait; kill stragglers."""
+        for process in self.processes:
+            if process.is_alive() and process.pid is not None:
+                os.kill(process.pid, signal.SIGTERM)
+        for process in self.processes:
+            process.join(timeout)
+            if process.is_alive():
+                log.warning("runner %s did not stop in %.0f s; killing it", process.name, timeout)
+                process.kill()
+                process.join(5)
+        self.processes.clear()
+
+    def __enter__(self) -> RunnerPool:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,322 @@
+"""One SQL implementation of the store primitives, shared by SQLite and PostgreSQL.
+
+Records are kept whole as JSON (``data``) with the columns that queries filter or sort on copied
+beside them. The SQL is written with ``?`` placeholders in the common subset of both dialects
+(``ON CONFLICT``, ``RETURNING``, partial indexes); a :class:`SqlDialect` supplies the few
+differences (placeholder style, row locking for claims, column types).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentgrad.store.core import StoreTx
+from agentgrad.store.protocol import RolloutFilter
+from agentgrad.types import Attempt, MetricRecord, Resources, Rollout, RolloutStatus, Span, Worker
+
+SCHEMA_VERSION = "1"
+_TERMINAL = tuple(s.value for s in RolloutStatus if s.is_terminal)
+_CHUNK = 500
+
+
+@dataclass(frozen=True)
+class SqlDialect:
+    name: str
+    placeholder: str = "?"
+    #: Appended to the queue-claim SELECT (PostgreSQL: FOR UPDATE SKIP LOCKED).
+    claim_lock: str = ""
+    float_type: str = "DOUBLE PRECISION"
+    autoincrement_pk: str = "INTEGER PRIMARY KEY AUTOINCREMENT"
+
+    @functools.lru_cache(maxsize=256)  # noqa: B019 - dialects are a handful of frozen singletons
+    def sql(self, statement: str) -> str:
+        return statement if self.placeholder == "?" else statement.replace("?", self.placeholder)
+
+    def schema(self) -> list[str]:
+        f = self.float_type
+        return [
+            "CREATE TABLE IF NOT EXISTS agentgrad_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+            f"""CREATE TABLE IF NOT EXISTS rollouts (
+                rollout_id TEXT PRIMARY KEY, status TEXT NOT NULL, mode TEXT NOT NULL, group_id TEXT,
+                resources_id TEXT, enqueue_time {f} NOT NULL, start_time {f}, end_time {f}, reward {f},
+                llm_calls INTEGER NOT NULL DEFAULT 0, queue_pos BIGINT, span_seq BIGINT NOT NULL DEFAULT 0,
+                data TEXT NOT NULL)""",
+            "CREATE INDEX IF NOT EXISTS rollouts_queue ON rollouts (queue_pos) WHERE queue_pos IS NOT NULL",
+            "CREATE INDEX IF NOT EXISTS rollouts_status ON rollouts (status)",
+            "CREATE INDEX IF NOT EXISTS rollouts_enqueue ON rollouts (enqueue_time)",
+            """CREATE TABLE IF NOT EXISTS attempts (
+                rollout_id TEXT NOT NULL, attempt_id TEXT NOT NULL, sequence_id INTEGER NOT NULL,
+                status TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (rollout_id, attempt_id))""",
+            "CREATE INDEX IF NOT EXISTS attempts_by_seq ON attempts (rollout_id, sequence_id)",
+            "CREATE INDEX IF NOT EXISTS attempts_active ON attempts (status) "
+            "WHERE status IN ('preparing', 'running')",
+            """CREATE TABLE IF NOT EXISTS spans (
+                rollout_id TEXT NOT NULL, attempt_id TEXT NOT NULL, span_id TEXT NOT NULL,
+                sequence_id BIGINT NOT NULL, name TEXT NOT NULL, data TEXT NOT NULL,
+                PRIMARY KEY (rollout_id, attempt_id, span_id))""",
+            "CREATE UNIQUE INDEX IF NOT EXISTS spans_by_seq ON spans (rollout_id, sequence_id)",
+            """CREATE TABLE IF NOT EXISTS resources (
+                resources_id TEXT PRIMARY KEY, version INTEGER NOT NULL UNIQUE, data TEXT NOT NULL)""",
+            "CREATE TABLE IF NOT EXISTS workers (worker_id TEXT PRIMARY KEY, data TEXT NOT NULL)",
+            f"""CREATE TABLE IF NOT EXISTS metrics (
+                id {self.autoincrement_pk}, run_id TEXT NOT NULL, step INTEGER NOT NULL, data TEXT NOT NULL)""",
+        ]
+
+
+SQLITE = SqlDialect(name="sqlite", float_type="REAL")
+POSTGRES = SqlDialect(
+    name="postgresql", placeholder="%s", claim_lock=" FOR UPDATE SKIP LOCKED", autoincrement_pk="BIGSERIAL PRIMARY KEY"
+)
+
+
+def _rollout_columns(r: Rollout) -> tuple[Any, ...]:
+    return (
+        r.status.value,
+        r.mode,
+        r.metadata.get("group_id"),
+        r.resources_id,
+        r.enqueue_time,
+        r.start_time,
+        r.end_time,
+        r.reward,
+        r.llm_calls,
+        r.model_dump_json(),
+    )
+
+
+def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+class SqlTx(StoreTx):
+    """Store primitives over one DB-API cursor inside an open transaction."""
+
+    def __init__(self, cursor: Any, dialect: SqlDialect) -> None:
+        self.cur = cursor
+        self.dialect = dialect
+
+    def _exec(self, statement: str, params: Sequence[Any] = ()) -> Any:
+        self.cur.execute(self.dialect.sql(statement), params)
+        return self.cur
+
+    def _rows(self, statement: str, params: Sequence[Any] = ()) -> list[tuple]:
+        return self._exec(statement, params).fetchall()
+
+    def _marks(self, n: int) -> str:
+        return ", ".join("?" * n)
+
+    # ---- rollouts
+    def get_rollout(self, rollout_id: str) -> Rollout | None:
+        rows = self._rows("SELECT data FROM rollouts WHERE rollout_id = ?", (rollout_id,))
+        return Rollout.model_validate_json(rows[0][0]) if rows else None
+
+    def insert_rollouts(self, rollouts: Sequence[Rollout]) -> None:
+        self.cur.executemany(
+            self.dialect.sql(
+                "INSERT INTO rollouts (status, mode, group_id, resources_id, enqueue_time, start_time, end_time, "
+                "reward, llm_calls, data, rollout_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            ),
+            [(*_rollout_columns(r), r.rollout_id) for r in rollouts],
+        )
+
+    def save_rollout(self, rollout: Rollout) -> None:
+        self._exec(
+            "UPDATE rollouts SET status = ?, mode = ?, group_id = ?, resources_id = ?, enqueue_time = ?, "
+            "start_time = ?, end_time = ?, reward = ?, llm_calls = ?, data = ? WHERE rollout_id = ?",
+            (*_rollout_columns(rollout), rollout.rollout_id),
+        )
+
+    def push_queue(self, rollout_ids: Sequence[str]) -> None:
+        (top,) = self._rows("SELECT COALESCE(MAX(queue_pos), 0) FROM rollouts WHERE queue_pos IS NOT NULL")[0]
+        self.cur.executemany(
+            self.dialect.sql("UPDATE rollouts SET queue_pos = ? WHERE rollout_id = ?"),
+            [(top + 1 + i, rollout_id) for i, rollout_id in enumerate(rollout_ids)],
+        )
+
+    def pop_queue(self, limit: int) -> list[str]:
+        rows = self._rows(
+            "SELECT rollout_id FROM rollouts WHERE queue_pos IS NOT NULL "
+            "ORDER BY queue_pos, enqueue_time, rollout_id LIMIT ?" + self.dialect.claim_lock,
+            (limit,),
+        )
+        ids = [row[0] for row in rows]
+        if ids:
+            self._exec(f"UPDATE rollouts SET queue_pos = NULL WHERE rollout_id IN ({self._marks(len(ids))})", ids)
+        return ids
+
+    def remove_from_queue(self, rollout_id: str) -> None:
+        self._exec("UPDATE rollouts SET queue_pos = NULL WHERE rollout_id = ?", (rollout_id,))
+
+    def _where(self, f: RolloutFilter) -> tuple[str, list[Any]]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        if f.status is not None:
+            clauses.append(f"status IN ({self._marks(len(f.status))})" if f.status else "1 = 0")
+            params += [s.value for s in f.status]
+        if f.mode is not None:
+            clauses.append("mode = ?")
+            params.append(f.mode)
+        if f.rollout_ids is not None:
+            clauses.append(f"rollout_id IN ({self._marks(len(f.rollout_ids))})" if f.rollout_ids else "1 = 0")
+            params += f.rollout_ids
+        if f.group_id is not None:
+            clauses.append("group_id = ?")
+            params.append(f.group_id)
+        if f.resources_id is not None:
+            clauses.append("resources_id = ?")
+            params.append(f.resources_id)
+        if f.no_llm_calls is not None:
+            empty = f"(status IN ({self._marks(len(_TERMINAL))}) AND llm_calls = 0)"
+            clauses.append(empty if f.no_llm_calls else f"NOT {empty}")
+            params += _TERMINAL
+        return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
+
+    def query_rollouts(self, filter: RolloutFilter) -> list[Rollout]:
+        where, params = self._where(filter)
+        direction = " DESC" if filter.descending else ""
+        key = filter.sort_by  # a Literal, validated by pydantic: safe to interpolate
+        order = f" ORDER BY ({key} IS NULL), {key}{direction}, enqueue_time{direction}, rollout_id{direction}"
+        page = ""
+        if filter.limit is not None:
+            page = " LIMIT ? OFFSET ?"
+            params += [filter.limit, filter.offset]
+        elif filter.offset:
+            page = " LIMIT -1 OFFSET ?" if self.dialect.name == "sqlite" else " OFFSET ?"
+            params.append(filter.offset)
+        rows = self._rows("SELECT data FROM rollouts" + where + order + page, params)
+        return [Rollout.model_validate_json(row[0]) for row in rows]
+
+    def count_rollouts(self, filter: RolloutFilter) -> int:
+        where, params = self._where(filter)
+        return int(self._rows("SELECT COUNT(*) FROM rollouts" + where, params)[0][0])
+
+    # ---- attempts
+    def get_attempt(self, rollout_id: str, attempt_id: str) -> Attempt | None:
+        rows = self._rows("SELECT data FROM attempts WHERE rollout_id = ? AND attempt_id = ?", (rollout_id, attempt_id))
+        return Attempt.model_validate_json(rows[0][0]) if rows else None
+
+    def get_attempts(self, rollout_id: str) -> list[Attempt]:
+        rows = self._rows("SELECT data FROM attempts WHERE rollout_id = ? ORDER BY sequence_id", (rollout_id,))
+        return [Attempt.model_validate_json(row[0]) for row in rows]
+
+    def insert_attempt(self, attempt: Attempt) -> None:
+        self._exec(
+            "INSERT INTO attempts (rollout_id, attempt_id, sequence_id, status, data) VALUES (?, ?, ?, ?, ?)",
+            (attempt.rollout_id, attempt.attempt_id, attempt.sequence_id, attempt.status.value,
+             attempt.model_dump_json()),
+        )
+
+    def save_attempt(self, attempt: Attempt) -> None:
+        self._exec(
+            "UPDATE attempts SET status = ?, data = ? WHERE rollout_id = ? AND attempt_id = ?",
+            (attempt.status.value, attempt.model_dump_json(), attempt.rollout_id, attempt.attempt_id),
+        )
+
+    def active_attempts(self) -> list[Attempt]:
+        rows = self._rows("SELECT data FROM attempts WHERE status IN ('preparing', 'running')")
+        return [Attempt.model_validate_json(row[0]) for row in rows]
+
+    # ---- spans
+    def insert_spans(self, rollout_id: str, spans: Sequence[Span]) -> list[tuple[Span, bool]]:
+        existing: dict[tuple[str, str], Span] = {}
+        keys = sorted({(s.attempt_id, s.span_id) for s in spans})
+        for chunk in _chunks([span_id for _, span_id in keys]):
+            for (data,) in self._rows(
+                f"SELECT data FROM spans WHERE rollout_id = ? AND span_id IN ({self._marks(len(chunk))})",
+                (rollout_id, *chunk),
+            ):
+                found = Span.model_validate_json(data)
+                existing[(found.attempt_id, found.span_id)] = found
+        fresh: dict[tuple[str, str], Span] = {}
+        for span in spans:
+            key = (span.attempt_id, span.span_id)
+            if key not in existing and key not in fresh:
+                fresh[key] = span
+        if fresh:
+            (top,) = self._rows(
+                "UPDATE rollouts SET span_seq = span_seq + ? WHERE rollout_id = ? RETURNING span_seq",
+                (len(fresh), rollout_id),
+            )[0]
+            first = top - len(fresh) + 1
+            for offset, key in enumerate(fresh):
+                fresh[key] = fresh[key].model_copy(update={"sequence_id": first + offset})
+            self.cur.executemany(
+                self.dialect.sql(
+                    "INSERT INTO spans (rollout_id, attempt_id, span_id, sequence_id, name, data) "
+                    "VALUES (?, ?, ?, ?, ?, ?)"
+                ),
+                [(rollout_id, s.attempt_id, s.span_id, s.sequence_id, s.name, s.model_dump_json())
+                 for s in fresh.values()],
+            )
+        results: list[tuple[Span, bool]] = []
+        reported: set[tuple[str, str]] = set()
+        for span in spans:
+            key = (span.attempt_id, span.span_id)
+            if key in existing:
+                results.append((existing[key], False))
+            else:
+                results.append((fresh[key], key not in reported))
+                reported.add(key)
+        return results
+
+    def query_spans(
+        self, rollout_id: str, attempt_id: str | None, name: str | None, after_sequence_id: int, limit: int | None
+    ) -> list[Span]:
+        statement = "SELECT data FROM spans WHERE rollout_id = ? AND sequence_id > ?"
+        params: list[Any] = [rollout_id, after_sequence_id]
+        if attempt_id is not None:
+            statement += " AND attempt_id = ?"
+            params.append(attempt_id)
+        if name is not None:
+            statement += " AND name = ?"
+            params.append(name)
+        statement += " ORDER BY sequence_id"
+        if limit is not None:
+            statement += " LIMIT ?"
+            params.append(limit)
+        return [Span.model_validate_json(row[0]) for row in self._rows(statement, params)]
+
+    # ---- resources
+    def get_resources(self, resources_id: str) -> Resources | None:
+        rows = self._rows("SELECT data FROM resources WHERE resources_id = ?", (resources_id,))
+        return Resources.model_validate_json(rows[0][0]) if rows else None
+
+    def latest_resources(self) -> Resources | None:
+        rows = self._rows("SELECT data FROM resources ORDER BY version DESC LIMIT 1")
+        return Resources.model_validate_json(rows[0][0]) if rows else None
+
+    def insert_resources(self, resources: Resources) -> None:
+        self._exec(
+            "INSERT INTO resources (resources_id, version, data) VALUES (?, ?, ?)",
+            (resources.resources_id, resources.version, resources.model_dump_json()),
+        )
+
+    def all_resources(self) -> list[Resources]:
+        return [Resources.model_validate_json(row[0]) for row in self._rows("SELECT data FROM resources ORDER BY version")]
+
+    # ---- workers and metrics
+    def save_worker(self, worker: Worker) -> None:
+        self._exec(
+            "INSERT INTO workers (worker_id, data) VALUES (?, ?) ON CONFLICT (worker_id) DO UPDATE SET data = excluded.data",
+            (worker.worker_id, worker.model_dump_json()),
+        )
+
+    def all_workers(self) -> list[Worker]:
+        return [Worker.model_validate_json(row[0]) for row in self._rows("SELECT data FROM workers ORDER BY worker_id")]
+
+    def insert_metrics(self, records: Sequence[MetricRecord]) -> None:
+        self.cur.executemany(
+            self.dialect.sql("INSERT INTO metrics (run_id, step, data) VALUES (?, ?, ?)"),
+            [(r.run_id, r.step, r.model_dump_json()) for r in records],
+        )
+
+    def query_metrics(self, run_id: str | None) -> list[MetricRecord]:
+        if run_id is None:
+            rows = self._rows("SELECT data FROM metrics ORDER BY id")
+        else:
+            rows = self._rows("SELECT data FROM metrics WHERE run_id = ? ORDER BY id", (run_id,))
+        return [MetricRecord.model_validate_json(row[0]) for row in rows]

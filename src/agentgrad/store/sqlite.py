@@ -1,0 +1,115 @@
+"""SqliteStore: the embedded default — one file, WAL, durable, shareable by local processes.
+
+Durability: the file is in WAL mode with ``synchronous=NORMAL``; a commit is in the WAL (the
+operating system's buffers) before the call returns, so every acknowledged write survives a
+process kill. Pass ``synchronous="FULL"`` to also survive power loss, at some cost per write.
+
+Several processes may open the same file (runner pools do): claims run inside ``BEGIN
+IMMEDIATE`` transactions, so a rollout is never handed out twice, and waiters re-check every
+``external_poll_interval`` seconds for changes other processes made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+from agentgrad.errors import StoreFileError
+from agentgrad.store.core import StoreTx, TransactionalStore
+from agentgrad.store.sql import SCHEMA_VERSION, SQLITE, SqlTx
+
+_MIN_SQLITE = (3, 35, 0)  # RETURNING
+
+
+class SqliteStore(TransactionalStore):
+    """A store in one SQLite file (``":memory:"`` for a private in-memory database)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        watchdog_interval: float | None = 0.5,
+        external_poll_interval: float = 0.05,
+        synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
+        busy_timeout_seconds: float = 30.0,
+    ) -> None:
+        if sqlite3.sqlite_version_info < _MIN_SQLITE:
+            raise StoreFileError(f"SQLite ≥ 3.35 is required, this Python has {sqlite3.sqlite_version}")
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._conn = self._open(busy_timeout_seconds, synchronous)
+        super().__init__(watchdog_interval=watchdog_interval, external_poll_interval=external_poll_interval)
+
+    def _open(self, busy_timeout_seconds: float, synchronous: str) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=busy_timeout_seconds)
+        try:
+            self._refuse_foreign(conn)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={synchronous}")
+            conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_seconds * 1000)}")
+            with _immediate(conn) as cur:
+                for statement in SQLITE.schema():
+                    cur.execute(statement)
+                cur.execute(
+                    "INSERT INTO agentgrad_meta (key, value) VALUES ('schema_version', ?) ON CONFLICT DO NOTHING",
+                    (SCHEMA_VERSION,),
+                )
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _refuse_foreign(self, conn: sqlite3.Connection) -> None:
+        """Refuse a file that is not SQLite, or an SQLite database that is not ours, untouched."""
+        try:
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        except sqlite3.DatabaseError as exc:
+            raise StoreFileError(f"{self.path} is not a usable SQLite store file ({exc}); refusing to open it") from None
+        if not tables:
+            return
+        if "agentgrad_meta" not in tables:
+            shown = ", ".join(sorted(tables)[:5])
+            raise StoreFileError(
+                f"{self.path} is an SQLite database that belongs to something else (tables: {shown}); "
+                "refusing to open it as an AgentGrad store"
+            )
+        row = conn.execute("SELECT value FROM agentgrad_meta WHERE key = 'schema_version'").fetchone()
+        if row is None or row[0] != SCHEMA_VERSION:
+            found = row[0] if row else "none"
+            raise StoreFileError(f"{self.path} has store schema version {found}, this AgentGrad needs {SCHEMA_VERSION}")
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[StoreTx]:
+        with self._lock, _immediate(self._conn) as cur:
+            yield SqlTx(cur, SQLITE)
+
+    def _close_backend(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __repr__(self) -> str:
+        return f"SqliteStore({self.path!r})"
+
+
+@contextlib.contextmanager
+def _immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Cursor]:
+    """A write transaction taken up front, so concurrent processes serialize instead of
+    deadlocking on lock upgrades."""
+    cur = conn.cursor()
+    cur.execute("BEGIN IMMEDIATE")
+    try:
+        yield cur
+    except BaseException:
+        conn.rollback()
+        raise
+    else:
+        conn.commit()
+    finally:
+        cur.close()

@@ -1,0 +1,272 @@
+"""The data model every component shares (DESIGN.md §2).
+
+Everything that crosses a process boundary — through the store, the HTTP service or a runner
+pool — is one of these pydantic models, so validation happens once, at the edge, and the rest
+of the code can trust its inputs.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+import uuid
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+def now() -> float:
+    """Wall-clock seconds since the epoch; the one clock every record uses."""
+    return time.time()
+
+
+def new_id(prefix: str) -> str:
+    """A short, unique, sortable-enough identifier such as ``ro-1f3a…``."""
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+
+
+class RolloutStatus(str, enum.Enum):
+    QUEUING = "queuing"
+    PREPARING = "preparing"
+    RUNNING = "running"
+    REQUEUING = "requeuing"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL_ROLLOUT
+
+    @property
+    def is_queued(self) -> bool:
+        return self in (RolloutStatus.QUEUING, RolloutStatus.REQUEUING)
+
+
+_TERMINAL_ROLLOUT = frozenset({RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.CANCELLED})
+
+
+class AttemptStatus(str, enum.Enum):
+    PREPARING = "preparing"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    UNRESPONSIVE = "unresponsive"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self not in (AttemptStatus.PREPARING, AttemptStatus.RUNNING)
+
+
+RetryReason = Literal["failed", "timeout", "unresponsive"]
+RolloutMode = Literal["train", "val", "test"]
+
+
+class RolloutConfig(BaseModel):
+    """How long an attempt may take and when a failed attempt is retried.
+
+    ``max_attempts`` counts every attempt, the first included: 1 means no retries.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    timeout_seconds: float | None = Field(default=None, gt=0)
+    unresponsive_seconds: float | None = Field(default=None, gt=0)
+    max_attempts: int = Field(default=1, ge=1)
+    retry_on: list[RetryReason] = Field(default_factory=lambda: ["failed", "timeout", "unresponsive"])
+
+
+class Rollout(BaseModel):
+    """One task to run, possibly over several attempts."""
+
+    rollout_id: str
+    input: Any = None
+    mode: RolloutMode = "train"
+    resources_id: str | None = None
+    status: RolloutStatus = RolloutStatus.QUEUING
+    config: RolloutConfig = Field(default_factory=RolloutConfig)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    enqueue_time: float = Field(default_factory=now)
+    start_time: float | None = None
+    end_time: float | None = None
+    #: Number of attempts made so far (the latest attempt's ``sequence_id``).
+    num_attempts: int = 0
+    #: Final reward, filled by the runner from the agent's return value or emitted rewards.
+    reward: float | None = None
+    #: Number of captured LLM calls; 0 on a finished rollout means no training data.
+    llm_calls: int = 0
+
+    @property
+    def group_id(self) -> str | None:
+        return self.metadata.get("group_id")
+
+
+class AttemptError(BaseModel):
+    type: str
+    message: str
+    traceback: str | None = None
+
+
+class Attempt(BaseModel):
+    rollout_id: str
+    attempt_id: str
+    sequence_id: int
+    worker_id: str | None = None
+    status: AttemptStatus = AttemptStatus.PREPARING
+    start_time: float = Field(default_factory=now)
+    end_time: float | None = None
+    last_heartbeat_time: float | None = None
+    error: AttemptError | None = None
+
+
+class AttemptedRollout(BaseModel):
+    """What a runner receives from ``dequeue``: the rollout and the attempt it must run."""
+
+    rollout: Rollout
+    attempt: Attempt
+
+
+class SpanStatus(BaseModel):
+    status_code: Literal["UNSET", "OK", "ERROR"] = "UNSET"
+    description: str | None = None
+
+
+class SpanEvent(BaseModel):
+    name: str
+    timestamp: float | None = None
+    attributes: dict[str, Any] = Field(default_factory=dict)
+
+
+class Span(BaseModel):
+    """An OpenTelemetry-shaped span tied to one attempt.
+
+    ``sequence_id`` is issued by the store per rollout on first insert; ordering of spans never
+    depends on clocks. Inserting the same ``(rollout_id, attempt_id, span_id)`` twice keeps the
+    first copy, so retried writes never duplicate.
+    """
+
+    rollout_id: str
+    attempt_id: str
+    span_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:16])
+    trace_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    parent_id: str | None = None
+    name: str
+    start_time: float = Field(default_factory=now)
+    end_time: float | None = None
+    status: SpanStatus = Field(default_factory=SpanStatus)
+    attributes: dict[str, Any] = Field(default_factory=dict)
+    events: list[SpanEvent] = Field(default_factory=list)
+    resource: dict[str, Any] = Field(default_factory=dict)
+    sequence_id: int | None = None
+
+
+class LLM(BaseModel):
+    """An OpenAI-compatible endpoint and the model behind it."""
+
+    resource_type: Literal["llm"] = "llm"
+    endpoint: str
+    model: str
+    api_key: str | None = None
+    sampling: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def base_url(self) -> str:
+        return self.endpoint
+
+
+class PromptTemplate(BaseModel):
+    """A prompt text with ``{placeholders}`` (f-string engine) or Jinja syntax."""
+
+    resource_type: Literal["prompt_template"] = "prompt_template"
+    template: str
+    engine: Literal["f-string", "jinja"] = "f-string"
+
+    def format(self, **variables: Any) -> str:
+        if self.engine == "jinja":
+            import jinja2  # lazy: only Jinja templates need it
+
+            env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+            return env.from_string(self.template).render(**variables)
+        return self.template.format(**variables)
+
+
+class JsonResource(BaseModel):
+    """Any other named JSON value shipped to agents with the resources."""
+
+    resource_type: Literal["json"] = "json"
+    value: Any = None
+
+
+Resource = Union[LLM, PromptTemplate, JsonResource]
+ResourceItem = Field(discriminator="resource_type")
+
+
+class Resources(BaseModel):
+    """An immutable, versioned snapshot of everything an agent may need."""
+
+    resources_id: str
+    version: int
+    create_time: float = Field(default_factory=now)
+    items: dict[str, Resource] = Field(default_factory=dict)
+
+    @field_validator("items", mode="before")
+    @classmethod
+    def _wrap_plain_values(cls, value: Any) -> Any:
+        # Accept plain JSON values next to typed resources: ``{"temperature": 0.7}``.
+        if isinstance(value, dict):
+            return {
+                k: v if isinstance(v, BaseModel) or (isinstance(v, dict) and "resource_type" in v)
+                else {"resource_type": "json", "value": v}
+                for k, v in value.items()
+            }
+        return value
+
+    def get(self, name: str) -> Resource:
+        try:
+            return self.items[name]
+        except KeyError:
+            raise KeyError(f"resources {self.resources_id!r} have no item named {name!r} "
+                           f"(have: {sorted(self.items)})") from None
+
+    def first(self, kind: type[Resource]) -> Resource | None:
+        """The first item of a kind (e.g. the one ``LLM``), or None."""
+        return next((v for v in self.items.values() if isinstance(v, kind)), None)
+
+
+class Worker(BaseModel):
+    """A runner process as the store sees it (for the dashboard and for debugging)."""
+
+    worker_id: str
+    status: Literal["idle", "busy", "stopped"] = "idle"
+    current_rollout_id: str | None = None
+    current_attempt_id: str | None = None
+    last_heartbeat_time: float = Field(default_factory=now)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class MetricRecord(BaseModel):
+    """One step of training metrics, stored so the dashboard can plot learning curves."""
+
+    run_id: str = "default"
+    step: int
+    time: float = Field(default_factory=now)
+    values: dict[str, float]
+
+
+class Transition(BaseModel):
+    """One training sequence made from one LLM call (or several merged calls)."""
+
+    rollout_id: str
+    attempt_id: str
+    group_id: str | None = None
+    index: int
+    agent_name: str | None = None
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_logprobs: list[float] | None = None
+    response_mask: list[int] | None = None
+    reward: float = 0.0
+    advantage: float = 0.0
+    model_version: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)

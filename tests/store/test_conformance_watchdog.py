@@ -1,0 +1,205 @@
+"""Conformance: the store-side watchdog (timeouts and unresponsive attempts).
+
+Times are tiny (0.2-0.4 s) to keep the suite fast; stores are opened without a background
+watchdog unless the test is about it, so ``check_watchdog()`` is called explicitly.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from agentgrad.types import RolloutConfig
+
+
+def test_timeout_after_timeout_seconds(store, kit):
+    started = kit.start(store, config=RolloutConfig(timeout_seconds=0.2))
+    rid, aid = started.rollout.rollout_id, started.attempt.attempt_id
+    assert store.check_watchdog() == []
+    assert store.get_latest_attempt(rid).status == "running"
+    time.sleep(0.3)
+    changed = store.check_watchdog()
+    assert [(a.rollout_id, a.attempt_id, a.status) for a in changed] == [(rid, aid, "timeout")]
+    attempt = store.get_latest_attempt(rid)
+    assert attempt.status == "timeout"
+    assert attempt.end_time is not None
+    rollout = store.get_rollout(rid)
+    assert rollout.status == "failed"
+    assert rollout.end_time is not None
+
+
+def test_heartbeats_do_not_extend_timeout(store, kit):
+    started = kit.start(store, config=RolloutConfig(timeout_seconds=0.3))
+    rid, aid = started.rollout.rollout_id, started.attempt.attempt_id
+    deadline = time.monotonic() + 0.45
+    while time.monotonic() < deadline:
+        store.heartbeat(rid, aid)
+        time.sleep(0.05)
+    store.heartbeat(rid, aid)
+    store.check_watchdog()
+    assert store.get_latest_attempt(rid).status == "timeout"
+
+
+def test_timeout_applies_to_preparing_attempt(store, kit):
+    claimed = kit.claim(store, config=RolloutConfig(timeout_seconds=0.2))
+    rid = claimed.rollout.rollout_id
+    time.sleep(0.3)
+    store.check_watchdog()
+    assert store.get_latest_attempt(rid).status == "timeout"
+    assert store.get_rollout(rid).status == "failed"
+
+
+def test_unresponsive_after_silence(store, kit):
+    started = kit.start(store, config=RolloutConfig(unresponsive_seconds=0.2))
+    rid, aid = started.rollout.rollout_id, started.attempt.attempt_id
+    time.sleep(0.3)
+    changed = store.check_watchdog()
+    assert [(a.attempt_id, a.status) for a in changed] == [(aid, "unresponsive")]
+    attempt = store.get_latest_attempt(rid)
+    assert attempt.status == "unresponsive"
+    assert attempt.end_time is not None
+    rollout = store.get_rollout(rid)
+    assert rollout.status == "failed" and rollout.end_time is not None
+
+
+def test_unresponsive_counts_from_last_heartbeat(store, kit):
+    started = kit.start(store, config=RolloutConfig(unresponsive_seconds=0.25))
+    rid, aid = started.rollout.rollout_id, started.attempt.attempt_id
+    time.sleep(0.15)
+    store.heartbeat(rid, aid)
+    time.sleep(0.15)  # 0.3 s since start, 0.15 s since the heartbeat
+    assert store.check_watchdog() == []
+    assert store.get_latest_attempt(rid).status == "running"
+    time.sleep(0.2)
+    store.check_watchdog()
+    assert store.get_latest_attempt(rid).status == "unresponsive"
+
+
+def test_heartbeats_keep_attempt_alive(store, kit):
+    started = kit.start(store, config=RolloutConfig(unresponsive_seconds=0.25))
+    rid, aid = started.rollout.rollout_id, started.attempt.attempt_id
+    deadline = time.monotonic() + 0.6
+    while time.monotonic() < deadline:
+        store.heartbeat(rid, aid)
+        assert store.check_watchdog() == []
+        time.sleep(0.05)
+    assert store.get_latest_attempt(rid).status == "running"
+
+
+def test_spans_keep_attempt_alive(store, kit):
+    started = kit.start(store, config=RolloutConfig(unresponsive_seconds=0.25))
+    rid, aid = started.rollout.rollout_id, started.attempt.attempt_id
+    deadline = time.monotonic() + 0.6
+    while time.monotonic() < deadline:
+        store.add_spans([kit.span(rid, aid)])
+        assert store.check_watchdog() == []
+        time.sleep(0.05)
+    assert store.get_latest_attempt(rid).status == "running"
+    time.sleep(0.35)
+    store.check_watchdog()
+    assert store.get_latest_attempt(rid).status == "unresponsive"
+
+
+def test_unresponsive_applies_to_preparing_attempt(store, kit):
+    claimed = kit.claim(store, config=RolloutConfig(unresponsive_seconds=0.2))
+    rid = claimed.rollout.rollout_id
+    time.sleep(0.3)
+    store.check_watchdog()
+    assert store.get_latest_attempt(rid).status == "unresponsive"
+
+
+def test_watchdog_requeues_when_retries_remain(store, kit):
+    started = kit.start(store, config=RolloutConfig(timeout_seconds=0.2, max_attempts=2, retry_on=["timeout"]))
+    rid = started.rollout.rollout_id
+    time.sleep(0.3)
+    store.check_watchdog()
+    rollout = store.get_rollout(rid)
+    assert rollout.status == "requeuing"
+    assert rollout.end_time is None
+    second = store.dequeue_rollout()
+    assert second is not None and second.rollout.rollout_id == rid
+    assert second.attempt.sequence_id == 2
+    assert second.attempt.status == "preparing"
+    # The fresh attempt has its own clock: it is not overdue right away.
+    assert store.check_watchdog() == []
+
+
+def test_watchdog_respects_retry_on(store, kit):
+    started = kit.start(store, config=RolloutConfig(unresponsive_seconds=0.2, max_attempts=3, retry_on=["timeout"]))
+    rid = started.rollout.rollout_id
+    time.sleep(0.3)
+    store.check_watchdog()
+    assert store.get_rollout(rid).status == "failed"
+    assert store.dequeue_rollout() is None
+
+
+def test_check_watchdog_returns_only_changed_attempts(store, kit):
+    slow = kit.start(store, config=RolloutConfig(timeout_seconds=0.2))
+    kit.start(store, config=RolloutConfig(timeout_seconds=30))
+    kit.start(store)  # no limits at all
+    time.sleep(0.3)
+    changed = store.check_watchdog()
+    assert [a.attempt_id for a in changed] == [slow.attempt.attempt_id]
+    assert changed[0].status == "timeout"
+    assert store.check_watchdog() == [], "an attempt is changed once"
+
+
+def test_watchdog_ignores_terminal_attempts(store, kit):
+    config = RolloutConfig(timeout_seconds=0.2, unresponsive_seconds=0.2, max_attempts=3)
+    done = kit.start(store, config=config)
+    store.update_attempt(done.rollout.rollout_id, done.attempt.attempt_id, "succeeded")
+    failed = kit.start(store, config=RolloutConfig(timeout_seconds=0.2))
+    store.update_attempt(failed.rollout.rollout_id, failed.attempt.attempt_id, "failed")
+    time.sleep(0.3)
+    assert store.check_watchdog() == []
+    assert store.get_latest_attempt(done.rollout.rollout_id).status == "succeeded"
+    assert store.get_rollout(done.rollout.rollout_id).status == "succeeded"
+    assert store.get_latest_attempt(failed.rollout.rollout_id).status == "failed"
+
+
+def test_watchdog_ignores_queued_rollouts(store):
+    rid = store.enqueue_rollout(config=RolloutConfig(timeout_seconds=0.1, unresponsive_seconds=0.1)).rollout_id
+    time.sleep(0.2)
+    assert store.check_watchdog() == []
+    assert store.get_rollout(rid).status == "queuing"
+    claimed = store.dequeue_rollout()
+    assert claimed.rollout.rollout_id == rid
+    assert store.check_watchdog() == [], "the attempt clock starts at dequeue, not at enqueue"
+
+
+def test_background_watchdog_catches_timeout(backend, kit):
+    store = backend.new(watchdog_interval=0.05)
+    started = kit.start(store, config=RolloutConfig(timeout_seconds=0.2))
+    rid = started.rollout.rollout_id
+    assert kit.wait_until(lambda: store.get_rollout(rid).status == "failed", timeout=5)
+    assert store.get_latest_attempt(rid).status == "timeout"
+
+
+def test_background_watchdog_catches_unresponsive(backend, kit):
+    store = backend.new(watchdog_interval=0.05)
+    started = kit.start(store, config=RolloutConfig(unresponsive_seconds=0.2, max_attempts=2))
+    rid = started.rollout.rollout_id
+    assert kit.wait_until(lambda: store.get_rollout(rid).status == "requeuing", timeout=5)
+    assert store.get_latest_attempt(rid).status == "unresponsive"
+
+
+def test_disabled_background_watchdog_changes_nothing(store, kit):
+    started = kit.start(store, config=RolloutConfig(timeout_seconds=0.1))
+    time.sleep(0.3)
+    assert store.get_latest_attempt(started.rollout.rollout_id).status == "running"
+
+
+def test_close_stops_background_threads(backend):
+    before = set(threading.enumerate())
+    store = backend.new(watchdog_interval=0.05)
+    store.enqueue_rollout()
+    time.sleep(0.1)
+    backend.close(store)
+
+    def leftovers():
+        return [t for t in threading.enumerate() if t not in before and t.is_alive()]
+
+    deadline = time.monotonic() + 3
+    while leftovers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert leftovers() == []
