@@ -45,16 +45,29 @@ def load_agent(spec: str) -> Any:
     except ImportError as exc:
         raise SystemExit(f"cannot import {module_name!r}: {exc}") from None
     try:
-        return getattr(module, attribute)
+        target = getattr(module, attribute)
     except AttributeError:
         raise SystemExit(f"module {module_name!r} has no attribute {attribute!r}") from None
+    from agentgrad.runner import as_agent
+
+    try:
+        return as_agent(target)
+    except TypeError as exc:  # not an agent, or a function of an unsupported shape
+        raise SystemExit(f"{spec} is not an agent: {exc}") from None
 
 
 def read_tasks(path: str) -> list[Any]:
     """Tasks from a JSONL file (one JSON value per line) or a JSON array file."""
-    text = Path(path).read_text()
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SystemExit(f"cannot read tasks file {path}: {getattr(exc, 'strerror', None) or exc}") from None
     if text.lstrip().startswith("["):
-        return json.loads(text)
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            if exc.msg != "Extra data":  # "Extra data": JSONL whose lines are arrays
+                raise SystemExit(f"{path}:{exc.lineno}: not JSON ({exc.msg})") from None
     tasks = []
     for number, line in enumerate(text.splitlines(), 1):
         if line.strip():
@@ -126,7 +139,7 @@ def _cmd_rollouts_list(args: argparse.Namespace) -> int:
         return 0
     table = Table(title=f"rollouts {args.offset + 1}–{args.offset + len(rollouts)} of {total}")
     for column in ("rollout_id", "status", "mode", "reward", "attempts", "llm calls", "duration s"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column == "rollout_id")  # ids are for copy-paste: never cut
     for r in rollouts:
         duration = f"{r.end_time - r.start_time:.2f}" if r.end_time and r.start_time else ""
         table.add_row(r.rollout_id, r.status.value, r.mode, "" if r.reward is None else f"{r.reward:.3g}",

@@ -19,6 +19,8 @@ Failure model:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
 import inspect
 import logging
 import math
@@ -99,7 +101,9 @@ class Runner:
         poll_timeout: how long one dequeue long-polls before re-checking for a stop.
         heartbeat_interval: seconds between heartbeats of an in-flight attempt.
         grace_seconds: on stop, how long in-flight rollouts may take to finish.
-        llm_endpoint_for: optional hook giving the per-rollout LLM endpoint (the capture proxy).
+        resources_hook: optional ``(resources, attempted_rollout) -> resources`` applied per attempt.
+        llm_proxy_url: the capture proxy's URL; every ``LLM`` resource an attempt receives then
+            points at ``{proxy}/rollout/{rid}/attempt/{aid}/v1`` (after ``resources_hook``).
     """
 
     def __init__(
@@ -114,6 +118,7 @@ class Runner:
         heartbeat_interval: float = 5.0,
         grace_seconds: float = 30.0,
         resources_hook: Callable[[Resources, AttemptedRollout], Resources] | None = None,
+        llm_proxy_url: str | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be ≥ 1, got {concurrency}")
@@ -126,10 +131,12 @@ class Runner:
         self.heartbeat_interval = heartbeat_interval
         self.grace_seconds = grace_seconds
         self.resources_hook = resources_hook
+        self.llm_proxy_url = llm_proxy_url
         self.stats = RunnerStats()
         self._stopping = threading.Event()
         self._claimed = 0
         self._in_flight: dict[str, AttemptedRollout] = {}
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
 
     # ---- control ----------------------------------------------------------------------------
     def stop(self) -> None:
@@ -145,13 +152,27 @@ class Runner:
         return asyncio.run(self.run_async())
 
     async def run_async(self) -> RunnerStats:
+        from agentgrad.tracing import instrument  # lazy: only a running runner tags LLM requests
+
+        instrument()
+        # Our own threads: each slot may hold one for a sync agent and one for a long-polling
+        # dequeue or a heartbeat. The loop's default executor (min(32, cpus + 4) threads) would
+        # cap concurrency and could starve heartbeats behind busy sync agents.
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=2 * self.concurrency + 2, thread_name_prefix=f"agentgrad-runner-{self.worker_id}")
         self._report_worker("idle")
         slots = [asyncio.create_task(self._slot()) for _ in range(self.concurrency)]
         try:
             await asyncio.gather(*slots)
         finally:
             self._report_worker("stopped")
+            self._executor.shutdown(wait=False, cancel_futures=True)
         return self.stats
+
+    async def _to_thread(self, func: Callable[..., Any], *args: Any) -> Any:
+        """``asyncio.to_thread`` on the runner's own executor (context variables travel along)."""
+        context = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(self._executor, context.run, func, *args)
 
     # ---- the loop -------------------------------------------------------------------------------
     def _take_ticket(self) -> bool:
@@ -162,7 +183,7 @@ class Runner:
 
     async def _slot(self) -> None:
         while self._take_ticket():
-            claimed = await asyncio.to_thread(self.store.dequeue_rollout, self.worker_id, self.poll_timeout)
+            claimed = await self._to_thread(self.store.dequeue_rollout, self.worker_id, self.poll_timeout)
             if claimed is None:
                 self._claimed -= 1  # nothing came: the ticket is not spent
                 continue
@@ -197,7 +218,7 @@ class Runner:
     async def _invoke(self, claimed: AttemptedRollout, resources: Resources) -> Any:
         # Sync agents run in a thread (the context variable travels with it) so heartbeats and
         # other slots keep going; async agents return a coroutine that runs on this loop.
-        result = await asyncio.to_thread(self.agent.run_for, claimed.rollout, resources)
+        result = await self._to_thread(self.agent.run_for, claimed.rollout, resources)
         if inspect.isawaitable(result):
             result = await result
         reward = reward_of(result)
@@ -223,7 +244,7 @@ class Runner:
             if now() - last_beat < self.heartbeat_interval:
                 continue
             last_beat = now()
-            state = await asyncio.to_thread(self.store.heartbeat, rollout_id, attempt_id)
+            state = await self._to_thread(self.store.heartbeat, rollout_id, attempt_id)
             if state.status.is_terminal:
                 log.warning("attempt %s of %s ended in the store (%s); cancelling the agent",
                             attempt_id, rollout_id, state.status.value)
@@ -276,7 +297,13 @@ class Runner:
         rid = claimed.rollout.resources_id
         resources = self.store.get_resources(rid) if rid else self.store.get_latest_resources()
         resources = resources or Resources(resources_id="none", version=0)
-        return self.resources_hook(resources, claimed) if self.resources_hook else resources
+        if self.resources_hook:
+            resources = self.resources_hook(resources, claimed)
+        if self.llm_proxy_url:
+            from agentgrad.proxy.hooks import ProxyResourcesHook
+
+            resources = ProxyResourcesHook(self.llm_proxy_url)(resources, claimed)
+        return resources
 
     def _report_worker(self, status: str, claimed: AttemptedRollout | None = None) -> None:
         try:

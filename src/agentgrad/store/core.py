@@ -17,6 +17,8 @@ import time
 from collections.abc import Sequence
 from typing import Any, Literal, Protocol
 
+from pydantic import BaseModel
+
 from agentgrad import semconv
 from agentgrad.errors import (
     AlreadyExistsError,
@@ -24,7 +26,7 @@ from agentgrad.errors import (
     InvalidTransitionError,
     NotFoundError,
 )
-from agentgrad.store.jsoncheck import ensure_json
+from agentgrad.store.jsoncheck import normalize_json
 from agentgrad.store.protocol import RolloutFilter, RolloutRequest, Store
 from agentgrad.types import (
     Attempt,
@@ -94,6 +96,14 @@ _RETRY_REASON = {
     AttemptStatus.TIMEOUT: "timeout",
     AttemptStatus.UNRESPONSIVE: "unresponsive",
 }
+
+
+def _checked_metadata(metadata: dict[str, Any], where: str = "") -> dict[str, Any]:
+    """``group_id`` is what GRPO groups by and what queries filter on: it must be a string."""
+    group_id = metadata.get("group_id")
+    if group_id is not None and not isinstance(group_id, str):
+        raise InvalidInputError(f"{where}field 'metadata.group_id' must be a string, got {type(group_id).__name__}")
+    return metadata
 
 
 def _number(value: Any) -> float | None:
@@ -168,8 +178,8 @@ class TransactionalStore(Store):
         parsed = [r if isinstance(r, RolloutRequest) else RolloutRequest.model_validate(r) for r in requests]
         for index, request in enumerate(parsed):
             where = f"rollout {index}: " if len(parsed) > 1 else ""
-            ensure_json(request.input, "input", where)
-            ensure_json(request.metadata, "metadata", where)
+            request.input = normalize_json(request.input, "input", where)
+            request.metadata = _checked_metadata(normalize_json(request.metadata, "metadata", where), where)
         stamp = now()
         rollouts = [
             Rollout(
@@ -263,7 +273,7 @@ class TransactionalStore(Store):
         return rollout
 
     def update_rollout_metadata(self, rollout_id: str, metadata: dict[str, Any]) -> Rollout:
-        ensure_json(metadata, "metadata")
+        metadata = _checked_metadata(normalize_json(metadata, "metadata"))
         with self._transaction() as tx:
             rollout = self._require_rollout(tx, rollout_id)
             rollout.metadata = {**rollout.metadata, **metadata}
@@ -342,6 +352,7 @@ class TransactionalStore(Store):
             rollout.status = RolloutStatus.SUCCEEDED
         elif _RETRY_REASON[status] in rollout.config.retry_on and rollout.num_attempts < rollout.config.max_attempts:
             rollout.status = RolloutStatus.REQUEUING
+            rollout.reward, rollout.llm_calls = None, 0  # results of the failed attempt don't carry over
             tx.push_queue([rollout.rollout_id])
         else:
             rollout.status = RolloutStatus.FAILED
@@ -395,8 +406,10 @@ class TransactionalStore(Store):
         parsed = [s if isinstance(s, Span) else Span.model_validate(s) for s in spans]
         for index, span in enumerate(parsed):
             where = f"span {index} ({span.name}): " if len(parsed) > 1 else f"span {span.name!r}: "
-            ensure_json(span.attributes, "attributes", where)
-            ensure_json(span.resource, "resource", where)
+            span.attributes = normalize_json(span.attributes, "attributes", where)
+            span.resource = normalize_json(span.resource, "resource", where)
+            for number, event in enumerate(span.events):
+                event.attributes = normalize_json(event.attributes, f"events[{number}].attributes", where)
         by_rollout: dict[str, list[Span]] = {}
         for span in parsed:
             by_rollout.setdefault(span.rollout_id, []).append(span)
@@ -417,8 +430,10 @@ class TransactionalStore(Store):
                 new_spans = [span for span, is_new in results if is_new]
                 for span, _ in results:
                     stored_by_key[(span.rollout_id, span.attempt_id, span.span_id)] = span
+                before = (rollout.status, rollout.reward, rollout.llm_calls)
                 wake |= self._absorb_spans(tx, rollout, attempts, new_spans)
-                tx.save_rollout(rollout)
+                if (rollout.status, rollout.reward, rollout.llm_calls) != before:
+                    tx.save_rollout(rollout)
         if wake:
             self._notify()
         return [stored_by_key[(s.rollout_id, s.attempt_id, s.span_id)] for s in parsed]
@@ -467,8 +482,9 @@ class TransactionalStore(Store):
 
     # ---- resources ------------------------------------------------------------------------------
     def add_resources(self, items: dict[str, Any], resources_id: str | None = None) -> Resources:
+        for name, item in items.items():
+            normalize_json(item.model_dump() if isinstance(item, BaseModel) else item, f"items.{name}")
         snapshot = Resources(resources_id=resources_id or new_id("res"), version=0, items=items)
-        ensure_json(snapshot.model_dump(mode="json")["items"], "items")
         with self._transaction() as tx:
             if tx.get_resources(snapshot.resources_id) is not None:
                 raise AlreadyExistsError(
@@ -499,7 +515,7 @@ class TransactionalStore(Store):
     # ---- workers and metrics --------------------------------------------------------------------
     def update_worker(self, worker: Worker | dict[str, Any]) -> Worker:
         worker = worker if isinstance(worker, Worker) else Worker.model_validate(worker)
-        ensure_json(worker.metadata, "metadata")
+        worker.metadata = normalize_json(worker.metadata, "metadata")
         with self._transaction() as tx:
             tx.save_worker(worker)
         return worker
@@ -510,6 +526,8 @@ class TransactionalStore(Store):
 
     def add_metrics(self, records: Sequence[MetricRecord | dict[str, Any]]) -> None:
         parsed = [r if isinstance(r, MetricRecord) else MetricRecord.model_validate(r) for r in records]
+        for record in parsed:
+            normalize_json(record.values, f"values of step {record.step}")
         with self._transaction() as tx:
             tx.insert_metrics(parsed)
 

@@ -9,15 +9,16 @@ from typing import Any
 from agentgrad.errors import InvalidInputError
 
 
-def ensure_json(value: Any, field: str, where: str = "") -> None:
-    """Raise :class:`InvalidInputError` naming the first field of ``value`` that is not JSON.
+def normalize_json(value: Any, field: str, where: str = "") -> Any:
+    """``value`` as JSON would return it (tuples → lists, int keys → strings), or
+    :class:`InvalidInputError` naming the first field that is not JSON.
 
-    The fast path is one C-level ``json.dumps``; only a failure walks the value to find the
-    offending path (``input.steps[2].tool``), so valid input costs little.
+    Normalizing once at the edge makes every backend return exactly the same data. The fast
+    path is C-level ``json.dumps``/``loads``; only a failure walks the value to find the
+    offending path (``input.steps[2].tool``).
     """
     try:
-        json.dumps(value, allow_nan=False)
-        return
+        return json.loads(json.dumps(value, allow_nan=False))
     except (TypeError, ValueError):
         pass
     path, problem = _first_problem(value, field)

@@ -13,6 +13,8 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from pydantic import BaseModel
+
 from agentgrad.store.core import StoreTx, TransactionalStore
 from agentgrad.store.protocol import RolloutFilter
 from agentgrad.store.query import filter_and_page
@@ -32,8 +34,27 @@ class _MemoryData:
         self.metrics: list[MetricRecord] = []
 
 
-def _copy(model: Any) -> Any:
-    return model.model_copy(deep=True)
+_CONTAINERS = (dict, list, BaseModel)
+
+
+def _copy(value: Any) -> Any:
+    """A deep copy of a record, several times faster than ``copy.deepcopy``.
+
+    Records hold JSON-shaped data (dicts, lists, scalars) and nested models, so only those
+    containers need copying; scalars and tuples are immutable and are shared.
+    """
+    if isinstance(value, BaseModel):
+        clone = value.__copy__()  # copies __dict__ itself
+        fields = clone.__dict__
+        for key, item in fields.items():
+            if isinstance(item, _CONTAINERS):
+                fields[key] = _copy(item)
+        return clone
+    if isinstance(value, dict):
+        return {k: _copy(v) if isinstance(v, _CONTAINERS) else v for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) if isinstance(v, _CONTAINERS) else v for v in value]
+    return value
 
 
 class _MemoryTx(StoreTx):
@@ -105,7 +126,8 @@ class _MemoryTx(StoreTx):
             if existing is not None:
                 results.append((_copy(existing), False))
                 continue
-            copy = span.model_copy(deep=True, update={"sequence_id": len(stored) + 1})
+            copy = _copy(span)
+            copy.sequence_id = len(stored) + 1
             stored.append(copy)
             self.d.span_keys[key] = copy
             results.append((_copy(copy), True))
