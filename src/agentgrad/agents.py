@@ -69,7 +69,13 @@ class FunctionAgent(Agent):
         params = list(inspect.signature(func).parameters)
         if not params:
             raise TypeError(f"@rollout function {func.__qualname__} must take the task as its first parameter")
-        self._resource_param = next((p for p in params[1:] if p in _RESOURCE_PARAMS), None)
+        wanted = [p for p in params[1:] if p in _RESOURCE_PARAMS]
+        if len(wanted) > 1:
+            raise TypeError(
+                f"@rollout function {func.__qualname__} asks for {wanted}: take only one of "
+                "llm | prompt_template | resources (use resources to reach several items)"
+            )
+        self._resource_param = wanted[0] if wanted else None
         unknown = [p for p in params[1:] if p not in _RESOURCE_PARAMS and p != "rollout"]
         if unknown:
             raise TypeError(

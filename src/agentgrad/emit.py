@@ -46,6 +46,12 @@ def _reward_number(value: Any, what: str) -> float:
     return float(value)
 
 
+#: Dimension names whose attribute keys would collide with the reward value / primary keys.
+_RESERVED_DIMENSIONS = frozenset({
+    semconv.REWARD_VALUE[len(semconv.REWARD_PREFIX):], semconv.REWARD_PRIMARY[len(semconv.REWARD_PREFIX):],
+})
+
+
 def emit_reward(value: float | Mapping[str, float], *, primary: str | None = None) -> Span:
     """Record a reward for the current attempt.
 
@@ -59,6 +65,10 @@ def emit_reward(value: float | Mapping[str, float], *, primary: str | None = Non
         dims = {str(k): _reward_number(v, f"reward dimension {k!r}") for k, v in value.items()}
         if not dims:
             raise ValueError("emit_reward() got no reward dimensions")
+        reserved = sorted(set(dims) & _RESERVED_DIMENSIONS)
+        if reserved:
+            raise ValueError(f"reward dimension name(s) {reserved} are reserved (they would overwrite "
+                             f"{semconv.REWARD_VALUE} / {semconv.REWARD_PRIMARY}): rename them")
         if primary is None:
             if len(dims) > 1:
                 raise ValueError(f"emit_reward() got dimensions {sorted(dims)}: say which is primary=")
@@ -152,7 +162,8 @@ class operation:  # noqa: N801 - used like a function: @operation / with operati
     (then ``op.set_output(value)``). Spans emitted inside become its children.
     """
 
-    def __init__(self, name: str | Callable[..., Any] | None = None, **inputs: Any) -> None:
+    def __init__(self, name: str | Callable[..., Any] | None = None, /, **inputs: Any) -> None:
+        # Positional-only: recorded inputs may themselves be called ``name`` or ``self``.
         self._func: Callable[..., Any] | None = None
         if callable(name):
             self._func, name = name, getattr(name, "__qualname__", None)
@@ -188,7 +199,7 @@ class operation:  # noqa: N801 - used like a function: @operation / with operati
 def _call_recorded(name: str, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     try:
         bound = inspect.signature(func).bind_partial(*args, **kwargs)
-        inputs = dict(bound.arguments)
+        inputs = {k: v for k, v in bound.arguments.items() if k not in ("self", "cls")}
     except (TypeError, ValueError):
         inputs = {"args": args, "kwargs": kwargs}
     op = operation(name, **inputs)

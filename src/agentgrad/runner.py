@@ -136,6 +136,7 @@ class Runner:
         self._stopping = threading.Event()
         self._claimed = 0
         self._in_flight: dict[str, AttemptedRollout] = {}
+        self._last_report = 0.0
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
 
     # ---- control ----------------------------------------------------------------------------
@@ -186,6 +187,8 @@ class Runner:
             claimed = await self._to_thread(self.store.dequeue_rollout, self.worker_id, self.poll_timeout)
             if claimed is None:
                 self._claimed -= 1  # nothing came: the ticket is not spent
+                if not self._in_flight and now() - self._last_report >= self.heartbeat_interval:
+                    self._report_worker("idle")  # an idle runner still shows as alive
                 continue
             if self.stopping:  # the stop arrived while we long-polled: hand it straight back
                 self._hand_back(claimed)
@@ -306,6 +309,7 @@ class Runner:
         return resources
 
     def _report_worker(self, status: str, claimed: AttemptedRollout | None = None) -> None:
+        self._last_report = now()
         try:
             self.store.update_worker(Worker(
                 worker_id=self.worker_id,

@@ -48,6 +48,8 @@ class Trainer:
         concurrency: rollouts in flight per runner (for async agents, or sync ones in threads).
         algorithm: what ``fit()`` runs.
         runner_options: extra keyword arguments for each :class:`Runner`.
+        proxy: the capture proxy (a started :class:`~agentgrad.proxy.LLMProxy` or its URL); each
+            rollout's ``LLM`` resources then point at it, so every call is recorded.
     """
 
     def __init__(
@@ -59,6 +61,7 @@ class Trainer:
         algorithm: Algorithm | None = None,
         runner_options: dict[str, Any] | None = None,
         console: Console | None = None,
+        proxy: Any = None,
     ) -> None:
         self.store = open_store(store) if isinstance(store, str) else store or open_store("memory")
         self.n_runners = n_runners
@@ -66,6 +69,7 @@ class Trainer:
         self.algorithm = algorithm
         self.runner_options = runner_options or {}
         self.console = console or Console()
+        self.proxy = proxy
 
     # ---- public API -----------------------------------------------------------------------------
     def dev(
@@ -114,6 +118,8 @@ class Trainer:
         """Runners serving ``agent`` for the duration of the block."""
         agent = as_agent(agent)
         options = {"concurrency": self.concurrency, **self.runner_options}
+        if self.proxy is not None:  # read now: an LLMProxy knows its port only once started
+            options.setdefault("llm_proxy_url", self.proxy if isinstance(self.proxy, str) else self.proxy.url)
         if self.n_runners == 1:
             with _thread_runner(agent, self.store, options):
                 yield

@@ -16,11 +16,9 @@ therefore runs once per backend registered in :data:`BACKENDS`. The tests only u
 * ``module`` and ``requires``: when the backend module or one of its third-party dependencies is
   not installed, its tests are skipped (any other import error fails loudly).
 
-Example for later backends::
-
-    "http": BackendSpec("http", "agentgrad.store.client", _open_http, requires=("fastapi",)),
-    "postgres": BackendSpec("postgres", "agentgrad.store.postgres", _open_pg, durable=True,
-                            shared=True, requires=("psycopg",), child_source=_pg_child),
+The "http" and "postgres" entries take their openers from ``service_backends.py`` (an HTTP
+client over a private store service; a PostgreSQL schema per test, skipped when no server
+answers at ``AGENTGRAD_TEST_PG``). Run one backend with ``-k memory`` / ``-k sqlite`` / ….
 """
 
 from __future__ import annotations
@@ -35,11 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import service_backends  # openers of the "http" and "postgres" backends
 
 from agentgrad.store.protocol import Store
-from agentgrad.types import AttemptedRollout, RolloutConfig, Span
-
-SRC_DIR = Path(__file__).resolve().parents[2] / "src"
+from agentgrad.types import AttemptedRollout, Span
 
 
 # ---- backend registry ----------------------------------------------------------------------
@@ -101,7 +98,12 @@ BACKENDS: dict[str, BackendSpec] = {
         data_path=_sqlite_path,
         child_source=_sqlite_child,
     ),
+    "http": BackendSpec("http", "agentgrad.store.client", service_backends.open_http, durable=True, shared=True,
+                        child_source=service_backends.http_child, requires=("fastapi", "uvicorn")),
+    "postgres": BackendSpec("postgres", "agentgrad.store.postgres", service_backends.open_postgres, durable=True,
+                            shared=True, child_source=service_backends.postgres_child, requires=("psycopg",)),
 }
+
 
 DEFAULT_OPTIONS: dict[str, Any] = {"watchdog_interval": None}
 
@@ -237,10 +239,6 @@ class Kit:
         rid, aid = claimed.rollout.rollout_id, claimed.attempt.attempt_id
         attempt = store.update_attempt(rid, aid, "running")
         return AttemptedRollout(rollout=store.get_rollout(rid), attempt=attempt)
-
-    @staticmethod
-    def config(**kwargs: Any) -> RolloutConfig:
-        return RolloutConfig(**kwargs)
 
     @staticmethod
     def span(rollout_id: str, attempt_id: str, name: str = "step", **kwargs: Any) -> Span:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import sqlite3
@@ -246,7 +247,7 @@ def test_corrupt_file_is_refused(backend, tmp_path):
     assert _digest(path) == digest, "a refused file must not be modified"
 
 
-def test_foreign_sqlite_file_is_refused(backend, tmp_path):
+def test_foreign_database_file_is_refused(backend, tmp_path):
     backend.require("file_based")
     path = tmp_path / "foreign.db"
     with sqlite3.connect(path) as conn:
@@ -271,3 +272,56 @@ def test_new_file_is_created(backend, tmp_path):
     store.enqueue_rollout("x")
     assert path.exists()
     assert store.count_rollouts() == 1
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")], ids=["nan", "inf", "-inf"])
+def test_non_finite_numbers_are_refused(store, value):
+    with pytest.raises(InvalidInputError) as info:
+        store.enqueue_rollout({"score": value})
+    assert "score" in str(info.value)
+    assert store.count_rollouts() == 0
+
+
+@pytest.mark.parametrize(
+    "task",
+    [{1: "int key"}, {"pair": (1, 2)}, [(1, "a"), {"k": (None,)}]],
+    ids=["int-key", "tuple", "nested-tuples"],
+)
+def test_task_comes_back_as_json_would(store, task):
+    """What a backend hands back must not depend on whether it serializes (memory vs SQL vs HTTP)."""
+    try:
+        rid = store.enqueue_rollout(task).rollout_id
+    except InvalidInputError:
+        assert store.count_rollouts() == 0
+        return
+    assert store.get_rollout(rid).input == json.loads(json.dumps(task))
+    assert store.dequeue_rollout().rollout.input == json.loads(json.dumps(task))
+
+
+@pytest.mark.parametrize("group_id", [["a", "b"], {"k": 1}, 7], ids=["list", "dict", "int"])
+def test_non_string_group_id_is_refused_or_kept(store, group_id):
+    try:
+        rid = store.enqueue_rollout("t", metadata={"group_id": group_id}).rollout_id
+    except InvalidInputError as exc:
+        assert "group_id" in str(exc)
+        assert store.count_rollouts() == 0
+        return
+    assert store.get_rollout(rid).metadata == {"group_id": group_id}
+    assert store.count_rollouts() == 1
+
+
+def test_garbled_store_file_is_refused(backend, tmp_path):
+    backend.require("file_based")
+    path = tmp_path / "garbled.db"
+    store = backend.open_file(path)
+    for i in range(20):
+        store.enqueue_rollout({"i": i, "pad": "x" * 500})
+    backend.close(store)
+    data = bytearray(path.read_bytes())
+    data[100:4096] = os.urandom(3996)  # the schema page, after the 100-byte file header
+    path.write_bytes(bytes(data))
+    digest = _digest(path)
+    with pytest.raises(StoreFileError) as info:
+        backend.open_file(path)
+    assert path.name in str(info.value)
+    assert _digest(path) == digest

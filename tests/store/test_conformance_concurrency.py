@@ -198,3 +198,28 @@ def test_two_stores_concurrent_spans_contiguous(backend, kit):
 
     _run_threads(4, writer)
     assert [s.sequence_id for s in first.query_spans(rid)] == list(range(1, 61))
+
+
+def test_wait_sees_completion_by_another_store(backend, kit):
+    first = backend.new()
+    second = backend.another()
+    started = kit.start(first)
+    rid, aid = started.rollout.rollout_id, started.attempt.attempt_id
+    finisher = kit.later(0.2, lambda: second.update_attempt(rid, aid, "succeeded"))
+    t0 = time.monotonic()
+    done = first.wait_for_rollouts([rid], timeout=10)
+    finisher.join(5)
+    assert not finisher.errors
+    assert time.monotonic() - t0 < 3
+    assert [r.status for r in done] == ["succeeded"]
+
+
+def test_dequeue_sees_enqueue_by_another_store(backend, kit):
+    first = backend.new()
+    second = backend.another()
+    producer = kit.later(0.2, lambda: second.enqueue_rollout("x", rollout_id="ro-other"))
+    t0 = time.monotonic()
+    claimed = first.dequeue_rollout(timeout=10)
+    producer.join(5)
+    assert time.monotonic() - t0 < 3
+    assert claimed is not None and claimed.rollout.rollout_id == "ro-other"

@@ -101,8 +101,8 @@ def test_filter_no_llm_calls(store, kit):
     aid = store.get_latest_attempt(without).attempt_id
     store.add_span(kit.span(without, aid, "tool"))
     _finish(store, without)
-    store.enqueue_rollout()  # not finished: not flagged yet
     kit.start(store)  # running, no calls yet: not flagged yet
+    store.enqueue_rollout()  # not finished: not flagged yet
     assert _ids(store.query_rollouts(RolloutFilter(no_llm_calls=True))) == [without]
     assert store.count_rollouts(RolloutFilter(no_llm_calls=True)) == 1
 
@@ -232,3 +232,21 @@ def test_update_metadata_refuses_non_json(store):
         store.update_rollout_metadata(rid, {"ok": 1, "bad": {"inner": object()}})
     assert "inner" in str(info.value)
     assert store.get_rollout(rid).metadata == {"a": 1}
+
+
+@pytest.mark.parametrize("descending", [False, True], ids=["asc", "desc"])
+@pytest.mark.parametrize("key", ["start_time", "end_time", "reward"])
+def test_missing_values_sort_last(store, kit, key, descending):
+    """Rollouts without the sort value (not started, not ended, no reward) come last either way,
+    so every backend pages the same way (SQL engines disagree on NULL placement by default)."""
+    done = []
+    for value in (0.2, 0.9):
+        started = kit.start(store)
+        rid, aid = started.rollout.rollout_id, started.attempt.attempt_id
+        store.add_span(kit.span(rid, aid, semconv.SPAN_REWARD, attributes={semconv.REWARD_VALUE: value}))
+        store.update_attempt(rid, aid, "succeeded")
+        done.append(rid)
+        time.sleep(0.005)
+    missing = store.enqueue_rollout().rollout_id
+    got = _ids(store.query_rollouts(RolloutFilter(sort_by=key, descending=descending)))
+    assert got == (done[::-1] if descending else done) + [missing]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentgrad import semconv
-from agentgrad.errors import AgentGradError, NotFoundError
+from agentgrad.errors import AgentGradError, InvalidInputError, NotFoundError
 from agentgrad.types import RolloutConfig, Span, SpanEvent, SpanStatus
 
 
@@ -282,9 +282,17 @@ def test_requeue_resets_reward_and_llm_calls(store, kit):
     store.update_attempt(rid, first, "failed")
     rollout = store.get_rollout(rid)
     assert rollout.status == "requeuing"
-    assert rollout.reward is None
-    assert rollout.llm_calls == 0
+    assert (rollout.reward, rollout.llm_calls) == (None, 0), "a requeued rollout carries no stale results"
+
+
+def test_retry_counts_only_its_own_spans(store, kit):
+    started = kit.start(store, config=RolloutConfig(max_attempts=2, retry_on=["failed"]))
+    rid, first = started.rollout.rollout_id, started.attempt.attempt_id
+    store.add_spans([_llm_span(kit, rid, first), _llm_span(kit, rid, first), _reward_span(kit, rid, first, 1.0)])
+    store.update_attempt(rid, first, "failed")
     second = store.dequeue_rollout().attempt.attempt_id
+    rollout = store.get_rollout(rid)
+    assert (rollout.reward, rollout.llm_calls) == (None, 0)
     store.add_spans([_llm_span(kit, rid, second), _reward_span(kit, rid, second, 0.5)])
     rollout = store.get_rollout(rid)
     assert rollout.llm_calls == 1
@@ -302,3 +310,34 @@ def test_late_llm_span_of_old_attempt_is_not_counted(store, kit):
     except AgentGradError:
         pass  # refusing late spans is fine; counting them for the latest attempt is not
     assert store.get_rollout(rid).llm_calls == 1
+
+
+# ---- what the store keeps -------------------------------------------------------------------------
+
+
+def test_client_sequence_id_is_ignored(store, kit):
+    started = kit.start(store)
+    rid, aid = started.rollout.rollout_id, started.attempt.attempt_id
+    stored = store.add_span(kit.span(rid, aid, sequence_id=99))
+    assert stored.sequence_id == 1
+    assert [s.sequence_id for s in store.query_spans(rid)] == [1]
+
+
+def test_stored_span_is_a_copy(store, kit):
+    started = kit.start(store)
+    rid, aid = started.rollout.rollout_id, started.attempt.attempt_id
+    span = kit.span(rid, aid, attributes={"list": [1]})
+    returned = store.add_span(span)
+    span.attributes["list"].append(2)
+    returned.attributes["list"].append(3)
+    assert store.query_spans(rid)[0].attributes == {"list": [1]}
+
+
+def test_non_json_event_attribute_is_refused(store, kit):
+    started = kit.start(store)
+    rid, aid = started.rollout.rollout_id, started.attempt.attempt_id
+    bad = kit.span(rid, aid, "bad", events=[SpanEvent(name="ev", attributes={"blob": object()})])
+    with pytest.raises(InvalidInputError) as info:
+        store.add_spans([kit.span(rid, aid, "good"), bad])
+    assert "blob" in str(info.value)
+    assert store.query_spans(rid) == []

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
+import pytest
+
+from agentgrad.errors import InvalidInputError
 from agentgrad.types import MetricRecord, Worker
 
 
@@ -66,3 +71,31 @@ def test_metrics_by_run_id(store):
 def test_add_no_metrics(store):
     store.add_metrics([])
     assert store.query_metrics() == []
+
+
+def test_non_finite_metric_is_refused_or_kept(store):
+    """A NaN loss must never poison the metrics table: refuse it, or give it back."""
+    store.add_metrics([MetricRecord(run_id="r", step=1, values={"loss": 0.5})])
+    try:
+        store.add_metrics([MetricRecord(run_id="r", step=2, values={"loss": float("nan")})])
+    except InvalidInputError:
+        assert [m.step for m in store.query_metrics("r")] == [1]
+        return
+    got = store.query_metrics("r")
+    assert [m.step for m in got] == [1, 2]
+    assert math.isnan(got[1].values["loss"])
+
+
+def test_non_json_worker_metadata_is_refused(store):
+    with pytest.raises(InvalidInputError) as info:
+        store.update_worker(Worker(worker_id="w-bad", metadata={"handle": object()}))
+    assert "handle" in str(info.value)
+    assert store.query_workers() == []
+
+
+def test_returned_worker_is_a_copy(store):
+    worker = Worker(worker_id="w-1", metadata={"tags": ["a"]})
+    store.update_worker(worker)
+    worker.metadata["tags"].append("b")
+    store.query_workers()[0].metadata["tags"].append("c")
+    assert store.query_workers()[0].metadata == {"tags": ["a"]}

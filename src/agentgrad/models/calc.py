@@ -65,10 +65,7 @@ def _sample(rng: random.Random) -> tuple[str, str]:
     """Return (question, expression) for one random problem."""
     n_operands = rng.choice((2, 3))
     ops = [rng.choice("+-*") for _ in range(n_operands - 1)]
-    numbers = []
-    for i in range(n_operands):
-        near_mul = (i > 0 and ops[i - 1] == "*") or (i < len(ops) and ops[i] == "*")
-        numbers.append(rng.randint(2, 99) if near_mul else rng.randint(2, 999))
+    numbers = [rng.randint(2, 99) for _ in range(n_operands)]
     expression = str(numbers[0])
     spoken = str(numbers[0])
     for op, number in zip(ops, numbers[1:]):

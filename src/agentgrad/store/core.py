@@ -91,6 +91,10 @@ class StoreTx(Protocol):
     def query_metrics(self, run_id: str | None) -> list[MetricRecord]: ...
 
 
+#: A burst of spans refreshes the attempt's heartbeat at most this often (one write, not one
+#: per span); far below any sensible ``unresponsive_seconds``.
+HEARTBEAT_RESOLUTION_SECONDS = 0.01
+
 _RETRY_REASON = {
     AttemptStatus.FAILED: "failed",
     AttemptStatus.TIMEOUT: "timeout",
@@ -447,8 +451,9 @@ class TransactionalStore(Store):
                 continue
             if attempt.status == AttemptStatus.PREPARING:
                 wake |= self._transition(tx, rollout, attempt, AttemptStatus.RUNNING, None)
-            attempt.last_heartbeat_time = stamp
-            tx.save_attempt(attempt)
+            elif stamp - (attempt.last_heartbeat_time or 0.0) >= HEARTBEAT_RESOLUTION_SECONDS:
+                attempt.last_heartbeat_time = stamp
+                tx.save_attempt(attempt)
         latest_id = next((a.attempt_id for a in attempts.values() if a.sequence_id == rollout.num_attempts), None)
         for span in spans:
             if span.attempt_id != latest_id:

@@ -130,7 +130,9 @@ class _MemoryTx(StoreTx):
             copy.sequence_id = len(stored) + 1
             stored.append(copy)
             self.d.span_keys[key] = copy
-            results.append((_copy(copy), True))
+            # The caller's own span (already normalized by the core) with its new sequence id:
+            # the stored copy stays private without a second deep copy.
+            results.append((span.model_copy(update={"sequence_id": copy.sequence_id}), True))
         return results
 
     def query_spans(

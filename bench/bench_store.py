@@ -1,0 +1,143 @@
+"""Store throughput per backend: ops/s for the calls a training run makes, and peak RSS.
+
+    python bench/bench_store.py            # N=5000 rollouts x 10 spans, memory and sqlite
+    python bench/bench_store.py --n 500 --backends sqlite
+
+Each backend runs in a fresh child process (so peak RSS is its own). Phases, in order, on one
+store: enqueue (one call per rollout), dequeue+start (dequeue_rollout + update_attempt running),
+spans one by one (add_span), spans batched 10 per call (one call per rollout) and 1000 per call,
+update status (succeeded), query spans (all spans of each rollout). "mixed_unbatched" is every
+unbatched call of the lifecycle (enqueue, dequeue, start, 10 x add_span, succeed, query) over
+their total time. SQLite is a file in WAL mode with the default synchronous=NORMAL (durable
+against process crashes) and its background watchdog on, as in a real run.
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+SPANS_PER_ROLLOUT = 10
+
+
+def _open(backend: str, tmp: str) -> Any:
+    if backend == "memory":
+        from agentgrad.store.memory import MemoryStore
+
+        return MemoryStore()
+    from agentgrad.store.sqlite import SqliteStore
+
+    return SqliteStore(os.path.join(tmp, "bench.db"))
+
+
+def _span(rollout_id: str, attempt_id: str, tag: str, index: int) -> Any:
+    from agentgrad.types import Span
+
+    return Span(rollout_id=rollout_id, attempt_id=attempt_id, span_id=f"{tag}{index:04d}", name="agentgrad.message",
+                attributes={"agentgrad.message.body": "x" * 100, "step": index})
+
+
+def run_backend(backend: str, n: int) -> dict[str, Any]:
+    from agentgrad.types import AttemptStatus
+
+    results: dict[str, Any] = {}
+    calls: dict[str, int] = {}
+    seconds: dict[str, float] = {}
+
+    def phase(name: str, count: int, fn: Any) -> Any:
+        start = time.perf_counter()
+        out = fn()
+        elapsed = time.perf_counter() - start
+        calls[name], seconds[name] = count, elapsed
+        results[name] = {"ops": count, "seconds": round(elapsed, 4), "ops_per_s": round(count / elapsed)}
+        return out
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store = _open(backend, tmp)
+        rollouts = phase("enqueue", n, lambda: [store.enqueue_rollout({"task": i}) for i in range(n)])
+
+        def dequeue_start() -> list[Any]:
+            claimed = []
+            for _ in range(n):
+                c = store.dequeue_rollout("bench")
+                store.update_attempt(c.rollout.rollout_id, c.attempt.attempt_id, AttemptStatus.RUNNING)
+                claimed.append(c)
+            return claimed
+
+        claimed = phase("dequeue_start", 2 * n, dequeue_start)
+        results["dequeue_start"]["rollouts_per_s"] = round(n / seconds["dequeue_start"])
+        pairs = [(c.rollout.rollout_id, c.attempt.attempt_id) for c in claimed]
+
+        # Spans are built outside the timed block: the phase measures the store, not pydantic.
+        singles = [_span(r, a, "s", i) for r, a in pairs for i in range(SPANS_PER_ROLLOUT)]
+        phase("add_span_single", len(singles), lambda: [store.add_span(s) for s in singles])
+        batches10 = [[_span(r, a, "b", i) for i in range(SPANS_PER_ROLLOUT)] for r, a in pairs]
+        phase("add_spans_batch10", n * SPANS_PER_ROLLOUT, lambda: [store.add_spans(b) for b in batches10])
+        flat = [_span(r, a, "k", i) for r, a in pairs for i in range(SPANS_PER_ROLLOUT)]
+        batches1000 = [flat[i:i + 1000] for i in range(0, len(flat), 1000)]
+        phase("add_spans_batch1000", len(flat), lambda: [store.add_spans(b) for b in batches1000])
+        for name in ("add_span_single", "add_spans_batch10", "add_spans_batch1000"):
+            results[name]["spans_per_s"] = results[name]["ops_per_s"]
+            if name != "add_span_single":
+                results[name]["calls_per_s"] = round(
+                    (n if name == "add_spans_batch10" else len(batches1000)) / seconds[name])
+
+        phase("update_succeeded", n,
+              lambda: [store.update_attempt(r, a, AttemptStatus.SUCCEEDED) for r, a in pairs])
+        counts = phase("query_spans", n, lambda: [len(store.query_spans(r)) for r, _ in pairs])
+        assert all(c == 3 * SPANS_PER_ROLLOUT for c in counts), "lost spans"
+        assert all(r.status.value == "succeeded" for r in store.query_rollouts()), "unfinished rollouts"
+        store.close()
+
+    unbatched = ("enqueue", "dequeue_start", "add_span_single", "update_succeeded", "query_spans")
+    total_calls = sum(calls[p] for p in unbatched)
+    total_seconds = sum(seconds[p] for p in unbatched)
+    results["mixed_unbatched"] = {"ops": total_calls, "seconds": round(total_seconds, 3),
+                                  "ops_per_s": round(total_calls / total_seconds)}
+    results["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=5000, help="rollouts (each gets 3 x 10 spans)")
+    parser.add_argument("--backends", default="memory,sqlite")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(run_backend(args.child, args.n)))
+        return
+    import sqlite3
+
+    report: dict[str, Any] = {"n_rollouts": args.n, "spans_per_rollout_per_phase": SPANS_PER_ROLLOUT,
+                              "python": sys.version.split()[0], "sqlite": sqlite3.sqlite_version, "backends": {}}
+    for backend in args.backends.split(","):
+        out = subprocess.run([sys.executable, __file__, "--child", backend, "--n", str(args.n)],
+                             capture_output=True, text=True, check=True)
+        report["backends"][backend] = json.loads(out.stdout)
+    targets = {
+        "sqlite_batched_span_inserts_per_s>=20000":
+            report["backends"].get("sqlite", {}).get("add_spans_batch1000", {}).get("spans_per_s", 0) >= 20000,
+        "sqlite_mixed_unbatched_ops_per_s>=5000":
+            report["backends"].get("sqlite", {}).get("mixed_unbatched", {}).get("ops_per_s", 0) >= 5000,
+        "memory_mixed_unbatched_ops_per_s>=50000":
+            report["backends"].get("memory", {}).get("mixed_unbatched", {}).get("ops_per_s", 0) >= 50000,
+    }
+    report["targets_met"] = targets
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

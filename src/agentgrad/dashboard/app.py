@@ -1,0 +1,66 @@
+"""The dashboard on its own: a read-only FastAPI app over a store, and a blocking ``serve``."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import RedirectResponse
+
+from agentgrad.dashboard.router import create_router
+from agentgrad.store.protocol import Store
+
+log = logging.getLogger(__name__)
+
+
+def create_app(store: Store, *, token: str | None = None, prefix: str = "/dashboard", **router_options: Any) -> FastAPI:
+    """An app serving only the dashboard (no store API), with ``/`` redirecting to it."""
+    app = FastAPI(title="AgentGrad dashboard", docs_url=None, redoc_url=None, openapi_url=None)
+    app.include_router(create_router(store, token, prefix=prefix, **router_options))
+
+    @app.get("/", include_in_schema=False)
+    def root() -> RedirectResponse:
+        return RedirectResponse(f"{prefix}/rollouts")
+
+    return app
+
+
+def serve(store_url: str, host: str = "127.0.0.1", port: int = 8766, token: str | None = None, *,
+          log_level: str = "warning") -> None:
+    """Open the store at ``store_url`` read-only and serve the dashboard until SIGTERM/SIGINT."""
+    import uvicorn
+
+    from agentgrad.store import open_store
+
+    store = open_store(store_url, watchdog=False)
+    try:
+        app = create_app(store, token=token)
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))  # bound here so that --port 0 reports the port it got
+        bound = sock.getsockname()[1]
+        url = f"http://[{host}]:{bound}/dashboard/" if ":" in host else f"http://{host}:{bound}/dashboard/"
+        log.info("dashboard for %s at %s (auth %s)", store_url, url, "on" if token else "off")
+        print(f"AgentGrad dashboard for {store_url} at {url} (token {'required' if token else 'off'}; "
+              "Ctrl-C to stop)", flush=True)
+        server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False,
+                                               timeout_graceful_shutdown=5))
+        # uvicorn turns SIGTERM/SIGINT into a graceful shutdown, then re-raises the signal to the
+        # handlers that were installed before it started: make those a no-op so the process gets
+        # to close the store and exit 0 instead of dying from the re-raised signal.
+        previous = {signum: signal.signal(signum, _already_handled) for signum in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            server.run(sockets=[sock])
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+    finally:
+        store.close()
+    log.info("dashboard stopped")
+
+
+def _already_handled(signum: int, frame: object) -> None:
+    """Receives the signal uvicorn re-raises after its graceful shutdown; nothing is left to do."""

@@ -1,0 +1,234 @@
+"""The dashboard's routes: server-rendered pages over any :class:`~agentgrad.store.protocol.Store`.
+
+Pages are Jinja2 templates (autoescaped) with one vendored stylesheet and one small script for
+live refresh; there is no frontend build and nothing is fetched from the network. Handlers are
+plain ``def`` functions, so FastAPI runs the (synchronous) store calls in its thread pool.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Callable
+from importlib import resources as package_files
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import jinja2
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from agentgrad.dashboard import views
+from agentgrad.dashboard.auth import COOKIE_NAME, TokenGate, url_without_token
+from agentgrad.errors import NotFoundError
+from agentgrad.store.protocol import RolloutFilter, Store
+from agentgrad.types import RolloutStatus
+
+#: Sent with every page: no inline script or style is needed, so none is allowed.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+_STATIC_TYPES = {"dashboard.css": "text/css; charset=utf-8", "dashboard.js": "text/javascript; charset=utf-8"}
+_SORT_KEYS = ("enqueue_time", "start_time", "end_time", "rollout_id", "status", "reward")
+_PAGE_SIZES = (25, 50, 100, 200)
+_STATUSES = tuple(s.value for s in RolloutStatus)
+
+
+@functools.lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("agentgrad.dashboard", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(
+        seconds=views.fmt_seconds, time=views.fmt_time, number=views.fmt_number, json=views.pretty_json,
+        q=lambda value: quote(str(value), safe=""),
+    )
+    return env
+
+
+def _static_files() -> dict[str, bytes]:
+    folder = package_files.files("agentgrad.dashboard") / "static"
+    return {name: (folder / name).read_bytes() for name in _STATIC_TYPES}
+
+
+def _choice(value: str | None, allowed: tuple[Any, ...], default: Any) -> Any:
+    return value if value in allowed else default
+
+
+def _positive_int(value: str | None, default: int) -> int:
+    try:
+        number = int(value) if value is not None else default
+    except ValueError:
+        return default
+    return number if number > 0 else default
+
+
+def create_router(
+    store: Store,
+    token: str | None = None,
+    *,
+    prefix: str = "/dashboard",
+    alive_seconds: float = 60.0,
+    refresh_seconds: float = 3.0,
+) -> APIRouter:
+    """The dashboard as a router to include in any FastAPI app (the store service mounts it at ``/``).
+
+    Args:
+        store: where the data comes from; only read, never written.
+        token: when set, pages need ``Authorization: Bearer <token>`` or a ``?token=`` login.
+        prefix: the URL path the pages live under.
+        alive_seconds: a runner whose last heartbeat is older than this is shown as silent.
+        refresh_seconds: how often live refresh reloads the rollouts table.
+    """
+    gate = TokenGate(token)
+    static = _static_files()
+    router = APIRouter(prefix=prefix, include_in_schema=False)
+    env = _environment()
+
+    def render(template: str, request: Request, *, status: int = 200, headers: dict[str, str] | None = None,
+               **context: Any) -> HTMLResponse:
+        html = env.get_template(template).render(base=prefix, path=request.url.path, **context)
+        return HTMLResponse(html, status_code=status, headers={**SECURITY_HEADERS, **(headers or {})})
+
+    def page(handler: Callable[..., Response]) -> Callable[..., Response]:
+        """Wrap a page handler in the token gate and turn unknown ids into a 404 page."""
+
+        @functools.wraps(handler)
+        def guarded(*args: Any, **kwargs: Any) -> Response:
+            request: Request = kwargs["request"]
+            login = gate.login_attempt(request)
+            if login:
+                response = RedirectResponse(url_without_token(request), status_code=303, headers=SECURITY_HEADERS)
+                response.set_cookie(COOKIE_NAME, gate.session_value or "", httponly=True, samesite="lax",
+                                    secure=request.url.scheme == "https", path=prefix or "/")
+                return response
+            if login is False or not gate.allows(request):
+                return render("unauthorized.html", request, status=401, wrong=login is False,
+                              headers={"WWW-Authenticate": "Bearer"})
+            try:
+                return handler(*args, **kwargs)
+            except NotFoundError as exc:
+                return render("message.html", request, status=404, title="Not found", message=str(exc))
+
+        return guarded
+
+    @router.get("/static/{name}")
+    def static_file(name: str) -> Response:
+        """The vendored stylesheet and script (no data, so no token needed)."""
+        if name not in static:
+            return Response("not found", status_code=404, media_type="text/plain")
+        return Response(static[name], media_type=_STATIC_TYPES[name],
+                        headers={"Cache-Control": "max-age=300", "X-Content-Type-Options": "nosniff"})
+
+    @router.get("/")
+    def index(request: Request) -> Response:
+        query = f"?{request.url.query}" if request.url.query else ""
+        return RedirectResponse(f"{prefix}/rollouts{query}", status_code=307)
+
+    @router.get("/rollouts")
+    @page
+    def rollouts(request: Request) -> Response:
+        """The rollouts table: filter by status, mode and missing LLM calls; sort; page."""
+        params = request.query_params
+        statuses = [s for s in params.getlist("status") if s in _STATUSES]
+        mode = _choice(params.get("mode"), ("train", "val", "test"), None)
+        no_llm = params.get("no_llm") == "1"
+        sort = _choice(params.get("sort"), _SORT_KEYS, "enqueue_time")
+        order = _choice(params.get("order"), ("asc", "desc"), "desc")
+        per_page = _choice(_positive_int(params.get("per_page"), 50), _PAGE_SIZES, 50)
+        page_number = _positive_int(params.get("page"), 1)
+        query = RolloutFilter(status=[RolloutStatus(s) for s in statuses] or None, mode=mode,
+                              no_llm_calls=True if no_llm else None, sort_by=sort, descending=order == "desc",
+                              limit=per_page, offset=(page_number - 1) * per_page)
+        total = store.count_rollouts(query)
+        pages = max(1, math.ceil(total / per_page))
+        now = time.time()
+        current = {"status": statuses, "mode": mode or "", "no_llm": "1" if no_llm else "", "sort": sort,
+                   "order": order, "per_page": per_page, "page": page_number}
+
+        def url(**changes: Any) -> str:
+            merged = {**current, **changes}
+            return f"{prefix}/rollouts?" + urlencode({k: v for k, v in merged.items() if v not in ("", None, [])},
+                                                     doseq=True)
+
+        rows = [(r, views.rollout_duration(r, now), views.lacks_llm_calls(r)) for r in store.query_rollouts(query)]
+        context = dict(rows=rows, total=total, page=page_number, pages=pages, url=url, sort=sort, order=order,
+                       offset=query.offset)
+        if params.get("partial") == "table":
+            return render("_rollout_table.html", request, **context)
+        counts = {s.value: store.count_rollouts(RolloutFilter(status=[s])) for s in RolloutStatus}
+        no_llm_total = store.count_rollouts(RolloutFilter(no_llm_calls=True))
+        return render("rollouts.html", request, statuses=_STATUSES, selected=statuses,
+                      mode=mode, no_llm=no_llm, per_page=per_page, page_sizes=_PAGE_SIZES, sort_keys=_SORT_KEYS,
+                      counts=counts, no_llm_total=no_llm_total, refresh_ms=int(refresh_seconds * 1000),
+                      table_url=url(partial="table"), **context)
+
+    @router.get("/rollouts/{rollout_id:path}")
+    @page
+    def rollout_detail(request: Request, rollout_id: str) -> Response:
+        """One rollout: attempts on a timeline, the span tree, LLM calls and rewards."""
+        rollout = store.get_rollout(rollout_id)
+        attempts = store.get_attempts(rollout_id)
+        now = time.time()
+        wanted = request.query_params.get("attempt")
+        attempt = next((a for a in attempts if a.attempt_id == wanted), attempts[-1] if attempts else None)
+        if wanted and (attempt is None or attempt.attempt_id != wanted):
+            raise NotFoundError("attempt", wanted, f" of rollout {rollout_id!r}")
+        spans = store.query_spans(rollout_id, attempt.attempt_id) if attempt else []
+        rows = views.span_rows(spans, now)
+        return render("rollout.html", request, rollout=rollout, duration=views.rollout_duration(rollout, now),
+                      no_llm=views.lacks_llm_calls(rollout), attempts=views.attempt_rows(attempts, now),
+                      attempt=attempt, spans=rows, calls=views.llm_calls(rows), rewards=views.reward_rows(spans))
+
+    @router.get("/training")
+    @page
+    def training(request: Request) -> Response:
+        """Learning curves per step for one run (``?run=``; default: the latest run)."""
+        records = store.query_metrics()
+        runs = list(dict.fromkeys(r.run_id for r in records))
+        run = _choice(request.query_params.get("run"), tuple(runs), runs[-1] if runs else None)
+        selected = [r for r in records if r.run_id == run]
+        return render("training.html", request, runs=runs, run=run, charts=views.charts(selected),
+                      steps=len({r.step for r in selected}))
+
+    @router.get("/resources")
+    @page
+    def resources(request: Request) -> Response:
+        """Resource versions, and a diff between two of them (``?a=&b=``; default: the last two)."""
+        snapshots = store.query_resources()
+        by_id = {s.resources_id: s for s in snapshots}
+        params = request.query_params
+        new = by_id.get(params.get("b") or "") or (snapshots[-1] if snapshots else None)
+        older = [s for s in snapshots if new is not None and s.version < new.version]
+        old = by_id.get(params.get("a") or "") or (older[-1] if older else None)
+        diffs = views.diff_items(old.items, new.items) if old is not None and new is not None else []
+        return render("resources.html", request, snapshots=list(reversed(snapshots)), old=old, new=new, diffs=diffs,
+                      kind=views.resource_kind, text=views.resource_text)
+
+    @router.get("/runners")
+    @page
+    def runners(request: Request) -> Response:
+        """Runners: alive or silent, what each runs, when each was last heard from."""
+        now = time.time()
+
+        def state(worker: Any) -> str:
+            if worker.status == "stopped":
+                return "stopped"
+            return "alive" if now - worker.last_heartbeat_time <= alive_seconds else "silent"
+
+        workers = [(w, state(w), now - w.last_heartbeat_time) for w in store.query_workers()]
+        order = {"alive": 0, "silent": 1, "stopped": 2}
+        workers.sort(key=lambda item: (order[item[1]], item[0].worker_id))
+        return render("runners.html", request, workers=workers, alive_seconds=alive_seconds,
+                      alive=sum(1 for _, s, _ in workers if s == "alive"))
+
+    return router

@@ -1,0 +1,555 @@
+"""View models: store records turned into what the templates show.
+
+Pure Python (no FastAPI, no Jinja) so each piece is easy to test on its own. Everything here
+returns plain data; escaping is the templates' job (Jinja autoescape is always on).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentgrad import semconv
+from agentgrad.types import LLM, Attempt, JsonResource, MetricRecord, PromptTemplate, Resource, Rollout, Span
+
+# ---- formatting -----------------------------------------------------------------------------
+
+
+def fmt_seconds(seconds: float | None) -> str:
+    """A duration for people: ``850 ms``, ``3.42 s``, ``2 m 05 s``, ``1 h 02 m``."""
+    if seconds is None or not math.isfinite(seconds):
+        return "—"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.2f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} m {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} m"
+
+
+def fmt_time(timestamp: float | None) -> str:
+    """An epoch timestamp as local ``YYYY-MM-DD HH:MM:SS``."""
+    if timestamp is None:
+        return "—"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
+
+
+def fmt_number(value: float | None) -> str:
+    """A metric or reward value, short: ``0.5``, ``1.23e-05``, ``—`` for None."""
+    return "—" if value is None else f"{value:.4g}"
+
+
+def pretty_json(value: Any) -> str:
+    """Indented JSON, or ``repr`` for anything JSON cannot show."""
+    try:
+        return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _maybe_json(value: Any) -> Any:
+    """Span attributes may hold JSON as a string (OpenTelemetry attributes are flat)."""
+    if isinstance(value, str) and value[:1] in "[{":
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+# ---- rollouts -------------------------------------------------------------------------------
+
+
+def rollout_duration(rollout: Rollout, now: float) -> float | None:
+    """Seconds from start to end (to now while running); None before it starts."""
+    if rollout.start_time is None:
+        return None
+    return (rollout.end_time or now) - rollout.start_time
+
+
+def lacks_llm_calls(rollout: Rollout) -> bool:
+    """A finished rollout with no captured LLM call: no training data (DESIGN.md §5)."""
+    return rollout.status.is_terminal and rollout.llm_calls == 0
+
+
+# ---- time bars ------------------------------------------------------------------------------
+
+
+@dataclass
+class Window:
+    """A time range mapped onto 0–100 % of a bar's width."""
+
+    start: float
+    end: float
+
+    @classmethod
+    def around(cls, intervals: list[tuple[float, float | None]], now: float) -> Window:
+        starts = [s for s, _ in intervals]
+        ends = [e if e is not None else now for _, e in intervals]
+        start = min(starts, default=now)
+        return cls(start, max(max(ends, default=start), start))
+
+    def place(self, start: float, end: float | None, now: float) -> tuple[float, float]:
+        """(offset %, width %) of an interval; at least a sliver wide so it stays visible."""
+        span = self.end - self.start or 1.0
+        offset = (start - self.start) / span * 100
+        width = ((end if end is not None else now) - start) / span * 100
+        offset = min(max(offset, 0.0), 99.5)
+        return round(offset, 3), round(max(min(width, 100 - offset), 0.5), 3)
+
+
+@dataclass
+class AttemptRow:
+    """One attempt with its bar on the rollout's attempt timeline."""
+
+    attempt: Attempt
+    duration: float | None
+    offset: float
+    width: float
+
+
+def attempt_rows(attempts: list[Attempt], now: float) -> list[AttemptRow]:
+    """Attempts, oldest first, placed on one shared timeline."""
+    window = Window.around([(a.start_time, a.end_time) for a in attempts], now)
+    rows = []
+    for attempt in attempts:
+        offset, width = window.place(attempt.start_time, attempt.end_time, now)
+        rows.append(AttemptRow(attempt, (attempt.end_time or now) - attempt.start_time, offset, width))
+    return rows
+
+
+# ---- spans ----------------------------------------------------------------------------------
+
+_KINDS = {
+    semconv.SPAN_LLM_CALL: "llm",
+    semconv.SPAN_REWARD: "reward",
+    semconv.SPAN_AGENT: "agent",
+    semconv.SPAN_OPERATION: "operation",
+    semconv.SPAN_MESSAGE: "message",
+    semconv.SPAN_OBJECT: "object",
+    semconv.SPAN_EXCEPTION: "exception",
+}
+
+
+@dataclass
+class SpanRow:
+    """A span in the flattened tree: depth for indentation, offset/width for its waterfall bar."""
+
+    span: Span
+    depth: int
+    kind: str
+    label: str
+    duration: float | None
+    offset: float
+    width: float
+    #: Anchor of the LLM call's detail card, for LLM-call spans.
+    llm_anchor: str | None = None
+
+
+def _label(span: Span) -> str:
+    attrs = span.attributes
+    kind = _KINDS.get(span.name)
+    if kind == "llm":
+        model = attrs.get(semconv.GEN_AI_RESPONSE_MODEL) or attrs.get(semconv.GEN_AI_REQUEST_MODEL) or ""
+        return str(model)
+    if kind == "reward":
+        return f"reward = {fmt_number(_as_float(attrs.get(semconv.REWARD_VALUE)))}"
+    if kind == "agent":
+        return str(attrs.get(semconv.AGENT_NAME, ""))
+    if kind == "operation":
+        return str(attrs.get(semconv.OPERATION_NAME, ""))
+    if kind == "message":
+        return str(attrs.get(semconv.MESSAGE_BODY, ""))[:200]
+    if kind == "object":
+        return str(attrs.get(semconv.OBJECT_TYPE, ""))
+    if kind == "exception":
+        return f"{attrs.get(semconv.EXCEPTION_TYPE, '')}: {attrs.get(semconv.EXCEPTION_MESSAGE, '')}"
+    return ""
+
+
+def span_rows(spans: list[Span], now: float) -> list[SpanRow]:
+    """Spans as a depth-first list of their tree (by ``parent_id``), siblings by start time.
+
+    A span whose parent is not among ``spans`` is a root, so partial traces still show.
+    """
+    by_id = {s.span_id: s for s in spans}
+    children: dict[str | None, list[Span]] = {}
+    for span in spans:
+        parent = span.parent_id if span.parent_id in by_id and span.parent_id != span.span_id else None
+        children.setdefault(parent, []).append(span)
+    for group in children.values():
+        group.sort(key=lambda s: (s.start_time, s.sequence_id or 0))
+    window = Window.around([(s.start_time, s.end_time) for s in spans], now)
+    rows: list[SpanRow] = []
+    seen: set[str] = set()
+    llm_index = 0
+
+    def visit(span: Span, depth: int) -> None:
+        nonlocal llm_index
+        if span.span_id in seen:  # a cycle in parent ids must not loop forever
+            return
+        seen.add(span.span_id)
+        offset, width = window.place(span.start_time, span.end_time, now)
+        kind = _KINDS.get(span.name, "other")
+        anchor = None
+        if kind == "llm":
+            llm_index += 1
+            anchor = f"llm-call-{llm_index}"
+        # Clocks of different writers may disagree by a hair; a duration is never negative.
+        duration = max(0.0, span.end_time - span.start_time) if span.end_time is not None else None
+        rows.append(SpanRow(span, depth, kind, _label(span), duration, offset, width, anchor))
+        for child in children.get(span.span_id, []):
+            visit(child, depth + 1)
+
+    for root in children.get(None, []):
+        visit(root, 0)
+    return rows
+
+
+# ---- LLM calls ------------------------------------------------------------------------------
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str
+    call_id: str | None = None
+
+
+@dataclass
+class ChatMessage:
+    role: str
+    content: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    #: ``tool_call_id`` of a tool result, or the message's ``name``.
+    note: str | None = None
+
+
+@dataclass
+class Token:
+    """One completion token, colored by its probability (``bucket`` 0–9 = p in tenths)."""
+
+    text: str
+    token_id: int | None
+    logprob: float | None
+
+    @property
+    def probability(self) -> float | None:
+        return None if self.logprob is None else math.exp(self.logprob)
+
+    @property
+    def bucket(self) -> int | None:
+        p = self.probability
+        return None if p is None else min(9, int(p * 10))
+
+
+@dataclass
+class LLMCall:
+    """An ``agentgrad.llm.call`` span unpacked for display."""
+
+    anchor: str
+    span: Span
+    model: str | None
+    model_version: str | None
+    agent_name: str | None
+    duration: float | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    messages: list[ChatMessage]
+    tools: list[str]
+    response: list[ChatMessage]
+    finish_reason: str | None
+    tokens: list[Token]
+    #: True when the span lacks token ids: such a call cannot be trained on (DESIGN.md §5).
+    missing_token_ids: bool
+    mean_logprob: float | None
+
+
+def _text(content: Any) -> str:
+    """Message content as text: a string, or the text parts of a content-part list."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict):
+                parts.append(str(part.get("text") or part.get("refusal") or f"[{part.get('type', 'part')}]"))
+            else:
+                parts.append(str(part))
+        return "\n".join(parts)
+    return pretty_json(content)
+
+
+def _tool_calls(raw: Any) -> list[ToolCall]:
+    calls = []
+    for call in raw if isinstance(raw, list) else []:
+        if not isinstance(call, dict):
+            continue
+        function = call.get("function") if isinstance(call.get("function"), dict) else call
+        arguments = function.get("arguments", "")
+        calls.append(ToolCall(str(function.get("name", "?")),
+                              arguments if isinstance(arguments, str) else pretty_json(arguments), call.get("id")))
+    return calls
+
+
+def _message(raw: Any) -> ChatMessage:
+    if not isinstance(raw, dict):
+        return ChatMessage("?", _text(raw))
+    note = raw.get("tool_call_id") or raw.get("name")
+    return ChatMessage(str(raw.get("role", "?")), _text(raw.get("content")), _tool_calls(raw.get("tool_calls")),
+                       str(note) if note else None)
+
+
+def _request_messages(request: Any) -> tuple[list[ChatMessage], list[str]]:
+    if not isinstance(request, dict):
+        return ([ChatMessage("request", _text(request))] if request else []), []
+    tools = []
+    for tool in request.get("tools") or []:
+        if isinstance(tool, dict):
+            function = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+            tools.append(str(function.get("name", "?")))
+    if isinstance(request.get("messages"), list):  # chat completions
+        return [_message(m) for m in request["messages"]], tools
+    if "prompt" in request:  # completions
+        return [ChatMessage("prompt", _text(request["prompt"]))], tools
+    if "input" in request:  # responses API
+        raw = request["input"]
+        messages = [_message(m) for m in raw] if isinstance(raw, list) else [ChatMessage("user", _text(raw))]
+        if request.get("instructions"):
+            messages.insert(0, ChatMessage("system", _text(request["instructions"])))
+        return messages, tools
+    return [ChatMessage("request", pretty_json(request))], tools
+
+
+def _response_messages(response: Any) -> tuple[list[ChatMessage], str | None, list[Any]]:
+    """(messages, finish reason, OpenAI ``logprobs.content`` entries) of a response body."""
+    if not isinstance(response, dict):
+        return ([ChatMessage("response", _text(response))] if response else []), None, []
+    choices = response.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        choice = choices[0]
+        logprobs = choice.get("logprobs")
+        content = logprobs.get("content") if isinstance(logprobs, dict) else None
+        entries = content if isinstance(content, list) else []
+        if isinstance(choice.get("message"), dict):  # chat completions
+            return [_message(choice["message"])], choice.get("finish_reason"), entries
+        return [ChatMessage("completion", _text(choice.get("text")))], choice.get("finish_reason"), entries
+    if isinstance(response.get("output"), list):  # responses API
+        messages = []
+        for item in response["output"]:
+            if isinstance(item, dict) and item.get("type") == "function_call":
+                messages.append(ChatMessage("assistant", "", [ToolCall(str(item.get("name", "?")),
+                                                                        str(item.get("arguments", "")),
+                                                                        item.get("call_id"))]))
+            elif isinstance(item, dict):
+                messages.append(ChatMessage(str(item.get("role", item.get("type", "?"))), _text(item.get("content"))))
+        return messages, response.get("status"), []
+    return [ChatMessage("response", pretty_json(response))], None, []
+
+
+def _as_float(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _int_list(value: Any) -> list[int] | None:
+    value = _maybe_json(value)
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return value
+    return None
+
+
+def _tokens(ids: list[int] | None, logprobs: Any, entries: list[Any]) -> list[Token]:
+    """Completion tokens: ids and logprobs from the span; token text from the response when it has it."""
+    values = _maybe_json(logprobs)
+    lps = [_as_float(v) for v in values] if isinstance(values, list) else []
+    texts = [e.get("token") if isinstance(e, dict) else None for e in entries]
+    count = len(ids) if ids is not None else len(texts)
+    tokens = []
+    for i in range(count):
+        token_id = ids[i] if ids is not None else None
+        text = texts[i] if i < len(texts) and isinstance(texts[i], str) else None
+        logprob = lps[i] if i < len(lps) else None
+        if logprob is None and i < len(entries) and isinstance(entries[i], dict):
+            logprob = _as_float(entries[i].get("logprob"))
+        tokens.append(Token(text if text is not None else f"⟨{token_id}⟩", token_id, logprob))
+    return tokens
+
+
+def llm_calls(rows: list[SpanRow]) -> list[LLMCall]:
+    """Every LLM-call span of the tree, in tree order, with its conversation and tokens."""
+    calls = []
+    for row in rows:
+        if row.kind != "llm" or row.llm_anchor is None:
+            continue
+        attrs = row.span.attributes
+        messages, tools = _request_messages(_maybe_json(attrs.get(semconv.LLM_REQUEST)))
+        response, finish, entries = _response_messages(_maybe_json(attrs.get(semconv.LLM_RESPONSE)))
+        prompt_ids = _int_list(attrs.get(semconv.LLM_PROMPT_TOKEN_IDS))
+        completion_ids = _int_list(attrs.get(semconv.LLM_COMPLETION_TOKEN_IDS))
+        tokens = _tokens(completion_ids, attrs.get(semconv.LLM_LOGPROBS), entries)
+        known = [t.logprob for t in tokens if t.logprob is not None]
+        usage_in = attrs.get(semconv.GEN_AI_USAGE_INPUT_TOKENS)
+        usage_out = attrs.get(semconv.GEN_AI_USAGE_OUTPUT_TOKENS)
+        calls.append(LLMCall(
+            anchor=row.llm_anchor,
+            span=row.span,
+            model=attrs.get(semconv.GEN_AI_RESPONSE_MODEL) or attrs.get(semconv.GEN_AI_REQUEST_MODEL),
+            model_version=attrs.get(semconv.MODEL_VERSION),
+            agent_name=attrs.get(semconv.AGENT_NAME),
+            duration=row.duration,
+            prompt_tokens=len(prompt_ids) if prompt_ids is not None else usage_in,
+            completion_tokens=len(completion_ids) if completion_ids is not None else usage_out,
+            messages=messages,
+            tools=tools,
+            response=response,
+            finish_reason=finish or attrs.get(semconv.LLM_FINISH_REASON),
+            tokens=tokens,
+            missing_token_ids=prompt_ids is None or completion_ids is None,
+            mean_logprob=sum(known) / len(known) if known else None,
+        ))
+    return calls
+
+
+@dataclass
+class RewardRow:
+    span: Span
+    value: float | None
+    primary: str | None
+    #: Extra named dimensions (``agentgrad.reward.<name>``).
+    dimensions: dict[str, float]
+
+
+def reward_rows(spans: list[Span]) -> list[RewardRow]:
+    """Reward spans in store order, with their named dimensions."""
+    rows = []
+    for span in spans:
+        if span.name != semconv.SPAN_REWARD:
+            continue
+        attrs = span.attributes
+        special = {semconv.REWARD_VALUE, semconv.REWARD_PRIMARY}
+        dims = {k[len(semconv.REWARD_PREFIX):]: v for k, v in attrs.items()
+                if k.startswith(semconv.REWARD_PREFIX) and k not in special and _as_float(v) is not None}
+        primary = attrs.get(semconv.REWARD_PRIMARY)
+        rows.append(RewardRow(span, _as_float(attrs.get(semconv.REWARD_VALUE)),
+                              str(primary) if primary else None, dims))
+    return rows
+
+
+# ---- training curves ------------------------------------------------------------------------
+
+#: Metric names containing these come first, in this order; the rest follow alphabetically.
+_METRIC_ORDER = ("reward", "success", "loss", "kl", "throughput", "tokens_per")
+
+
+@dataclass
+class Chart:
+    """One metric's curve as SVG coordinates in a ``width`` × ``height`` viewBox."""
+
+    name: str
+    points: str
+    last_x: float
+    last_y: float
+    first_step: int
+    last_step: int
+    low: float
+    high: float
+    last: float
+    count: int
+    width: int = 480
+    height: int = 150
+
+
+def _metric_key(name: str) -> tuple[int, str]:
+    lowered = name.lower()
+    rank = next((i for i, word in enumerate(_METRIC_ORDER) if word in lowered), len(_METRIC_ORDER))
+    return rank, lowered
+
+
+def _chart(name: str, pairs: list[tuple[int, float]], width: int, height: int, pad: int) -> Chart:
+    steps = [s for s, _ in pairs]
+    values = [v for _, v in pairs]
+    low, high = min(values), max(values)
+    x_span = (steps[-1] - steps[0]) or 1
+
+    def x(step: int) -> float:
+        return round(pad + (step - steps[0]) / x_span * (width - 2 * pad), 2)
+
+    def y(value: float) -> float:
+        if high == low:  # a flat line sits in the middle
+            return height / 2
+        return round(height - pad - (value - low) / (high - low) * (height - 2 * pad), 2)
+
+    points = " ".join(f"{x(s)},{y(v)}" for s, v in pairs)
+    return Chart(name, points, x(steps[-1]), y(values[-1]), steps[0], steps[-1], low, high, values[-1], len(pairs),
+                 width, height)
+
+
+def charts(records: list[MetricRecord], width: int = 480, height: int = 150, pad: int = 8) -> list[Chart]:
+    """One chart per metric name over ``records`` (MetricRecords of one run), steps on x."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    for record in records:
+        for name, value in record.values.items():
+            number = _as_float(value)
+            if number is not None and math.isfinite(number):
+                series.setdefault(name, []).append((record.step, number))
+    return [_chart(name, sorted(series[name]), width, height, pad) for name in sorted(series, key=_metric_key)]
+
+
+# ---- resources ------------------------------------------------------------------------------
+
+
+def resource_kind(item: Resource) -> str:
+    return {"llm": "LLM", "prompt_template": "prompt", "json": "JSON"}[item.resource_type]
+
+
+def resource_text(item: Resource) -> str:
+    """What a resource item looks like as text, for display and diffing (API keys hidden)."""
+    if isinstance(item, PromptTemplate):
+        header = "" if item.engine == "f-string" else f"[engine: {item.engine}]\n"
+        return header + item.template
+    if isinstance(item, LLM):
+        data = item.model_dump(exclude={"resource_type"})
+        if data.get("api_key"):
+            data["api_key"] = "•••"
+        return pretty_json(data)
+    if isinstance(item, JsonResource):
+        return pretty_json(item.value)
+    return pretty_json(item.model_dump())
+
+
+@dataclass
+class ItemDiff:
+    name: str
+    state: str  # added | removed | changed | same
+    #: (css class, line) pairs of a unified diff: add, del, hunk, ctx.
+    lines: list[tuple[str, str]]
+
+
+def diff_items(old: dict[str, Resource], new: dict[str, Resource]) -> list[ItemDiff]:
+    """Per-item unified diffs between two resource snapshots, changed items first."""
+    diffs = []
+    for name in sorted(set(old) | set(new)):
+        before = resource_text(old[name]).splitlines() if name in old else []
+        after = resource_text(new[name]).splitlines() if name in new else []
+        state = "added" if name not in old else "removed" if name not in new else \
+            "same" if before == after else "changed"
+        lines = []
+        for line in difflib.unified_diff(before, after, lineterm="", n=3):
+            if line.startswith(("---", "+++")):
+                continue
+            css = {"+": "add", "-": "del", "@": "hunk"}.get(line[:1], "ctx")
+            lines.append((css, line))
+        diffs.append(ItemDiff(name, state, lines))
+    order = {"changed": 0, "added": 1, "removed": 2, "same": 3}
+    return sorted(diffs, key=lambda d: order[d.state])

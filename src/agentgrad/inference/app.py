@@ -1,0 +1,576 @@
+"""OpenAI-compatible HTTP API over an :class:`~agentgrad.inference.engine.Engine`.
+
+Endpoints: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, ``/health``, and the
+weight-management endpoints ``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter`` (vLLM's names)
+and ``/v1/update_weights``. Responses carry ``model_version``; with ``return_token_ids: true``
+they carry ``prompt_token_ids`` and per-choice ``token_ids`` (vLLM's field names), in streams too.
+
+Bad input gets HTTP 400 with an OpenAI-style body ``{"error": {"message", "type", "param",
+"code"}}`` naming the field. An unknown ``model`` is served by the loaded model and echoed back
+(some frameworks switch APIs after a 404); a loaded LoRA adapter's name selects that adapter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from agentgrad.inference.engine import Engine, EngineError, GenerationResult, RequestError, SamplingParams, TokenEvent
+from agentgrad.inference.toolcalls import TOOL_CALL_OPEN, parse_tool_calls
+
+MAX_N = 16
+
+
+class _Sampling(BaseModel):
+    """Fields shared by chat and text completions; unknown fields are ignored like OpenAI's."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=-1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    seed: int | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    return_token_ids: bool = False
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, value: str | list[str] | None) -> str | list[str] | None:
+        items = [value] if isinstance(value, str) else (value or [])
+        if any(not s for s in items):
+            raise ValueError("stop strings must be non-empty")
+        return value
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, value: float | None) -> float | None:
+        if value:
+            raise ValueError("only 0 is supported (penalties would change the sampled distribution)")
+        return value
+
+    def sampling(self, logprobs: int | None) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=self.max_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=max(0, self.top_k or 0),
+            stop=[self.stop] if isinstance(self.stop, str) else list(self.stop or []),
+            stop_token_ids=list(self.stop_token_ids or []),
+            ignore_eos=self.ignore_eos,
+            seed=self.seed,
+            logprobs=logprobs,
+        )
+
+
+class ChatRequest(_Sampling):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    @field_validator("messages")
+    @classmethod
+    def _messages(cls, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for i, m in enumerate(messages):
+            if m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
+                raise ValueError(f"messages[{i}].role must be system, user, assistant or tool")
+        return messages
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if isinstance(value, str) and value not in ("none", "auto", "required"):
+            raise ValueError("tool_choice must be 'none', 'auto', 'required' or a named function")
+        return value
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+    suffix: str | None = None
+
+    @field_validator("echo")
+    @classmethod
+    def _echo(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("echo is not supported")
+        return value
+
+
+class _HTTPError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, type_: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.type = status, message, param, type_
+
+
+def _error_body(message: str, param: str | None, type_: str = "invalid_request_error") -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": None}}
+
+
+def _normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI wire messages → what chat templates expect (text content, dict arguments)."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m["role"] == "developer":
+            m["role"] = "system"
+        content = m.get("content")
+        if isinstance(content, list):
+            m["content"] = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        if m.get("tool_calls"):
+            calls = []
+            for call in m["tool_calls"]:
+                call = json.loads(json.dumps(call))
+                fn = call.get("function", {})
+                if isinstance(fn.get("arguments"), str):
+                    try:
+                        parsed = json.loads(fn["arguments"])
+                        if isinstance(parsed, dict):
+                            fn["arguments"] = parsed
+                    except ValueError:
+                        pass  # malformed arguments stay a string, rendered verbatim
+                calls.append(call)
+            m["tool_calls"] = calls
+        out.append(m)
+    return out
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte ↔ printable-character table used by byte-level BPE vocabularies."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return dict(zip(printable, map(chr, chars)))
+
+
+class _Server:
+    """Request handling shared by the routes; holds the engine and per-token display caches."""
+
+    def __init__(self, engine: Engine, served_model_name: str) -> None:
+        self.engine = engine
+        self.name = served_model_name
+        self.tokenizer = engine.tokenizer
+        self._token_text: dict[int, tuple[str, list[int]]] = {}
+        self._byte_decoder = {c: b for b, c in _bytes_to_unicode().items()}
+
+    def token_info(self, token_id: int) -> tuple[str, list[int]]:
+        """(display text, exact bytes) of one token; byte-level pieces keep their raw bytes."""
+        cached = self._token_text.get(token_id)
+        if cached is None:
+            piece = self.tokenizer.convert_ids_to_tokens(token_id)
+            if token_id in self.tokenizer.all_special_ids or piece in self.tokenizer.get_added_vocab():
+                raw = piece.encode()
+            elif piece is not None and all(c in self._byte_decoder for c in piece):
+                raw = bytes(self._byte_decoder[c] for c in piece)
+            else:
+                raw = self.tokenizer.decode([token_id]).encode()
+            cached = (raw.decode("utf-8", errors="replace"), list(raw))
+            self._token_text[token_id] = cached
+        return cached
+
+    def lora_for(self, model: str | None) -> str | None:
+        return model if model in self.engine.loras else None
+
+    def chat_logprobs(self, token_ids: list[int], logprobs: list[float],
+                      tops: list[list[tuple[int, float]]] | None) -> dict[str, Any]:
+        content = []
+        for j, (tid, lp) in enumerate(zip(token_ids, logprobs)):
+            text, raw = self.token_info(tid)
+            alternatives = []
+            for alt_id, alt_lp in (tops[j] if tops else []):
+                alt_text, alt_raw = self.token_info(alt_id)
+                alternatives.append({"token": alt_text, "logprob": alt_lp, "bytes": alt_raw})
+            content.append({"token": text, "logprob": lp, "bytes": raw, "top_logprobs": alternatives})
+        return {"content": content}
+
+    def completion_logprobs(self, token_ids: list[int], logprobs: list[float],
+                            tops: list[list[tuple[int, float]]] | None) -> dict[str, Any]:
+        tokens = [self.token_info(t)[0] for t in token_ids]
+        offsets, pos = [], 0
+        for t in tokens:
+            offsets.append(pos)
+            pos += len(t)
+        return {
+            "tokens": tokens, "token_logprobs": logprobs, "text_offset": offsets,
+            "top_logprobs": [{self.token_info(i)[0]: v for i, v in top} for top in tops] if tops else None,
+        }
+
+    # ------------------------------------------------------------ chat
+
+    def chat_prompt(self, req: ChatRequest) -> list[int]:
+        tools = req.tools or None
+        try:
+            text = self.tokenizer.apply_chat_template(
+                _normalize_messages(req.messages), tools=tools, add_generation_prompt=True, tokenize=False)
+        except Exception as exc:  # jinja errors name the problem in the template's words
+            raise _HTTPError(400, f"could not apply the chat template: {exc}", "messages") from exc
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    async def chat(self, req: ChatRequest) -> Any:
+        if req.max_completion_tokens is not None and req.max_tokens is None:
+            req.max_tokens = req.max_completion_tokens
+        prompt = self.chat_prompt(req)
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        params = req.sampling(logprobs)
+        parse_tools = bool(req.tools) and req.tool_choice != "none"
+        model_name = req.model or self.name
+        lora = self.lora_for(req.model)
+        if req.stream:
+            return self._chat_stream(req, prompt, params, lora, parse_tools, model_name)
+        results = await self._run_n(prompt, params, req.n, lora)
+        choices = []
+        for i, r in enumerate(results):
+            content, calls = parse_tool_calls(r.text) if parse_tools else (r.text, [])
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if calls:
+                message["tool_calls"] = calls
+            choice: dict[str, Any] = {
+                "index": i, "message": message,
+                "logprobs": self.chat_logprobs(r.token_ids, r.logprobs, r.top_logprobs) if req.logprobs else None,
+                "finish_reason": "tool_calls" if calls else r.finish_reason,
+            }
+            if req.return_token_ids:
+                choice["token_ids"] = r.token_ids
+            choices.append(choice)
+        body: dict[str, Any] = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": model_name, "choices": choices, "usage": self._usage(prompt, results),
+            "model_version": results[0].model_version,
+        }
+        if req.return_token_ids:
+            body["prompt_token_ids"] = prompt
+        return body
+
+    async def _chat_stream(self, req: ChatRequest, prompt: list[int], params: SamplingParams, lora: str | None,
+                           parse_tools: bool, model_name: str) -> AsyncIterator[str]:
+        cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        version = self.engine.model_version
+
+        def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
+            body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_name,
+                    "model_version": version, "choices": choices, **extra}
+            return f"data: {json.dumps(body)}\n\n"
+
+        first: dict[str, Any] = {"prompt_token_ids": prompt} if req.return_token_ids else {}
+        yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                      "finish_reason": None} for i in range(req.n)], **first)
+        results: list[GenerationResult | None] = [None] * req.n
+        async for index, events, result, delta_text in self._stream_n(prompt, params, req.n, lora, parse_tools):
+            if result is not None:
+                results[index] = result
+                version = result.model_version
+                content, calls = parse_tool_calls(result.text) if parse_tools else (result.text, [])
+                delta: dict[str, Any] = {}
+                if calls:
+                    if delta_text:
+                        delta["content"] = delta_text
+                    delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(calls)]
+                elif delta_text:
+                    delta["content"] = delta_text
+                ids = [e.token_id for e in events]
+                choice = {"index": index, "delta": delta,
+                          "logprobs": self._stream_logprobs(req, events),
+                          "finish_reason": "tool_calls" if calls else result.finish_reason}
+                if req.return_token_ids:
+                    choice["token_ids"] = ids
+                yield chunk([choice])
+            elif delta_text or req.return_token_ids or req.logprobs:
+                choice = {"index": index, "delta": {"content": delta_text} if delta_text else {},
+                          "logprobs": self._stream_logprobs(req, events), "finish_reason": None}
+                if req.return_token_ids:
+                    choice["token_ids"] = [e.token_id for e in events]
+                yield chunk([choice])
+        if (req.stream_options or {}).get("include_usage"):
+            yield chunk([], usage=self._usage(prompt, [r for r in results if r is not None]))
+        yield "data: [DONE]\n\n"
+
+    def _stream_logprobs(self, req: ChatRequest, events: list[TokenEvent]) -> dict[str, Any] | None:
+        if not req.logprobs or not events:
+            return None
+        return self.chat_logprobs([e.token_id for e in events], [e.logprob for e in events],
+                                  [e.top_logprobs or [] for e in events])
+
+    async def _stream_n(self, prompt: list[int], params: SamplingParams, n: int, lora: str | None,
+                        hold_tools: bool) -> AsyncIterator[tuple[int, list[TokenEvent], GenerationResult | None, str]]:
+        """Yield (choice index, new token events, final result or None, new visible text).
+
+        Text that may still turn into a stop string, an incomplete UTF-8 character, or (when tools
+        are parsed) anything from ``<tool_call>`` on, is held back until it is settled.
+        """
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue[tuple[int, TokenEvent | GenerationResult | BaseException]] = asyncio.Queue()
+        futures = []
+        for i in range(n):
+            p = self._choice_params(params, i)
+
+            def on_token(event: TokenEvent, i: int = i) -> None:
+                loop.call_soon_threadsafe(q.put_nowait, (i, event))
+
+            future = self.engine.submit(prompt, p, lora=lora, on_token=on_token)
+            future.add_done_callback(
+                lambda f, i=i: loop.call_soon_threadsafe(q.put_nowait, (i, f.exception() or f.result())))
+            futures.append(future)
+        holdback = max((len(s) for s in params.stop), default=1) - 1
+        ids: list[list[int]] = [[] for _ in range(n)]
+        sent = [0] * n
+        pending: list[list[TokenEvent]] = [[] for _ in range(n)]
+        finished = 0
+        while finished < n:
+            index, item = await q.get()
+            if isinstance(item, BaseException):
+                raise item
+            if isinstance(item, GenerationResult):
+                finished += 1
+                text = item.text
+                if hold_tools:
+                    content, calls = parse_tool_calls(text)
+                    text = (content or "") if calls else text
+                rest = text[sent[index]:]
+                yield index, pending[index], item, rest
+                continue
+            ids[index].append(item.token_id)
+            pending[index].append(item)
+            if item.finished:
+                continue  # the result follows and settles the text
+            text = self.tokenizer.decode(ids[index], skip_special_tokens=True)
+            visible = len(text) - holdback
+            while visible > 0 and text[visible - 1] == "\ufffd":
+                visible -= 1
+            if hold_tools:
+                at = text.find(TOOL_CALL_OPEN)
+                if at >= 0:
+                    visible = min(visible, at)
+                else:
+                    for k in range(len(TOOL_CALL_OPEN) - 1, 0, -1):
+                        if text.endswith(TOOL_CALL_OPEN[:k]):
+                            visible = min(visible, len(text) - k)
+                            break
+            delta = text[sent[index]:visible] if visible > sent[index] else ""
+            sent[index] = max(sent[index], visible)
+            yield index, pending[index], None, delta
+            pending[index] = []
+
+    @staticmethod
+    def _choice_params(params: SamplingParams, i: int) -> SamplingParams:
+        if params.seed is None or i == 0:
+            return params
+        from dataclasses import replace
+
+        return replace(params, seed=params.seed + i)
+
+    async def _run_n(self, prompt: list[int], params: SamplingParams, n: int, lora: str | None) -> list[GenerationResult]:
+        futures = [self.engine.submit(prompt, self._choice_params(params, i), lora=lora) for i in range(n)]
+        return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+
+    @staticmethod
+    def _usage(prompt: list[int], results: list[GenerationResult]) -> dict[str, int]:
+        completion = sum(len(r.token_ids) for r in results)
+        return {"prompt_tokens": len(prompt), "completion_tokens": completion,
+                "total_tokens": len(prompt) + completion}
+
+    # ------------------------------------------------------------ text completions
+
+    async def completions(self, req: CompletionRequest) -> Any:
+        prompts = self._completion_prompts(req.prompt)
+        params = req.sampling(req.logprobs)
+        lora = self.lora_for(req.model)
+        if req.stream:
+            return self._completion_stream(req, prompts, params, lora)
+        choices, usage = [], {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        runs = [self._run_n(p, params, req.n, lora) for p in prompts]
+        version = self.engine.model_version
+        for p_index, (prompt, results) in enumerate(zip(prompts, await asyncio.gather(*runs))):
+            for i, r in enumerate(results):
+                version = r.model_version
+                choice: dict[str, Any] = {
+                    "index": p_index * req.n + i, "text": r.text, "finish_reason": r.finish_reason,
+                    "logprobs": self.completion_logprobs(r.token_ids, r.logprobs, r.top_logprobs)
+                    if req.logprobs is not None else None,
+                }
+                if req.return_token_ids:
+                    choice["prompt_token_ids"] = prompt
+                    choice["token_ids"] = r.token_ids
+                choices.append(choice)
+            u = self._usage(prompt, results)
+            usage = {k: usage[k] + u[k] for k in usage}
+        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": req.model or self.name, "choices": choices, "usage": usage, "model_version": version}
+
+    def _completion_prompts(self, prompt: Any) -> list[list[int]]:
+        if isinstance(prompt, str):
+            prompt = [prompt]
+        if prompt and all(isinstance(t, int) for t in prompt):
+            prompt = [prompt]
+        out = []
+        for p in prompt:
+            ids = self.tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else list(p)
+            if not ids:
+                raise _HTTPError(400, "prompt must not be empty", "prompt")
+            out.append(ids)
+        if not out:
+            raise _HTTPError(400, "prompt must not be empty", "prompt")
+        return out
+
+    async def _completion_stream(self, req: CompletionRequest, prompts: list[list[int]], params: SamplingParams,
+                                 lora: str | None) -> AsyncIterator[str]:
+        cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        model_name = req.model or self.name
+        for p_index, prompt in enumerate(prompts):
+            first = True
+            async for index, events, result, delta in self._stream_n(prompt, params, req.n, lora, False):
+                choice: dict[str, Any] = {
+                    "index": p_index * req.n + index, "text": delta,
+                    "finish_reason": result.finish_reason if result else None,
+                    "logprobs": self.completion_logprobs([e.token_id for e in events], [e.logprob for e in events],
+                                                         [e.top_logprobs or [] for e in events])
+                    if req.logprobs is not None else None,
+                }
+                if req.return_token_ids:
+                    choice["token_ids"] = [e.token_id for e in events]
+                    if first:
+                        choice["prompt_token_ids"] = prompt
+                first = False
+                body = {"id": cid, "object": "text_completion", "created": created, "model": model_name,
+                        "model_version": result.model_version if result else self.engine.model_version,
+                        "choices": [choice]}
+                yield f"data: {json.dumps(body)}\n\n"
+        yield "data: [DONE]\n\n"
+
+
+def create_app(engine: Engine, *, served_model_name: str | None = None) -> FastAPI:
+    """The FastAPI application serving ``engine`` (OpenAI-compatible, see module doc)."""
+    name = served_model_name or (engine.model_dir.name if engine.model_dir else "model")
+    server = _Server(engine, name)
+    app = FastAPI(title="AgentGrad model server")
+    app.state.engine = engine
+    app.state.served_model_name = name
+
+    async def parse(request: Request, model: type[BaseModel]) -> Any:
+        try:
+            payload = json.loads(await request.body())
+        except ValueError as exc:
+            raise _HTTPError(400, f"malformed JSON body: {exc}", "body") from exc
+        if not isinstance(payload, dict):
+            raise _HTTPError(400, "the request body must be a JSON object", "body")
+        try:
+            return model.model_validate(payload)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            param = ".".join(str(p) for p in err["loc"]) or None
+            raise _HTTPError(400, f"{param}: {err['msg']}", param) from exc
+
+    async def respond(result: Any) -> Any:
+        if isinstance(result, dict):
+            return JSONResponse(result)
+        # Pull the first chunk now so that errors surface as a 400, not a broken stream.
+        iterator = result.__aiter__()
+        first = await iterator.__anext__()
+
+        async def body() -> AsyncIterator[str]:
+            yield first
+            try:
+                async for item in iterator:
+                    yield item
+            except (RequestError, EngineError, _HTTPError) as exc:
+                yield f"data: {json.dumps(_error_body(str(exc), getattr(exc, 'param', None), 'server_error'))}\n\n"
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    @app.exception_handler(_HTTPError)
+    async def _http_error(request: Request, exc: _HTTPError) -> JSONResponse:
+        return JSONResponse(_error_body(exc.message, exc.param, exc.type), status_code=exc.status)
+
+    @app.exception_handler(RequestError)
+    async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
+        return JSONResponse(_error_body(str(exc), exc.param), status_code=400)
+
+    @app.exception_handler(EngineError)
+    async def _engine_error(request: Request, exc: EngineError) -> JSONResponse:
+        return JSONResponse(_error_body(str(exc), None, "server_error"), status_code=503)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        return await respond(await server.chat(await parse(request, ChatRequest)))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        return await respond(await server.completions(await parse(request, CompletionRequest)))
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        created = int(time.time())
+        data = [{"id": name, "object": "model", "created": created, "owned_by": "agentgrad",
+                 "max_model_len": engine.max_model_len, "model_version": engine.model_version}]
+        data += [{"id": lora, "object": "model", "created": created, "owned_by": "agentgrad", "parent": name,
+                  "model_version": engine.model_version} for lora in engine.loras]
+        return {"object": "list", "data": data}
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok", "model_version": engine.model_version}
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora(request: Request) -> dict[str, Any]:
+        body = await parse(request, _LoraRequest)
+        if not body.lora_path:
+            raise _HTTPError(400, "lora_path is required", "lora_path")
+        try:
+            await asyncio.to_thread(engine.load_lora, body.lora_name, body.lora_path)
+        except (FileNotFoundError, ValueError) as exc:
+            raise _HTTPError(400, str(exc), "lora_path") from exc
+        return {"status": "ok", "lora_name": body.lora_name}
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora(request: Request) -> dict[str, Any]:
+        body = await parse(request, _LoraRequest)
+        try:
+            await asyncio.to_thread(engine.unload_lora, body.lora_name)
+        except KeyError as exc:
+            raise _HTTPError(404, f"lora {body.lora_name!r} is not loaded", "lora_name", "not_found_error") from exc
+        return {"status": "ok", "lora_name": body.lora_name}
+
+    @app.post("/v1/update_weights")
+    async def update_weights(request: Request) -> dict[str, Any]:
+        body = await parse(request, _UpdateRequest)
+        try:
+            version = await asyncio.to_thread(engine.update_weights, body.path, body.version)
+        except (FileNotFoundError, ValueError) as exc:
+            raise _HTTPError(400, str(exc), "path") from exc
+        return {"status": "ok", "model_version": version}
+
+    return app
+
+
+class _LoraRequest(BaseModel):
+    lora_name: str = Field(min_length=1)
+    lora_path: str | None = None
+
+
+class _UpdateRequest(BaseModel):
+    path: str = Field(min_length=1)
+    version: str | None = None
+

@@ -1,0 +1,102 @@
+"""CLI commands of the inference part: ``serve-model`` and ``models build-tiny``.
+
+The main CLI wires these in with :func:`add_commands`; each parser's ``func`` takes the parsed
+arguments and returns an exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from typing import Any
+
+log = logging.getLogger("agentgrad.inference")
+
+
+def add_commands(subparsers: Any) -> None:
+    """Register ``serve-model`` and ``models`` (``build-tiny``) on an argparse sub-parsers action."""
+    serve = subparsers.add_parser("serve-model", help="serve a model over an OpenAI-compatible API")
+    serve.add_argument("model", metavar="MODEL_DIR", help="a Hugging Face model directory, or 'tiny'")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--engine", choices=("hf", "vllm"), default="hf")
+    serve.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (hf engine)")
+    serve.add_argument("--max-batch-size", type=int, default=32)
+    serve.add_argument("--served-model-name", default=None)
+    serve.set_defaults(func=serve_model)
+
+    models = subparsers.add_parser("models", help="build the embedded models")
+    models_sub = models.add_subparsers(dest="models_command", required=True)
+    build = models_sub.add_parser("build-tiny", help="build the tiny calculator model (≈ 2–3 min on 2 cores)")
+    build.add_argument("--output", default=None, help="directory (default: the user cache dir)")
+    build.add_argument("--steps", type=int, default=None, help="maximum warm-up SFT steps")
+    build.add_argument("--seed", type=int, default=0)
+    build.set_defaults(func=build_tiny)
+
+
+def _resolve_model(name: str) -> str:
+    if name == "tiny":
+        from agentgrad.models.tiny import ensure_tiny_model
+
+        return str(ensure_tiny_model())
+    return name
+
+
+def serve_model(args: argparse.Namespace) -> int:
+    """Serve until SIGINT/SIGTERM; logs the endpoint it listens on."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    model = _resolve_model(args.model)
+    if args.engine == "vllm":
+        return _serve_vllm(args, model)
+    import uvicorn
+
+    from agentgrad.inference.app import create_app
+    from agentgrad.inference.engine import Engine
+
+    try:
+        engine = Engine(model, device=args.device, max_batch_size=args.max_batch_size)
+    except OSError as exc:
+        print(f"error: cannot load model {args.model!r}: {exc}", file=sys.stderr)
+        return 2
+    app = create_app(engine, served_model_name=args.served_model_name)
+    log.info("serving %s (version %s) at http://%s:%d/v1", app.state.served_model_name,
+             engine.model_version, args.host, args.port)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
+    finally:
+        engine.close()
+    log.info("model server stopped")
+    return 0
+
+
+def _serve_vllm(args: argparse.Namespace, model: str) -> int:
+    from agentgrad.inference.vllm import launch_vllm
+
+    try:
+        proc, url = launch_vllm(model, host=args.host, port=args.port, served_model_name=args.served_model_name)
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    log.info("vLLM serving %s at %s", model, url)
+    print(url, flush=True)
+
+    def forward(signum: int, frame: Any) -> None:
+        proc.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    return proc.wait()
+
+
+def build_tiny(args: argparse.Namespace) -> int:
+    """Build the tiny model and print where it went."""
+    from agentgrad.models.tiny import build_tiny_model
+
+    kwargs: dict[str, Any] = {"seed": args.seed}
+    if args.steps is not None:
+        kwargs["warmup_steps"] = args.steps
+    path = build_tiny_model(args.output, **kwargs)
+    print(path)
+    return 0

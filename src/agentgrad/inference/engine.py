@@ -1,0 +1,596 @@
+"""In-process inference engine over Hugging Face transformers, with continuous batching.
+
+Why our own engine: training needs the exact token ids and logprobs that were sampled, and a
+versioned policy whose weights can be swapped while agents keep calling it. vLLM does this on a
+GPU; this engine does it everywhere else (and in every test) for any ``AutoModelForCausalLM``.
+
+Design:
+
+* One background thread owns the model. Requests are queued; each step the thread admits
+  waiting requests (prefilled together, left-padded) into the running batch and then decodes one
+  token for every running sequence in a single forward pass (continuous batching). Finished
+  sequences leave the batch at once, so short requests never wait for long ones.
+* Logprobs are those of the model's raw distribution (temperature 1, no top-p/top-k), like
+  vLLM's default ``raw_logprobs``: the same quantity a trainer recomputes from the weights.
+* Weight updates are "drain then swap": once an update is requested, no new sequence is
+  admitted; running sequences finish on the old weights (their responses name the old version);
+  then the weights are replaced and admission resumes, so every response comes from exactly one
+  version. LoRA adapters are loaded and unloaded between steps without draining; a request picks
+  an adapter by name, and different adapters share one batch (peft mixed-adapter batches).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed-adapter batch
+
+
+class EngineError(RuntimeError):
+    """The engine could not serve a request (closed, or the model failed)."""
+
+
+class RequestError(ValueError):
+    """A request the engine refuses; ``param`` names the offending field (OpenAI-style)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one sequence. ``temperature == 0`` means greedy.
+
+    ``max_tokens`` None: up to the context limit. ``logprobs`` None: none returned; k >= 0: the
+    sampled token's logprob plus the k most likely alternatives.
+    """
+
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    seed: int | None = None
+    logprobs: int | None = None
+
+
+@dataclass
+class TokenEvent:
+    """One sampled token, delivered to a streaming callback from the engine thread."""
+
+    token_id: int
+    logprob: float
+    top_logprobs: list[tuple[int, float]] | None
+    finished: bool
+
+
+@dataclass
+class GenerationResult:
+    """What one sequence produced, and the weights (and adapter) that produced it."""
+
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]] | None
+    text: str
+    finish_reason: str  # "stop" | "length"
+    model_version: str
+    lora: str | None = None
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    lora: str | None
+    future: Future
+    on_token: Callable[[TokenEvent], None] | None
+    generator: Any = None
+
+
+@dataclass
+class _Seq:
+    request: _Request
+    out_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+@dataclass
+class _Control:
+    kind: str  # "update" | "load_lora" | "unload_lora"
+    payload: Any
+    future: Future
+
+
+def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Tensors from a HF model directory (safetensors or .bin shards) or a single weights file."""
+    import torch
+    from safetensors.torch import load_file
+
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(p.glob("*.safetensors")) or sorted(p.glob("pytorch_model*.bin"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors or pytorch_model*.bin weights in {p}")
+    elif p.is_file():
+        files = [p]
+    else:
+        raise FileNotFoundError(f"weights path {p} does not exist")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        if f.suffix == ".safetensors":
+            state.update(load_file(str(f)))
+        else:
+            state.update(torch.load(str(f), map_location="cpu", weights_only=True))
+    return state
+
+
+class Engine:
+    """Owns a causal LM and serves ``generate`` calls from many threads, batched together.
+
+    ``model`` is a model directory (anything ``AutoModelForCausalLM.from_pretrained`` loads) or an
+    already loaded model, in which case ``tokenizer`` must be given too.
+    """
+
+    def __init__(
+        self,
+        model: str | Path | Any,
+        *,
+        tokenizer: Any = None,
+        device: str = "cpu",
+        dtype: str | None = None,
+        max_batch_size: int = 32,
+        max_model_len: int | None = None,
+        version: str = "v0",
+        seed: int = 0,
+    ) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        if isinstance(model, (str, Path)):
+            self.model_dir: Path | None = Path(model)
+            torch_dtype = getattr(torch, dtype) if dtype else (torch.float32 if device == "cpu" else "auto")
+            model = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch_dtype)
+            tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(self.model_dir))
+        else:
+            self.model_dir = None
+            if tokenizer is None:
+                raise ValueError("tokenizer is required when passing a loaded model")
+        self.tokenizer = tokenizer
+        self._base = model.to(self.device).eval()
+        self._model = self._base
+        self._loras: dict[str, str] = {}
+        self.max_batch_size = max_batch_size
+        config_len = getattr(model.config, "max_position_embeddings", None) or 2048
+        self.max_model_len = min(max_model_len or config_len, config_len)
+        self._version = version
+        self._versions = itertools.count(1)
+        self._eos_ids = self._collect_eos_ids()
+        self._rng = torch.Generator(device="cpu").manual_seed(seed)
+        self._pending: queue.Queue[_Request | _Control | None] = queue.Queue()
+        self._closed = False
+        self._steps = 0
+        self._thread = threading.Thread(target=self._loop, name="agentgrad-engine", daemon=True)
+        self._thread.start()
+
+    # ---------------------------------------------------------------- public API
+
+    @property
+    def model_version(self) -> str:
+        """The version of the weights new requests will run on (after any pending update)."""
+        return self._version
+
+    @property
+    def loras(self) -> list[str]:
+        """Names of the loaded LoRA adapters."""
+        return sorted(self._loras)
+
+    @property
+    def forward_steps(self) -> int:
+        """How many decode/prefill forward passes ran: fewer than tokens means batching worked."""
+        return self._steps
+
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams | None = None,
+        *,
+        lora: str | None = None,
+        on_token: Callable[[TokenEvent], None] | None = None,
+    ) -> Future:
+        """Queue a generation; the returned future resolves to a :class:`GenerationResult`.
+
+        ``on_token`` is called from the engine thread for every sampled token (for streaming);
+        it must be quick and must not raise.
+        """
+        import torch
+
+        params = params or SamplingParams()
+        self._validate(prompt_ids, params, lora)
+        if self._closed:
+            raise EngineError("engine is closed")
+        generator = None
+        if params.seed is not None and params.temperature > 0:
+            generator = torch.Generator(device="cpu").manual_seed(int(params.seed))
+        request = _Request(list(prompt_ids), params, lora, Future(), on_token, generator)
+        self._pending.put(request)
+        return request.future
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams | None = None, *,
+                 lora: str | None = None) -> GenerationResult:
+        """Blocking :meth:`submit`: generate from ``prompt_ids`` and wait for the result."""
+        return self.submit(prompt_ids, params, lora=lora).result()
+
+    def update_weights(self, weights: dict[str, Any] | str | Path, version: str | None = None) -> str:
+        """Replace the base model's weights (a state dict, a weights file or a model directory).
+
+        Keys are the base model's ``state_dict`` names; a partial dict updates only those
+        tensors. Unknown keys or shape mismatches raise ``ValueError`` before anything changes.
+        Running requests finish on the old weights first (see module doc). Returns the new
+        version: ``version`` or the next ``v<N>``.
+        """
+        state = load_state_dict(weights) if isinstance(weights, (str, Path)) else dict(weights)
+        if not state:
+            raise ValueError("weights: empty state dict")
+        return self._control("update", (state, version))
+
+    def load_lora(self, name: str, path: str | Path) -> None:
+        """Load a peft LoRA adapter from ``path``; requests whose model is ``name`` then use it."""
+        if not name or name == BASE_ADAPTER:
+            raise ValueError(f"lora name {name!r} is not allowed")
+        if not Path(path).is_dir():
+            raise FileNotFoundError(f"LoRA adapter directory {path} does not exist")
+        self._control("load_lora", (name, str(path)))
+
+    def unload_lora(self, name: str) -> None:
+        """Unload adapter ``name``; requests already running on it finish first."""
+        if name not in self._loras:
+            raise KeyError(f"lora {name!r} is not loaded")
+        self._control("unload_lora", name)
+
+    def close(self) -> None:
+        """Stop the engine thread; queued and running requests fail with :class:`EngineError`."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pending.put(None)
+        self._thread.join(timeout=30)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- helpers
+
+    def _collect_eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for source in (getattr(self._base, "generation_config", None), self._base.config):
+            value = getattr(source, "eos_token_id", None) if source is not None else None
+            if isinstance(value, int):
+                ids.add(value)
+            elif value:
+                ids.update(int(v) for v in value)
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return ids
+
+    def _validate(self, prompt_ids: list[int], params: SamplingParams, lora: str | None) -> None:
+        vocab = self._base.config.vocab_size
+        if not prompt_ids:
+            raise RequestError("prompt is empty", "prompt")
+        if any(not isinstance(t, int) or t < 0 or t >= vocab for t in prompt_ids):
+            raise RequestError(f"prompt token ids must be integers in [0, {vocab})", "prompt")
+        if len(prompt_ids) >= self.max_model_len:
+            raise RequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens; the prompt has "
+                f"{len(prompt_ids)} tokens.", "messages")
+        if params.max_tokens is not None:
+            if params.max_tokens < 1:
+                raise RequestError("max_tokens must be at least 1", "max_tokens")
+            if len(prompt_ids) + params.max_tokens > self.max_model_len:
+                raise RequestError(
+                    f"This model's maximum context length is {self.max_model_len} tokens; you requested "
+                    f"{len(prompt_ids)} prompt + {params.max_tokens} completion tokens.", "max_tokens")
+        if params.temperature < 0:
+            raise RequestError("temperature must be >= 0", "temperature")
+        if not 0 < params.top_p <= 1:
+            raise RequestError("top_p must be in (0, 1]", "top_p")
+        if params.top_k < 0:
+            raise RequestError("top_k must be >= 0 (0 disables it)", "top_k")
+        if params.logprobs is not None and not 0 <= params.logprobs <= 20:
+            raise RequestError("top_logprobs must be between 0 and 20", "top_logprobs")
+        if lora is not None and lora not in self._loras:
+            raise RequestError(f"lora {lora!r} is not loaded", "model")
+
+    def _control(self, kind: str, payload: Any) -> Any:
+        if self._closed:
+            raise EngineError("engine is closed")
+        control = _Control(kind, payload, Future())
+        self._pending.put(control)
+        return control.future.result()
+
+    # ---------------------------------------------------------------- engine thread
+
+    def _loop(self) -> None:
+        import torch
+
+        waiting: list[_Request] = []
+        controls: list[_Control] = []
+        batch = _Batch(self)
+        while True:
+            block = not waiting and not batch.seqs and not controls
+            items: list[_Request | _Control | None] = []
+            try:
+                items.append(self._pending.get(timeout=0.05) if block else self._pending.get_nowait())
+                while True:
+                    items.append(self._pending.get_nowait())
+            except queue.Empty:
+                pass
+            if any(i is None for i in items) or self._closed:
+                self._fail_all(waiting + [s.request for s in batch.seqs], EngineError("engine is closed"))
+                for c in controls + [i for i in items if isinstance(i, _Control)]:
+                    c.future.set_exception(EngineError("engine is closed"))
+                return
+            for item in items:
+                (controls if isinstance(item, _Control) else waiting).append(item)  # type: ignore[arg-type]
+            try:
+                with torch.inference_mode():
+                    controls = self._apply_controls(controls, batch)
+                    draining = any(c.kind == "update" for c in controls)
+                    unloading = {c.payload for c in controls if c.kind == "unload_lora"}
+                    if not draining:
+                        admit = [r for r in waiting if r.lora not in unloading][: self.max_batch_size - len(batch.seqs)]
+                        if admit:
+                            waiting = [r for r in waiting if r not in admit]
+                            batch.admit(admit)
+                    if batch.seqs:
+                        batch.step()
+            except Exception as exc:  # the model failed: fail what was running, keep serving
+                log.exception("engine step failed")
+                self._fail_all([s.request for s in batch.seqs], EngineError(f"generation failed: {exc}"))
+                batch = _Batch(self)
+
+    def _fail_all(self, requests: list[_Request], exc: Exception) -> None:
+        for r in requests:
+            if not r.future.done():
+                r.future.set_exception(exc)
+
+    def _apply_controls(self, controls: list[_Control], batch: _Batch) -> list[_Control]:
+        """Apply what can be applied now; return the controls that must wait for a drain."""
+        remaining = []
+        for control in controls:
+            busy_loras = {s.request.lora for s in batch.seqs}
+            if control.kind == "update" and batch.seqs:
+                remaining.append(control)
+                continue
+            if control.kind == "unload_lora" and control.payload in busy_loras:
+                remaining.append(control)
+                continue
+            try:
+                control.future.set_result(getattr(self, f"_do_{control.kind}")(control.payload))
+            except Exception as exc:
+                control.future.set_exception(exc)
+        return remaining
+
+    def _do_update(self, payload: tuple[dict[str, Any], str | None]) -> str:
+        import torch
+
+        state, version = payload
+        params = {}
+        for name, tensor in itertools.chain(self._base.named_parameters(remove_duplicate=False),
+                                            self._base.named_buffers(remove_duplicate=False)):
+            if "lora_" in name:
+                continue
+            params[name.replace(".base_layer.", ".")] = tensor
+        unknown = [k for k in state if k not in params]
+        if unknown:
+            raise ValueError(f"weights: unknown parameter names {unknown[:5]}")
+        bad = [k for k, v in state.items() if tuple(v.shape) != tuple(params[k].shape)]
+        if bad:
+            raise ValueError(f"weights: shape mismatch for {bad[:5]}")
+        with torch.no_grad():
+            for key, value in state.items():
+                params[key].copy_(value.to(device=params[key].device, dtype=params[key].dtype))
+        self._version = version or f"v{next(self._versions)}"
+        log.info("weights updated to version %s (%d tensors)", self._version, len(state))
+        return self._version
+
+    def _do_load_lora(self, payload: tuple[str, str]) -> None:
+        from peft import PeftModel
+
+        name, path = payload
+        if self._model is self._base:
+            self._model = PeftModel.from_pretrained(self._base, path, adapter_name=name).eval()
+        else:
+            if name in self._loras:
+                self._model.delete_adapter(name)
+            self._model.load_adapter(path, adapter_name=name)
+            self._model.eval()
+        self._loras[name] = path
+
+    def _do_unload_lora(self, name: str) -> None:
+        del self._loras[name]
+        if self._loras:
+            self._model.delete_adapter(name)
+        else:
+            self._base = self._model.unload()
+            self._model = self._base
+
+
+class _Batch:
+    """The running sequences and their shared, left-padded KV cache (engine thread only)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.seqs: list[_Seq] = []
+        self.cache: Any = None
+        self.mask: torch.Tensor | None = None
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any,
+                 loras: list[str | None]) -> torch.Tensor:
+        engine = self.engine
+        kwargs: dict[str, Any] = {}
+        if engine._model is not engine._base:
+            kwargs["adapter_names"] = [name or BASE_ADAPTER for name in loras]
+        out = engine._model(input_ids=ids.to(engine.device), attention_mask=mask.to(engine.device),
+                            position_ids=positions.to(engine.device), past_key_values=cache,
+                            use_cache=True, logits_to_keep=1, **kwargs)
+        engine._steps += 1
+        return out.logits[:, -1, :].float().cpu()
+
+    def admit(self, requests: list[_Request]) -> None:
+        """Prefill ``requests`` together and merge them into the running batch."""
+        import torch
+        from transformers import DynamicCache
+
+        width = max(len(r.prompt_ids) for r in requests)
+        pad = self.engine.tokenizer.pad_token_id or 0
+        ids = torch.full((len(requests), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(requests), width), dtype=torch.long)
+        for row, r in enumerate(requests):
+            ids[row, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
+            mask[row, width - len(r.prompt_ids):] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        logits = self._forward(ids, mask, positions, cache, [r.lora for r in requests])
+        new = [_Seq(r) for r in requests]
+        if not self.seqs:
+            self.cache, self.mask = cache, mask
+        else:
+            self._merge(cache, mask)
+        self.seqs.extend(new)
+        self._sample(new, logits)
+        self._retire()
+
+    def _merge(self, cache: Any, mask: torch.Tensor) -> None:
+        import torch
+        import torch.nn.functional as F
+
+        assert self.mask is not None
+        old_len, new_len = self.mask.shape[1], mask.shape[1]
+        width = max(old_len, new_len)
+        for mine, theirs in zip(self.cache.layers, cache.layers):
+            mine.keys = torch.cat([F.pad(mine.keys, (0, 0, width - old_len, 0)),
+                                   F.pad(theirs.keys, (0, 0, width - new_len, 0))])
+            mine.values = torch.cat([F.pad(mine.values, (0, 0, width - old_len, 0)),
+                                     F.pad(theirs.values, (0, 0, width - new_len, 0))])
+        self.mask = torch.cat([F.pad(self.mask, (width - old_len, 0)), F.pad(mask, (width - new_len, 0))])
+
+    def step(self) -> None:
+        """Decode one token for every running sequence in one forward pass."""
+        import torch
+
+        assert self.mask is not None
+        ids = torch.tensor([[s.out_ids[-1]] for s in self.seqs])
+        positions = torch.tensor([[len(s.request.prompt_ids) + len(s.out_ids) - 1] for s in self.seqs])
+        self.mask = torch.cat([self.mask, torch.ones((len(self.seqs), 1), dtype=torch.long)], dim=1)
+        logits = self._forward(ids, self.mask, positions, self.cache, [s.request.lora for s in self.seqs])
+        self._sample(self.seqs, logits)
+        self._retire()
+
+    def _sample(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
+        import torch
+
+        logprobs_all = torch.log_softmax(logits, dim=-1)
+        for row, seq in enumerate(seqs):
+            p = seq.request.params
+            if p.temperature == 0:
+                token = int(torch.argmax(logits[row]))
+            else:
+                scaled = logits[row] / p.temperature
+                if p.top_k:
+                    kth = torch.topk(scaled, min(p.top_k, scaled.numel())).values[-1]
+                    scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+                probs = torch.softmax(scaled, dim=-1)
+                if p.top_p < 1.0:
+                    sorted_probs, order = torch.sort(probs, descending=True)
+                    keep = sorted_probs.cumsum(0) - sorted_probs < p.top_p
+                    probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
+                generator = seq.request.generator or self.engine._rng
+                token = int(torch.multinomial(probs, 1, generator=generator))
+            seq.out_ids.append(token)
+            seq.logprobs.append(float(logprobs_all[row, token]))
+            top = None
+            if p.logprobs:
+                values, indices = torch.topk(logprobs_all[row], p.logprobs)
+                top = [(int(i), float(v)) for i, v in zip(indices, values)]
+                seq.top.append(top)
+            elif p.logprobs == 0:
+                seq.top.append([])
+            seq.finish_reason = self._finish_reason(seq)
+            if seq.request.on_token is not None:
+                seq.request.on_token(TokenEvent(token, seq.logprobs[-1], top, seq.finish_reason is not None))
+
+    def _finish_reason(self, seq: _Seq) -> str | None:
+        p, token = seq.request.params, seq.out_ids[-1]
+        if (token in self.engine._eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
+            return "stop"
+        if p.stop:
+            window = max(len(s) for s in p.stop) + 8
+            tail = self.engine.tokenizer.decode(seq.out_ids[-window:], skip_special_tokens=True)
+            if any(s in tail for s in p.stop):
+                return "stop"
+        total = len(seq.request.prompt_ids) + len(seq.out_ids)
+        if (p.max_tokens is not None and len(seq.out_ids) >= p.max_tokens) or total >= self.engine.max_model_len:
+            return "length"
+        return None
+
+    def _retire(self) -> None:
+        """Resolve finished sequences, drop their rows, and trim padding no row needs."""
+        import torch
+
+        done = [s for s in self.seqs if s.finish_reason is not None]
+        if not done:
+            return
+        for seq in done:
+            self._resolve(seq)
+        keep = [i for i, s in enumerate(self.seqs) if s.finish_reason is None]
+        self.seqs = [self.seqs[i] for i in keep]
+        if not self.seqs:
+            self.cache, self.mask = None, None
+            return
+        assert self.mask is not None
+        index = torch.tensor(keep)
+        self.mask = self.mask[index]
+        start = int(self.mask.argmax(dim=1).min())  # first real token of the longest row
+        self.mask = self.mask[:, start:]
+        for layer in self.cache.layers:
+            layer.keys = layer.keys[index.to(layer.keys.device), :, start:]
+            layer.values = layer.values[index.to(layer.values.device), :, start:]
+
+    def _resolve(self, seq: _Seq) -> None:
+        engine, p = self.engine, seq.request.params
+        text = engine.tokenizer.decode(seq.out_ids, skip_special_tokens=True)
+        if p.stop:
+            cut = min((text.find(s) for s in p.stop if s in text), default=-1)
+            if cut >= 0:
+                text = text[:cut]
+        result = GenerationResult(
+            prompt_token_ids=seq.request.prompt_ids, token_ids=seq.out_ids, logprobs=seq.logprobs,
+            top_logprobs=seq.top if p.logprobs is not None else None, text=text,
+            finish_reason=seq.finish_reason or "stop", model_version=engine._version, lora=seq.request.lora,
+        )
+        if not seq.request.future.done():
+            seq.request.future.set_result(result)

@@ -1,0 +1,37 @@
+"""``agentgrad proxy``: serve the capture proxy from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+
+def _cmd_proxy(args: argparse.Namespace) -> int:
+    from agentgrad.proxy.server import LLMProxy
+    from agentgrad.store import open_store
+
+    store = open_store(args.store, watchdog=False)
+    proxy = LLMProxy(store, args.upstream, host=args.host, port=args.port, model=args.model,
+                     upstream_api_key=args.upstream_api_key, max_body_bytes=args.max_body_bytes)
+    message = f"LLM proxy on {proxy.bind()} → {args.upstream}, recording into {args.store}"
+    logging.getLogger("agentgrad.proxy").info("%s", message)
+    print(message, flush=True)
+    try:
+        proxy.run()  # returns on SIGTERM/SIGINT after in-flight calls finish
+    finally:
+        store.close()
+    print(f"LLM proxy stopped: {proxy.metrics.as_dict()}", flush=True)
+    return 0
+
+
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
+    proxy = subparsers.add_parser("proxy", help="serve the OpenAI-compatible capture proxy")
+    proxy.add_argument("--store", required=True, help="store URL (http://host:port, sqlite:///file.db, …)")
+    proxy.add_argument("--upstream", required=True, help="OpenAI base URL of the engine, e.g. http://127.0.0.1:8000/v1")
+    proxy.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    proxy.add_argument("--port", type=int, default=8400, help="port to listen on")
+    proxy.add_argument("--model", default=None, help="send every call to this upstream model (default: map "
+                       "unknown names to the first model the upstream serves)")
+    proxy.add_argument("--upstream-api-key", default=None, help="API key for the upstream (default: the client's)")
+    proxy.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024, help="refuse larger requests (413)")
+    proxy.set_defaults(func=_cmd_proxy)

@@ -1,0 +1,138 @@
+""":class:`LLMProxy`: the capture proxy served by uvicorn, in a background thread or in the foreground."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from agentgrad.proxy.app import ProxyMetrics, create_proxy_app
+from agentgrad.proxy.hooks import rollout_endpoint
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from agentgrad.store.protocol import Store
+
+log = logging.getLogger(__name__)
+
+
+def serve_in_thread(server: uvicorn.Server, timeout: float = 30.0) -> tuple[uvicorn.Server, threading.Thread, int]:
+    """Run a uvicorn server from a daemon thread; returns it, the thread and the bound port."""
+    thread = threading.Thread(target=server.run, name="agentgrad-http", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"server did not start on {server.config.host}:{server.config.port}")
+        time.sleep(0.01)
+    return server, thread, server.servers[0].sockets[0].getsockname()[1]
+
+
+def uvicorn_server(app: Any, host: str, port: int) -> uvicorn.Server:
+    """A quiet uvicorn server for ``app`` (no access log: the proxy is on every LLM call)."""
+    import uvicorn  # lazy: only a serving process needs it
+
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=5)
+    return uvicorn.Server(config)
+
+
+class LLMProxy:
+    """The OpenAI-compatible capture proxy in front of ``upstream_url``, recording into ``store``.
+
+    ``start()`` serves it from a daemon thread (embedded use: tests, ``Trainer``) and returns the
+    OpenAI base URL; ``run()`` serves it in the foreground until SIGTERM/SIGINT (the CLI).
+    Extra keyword arguments go to :func:`create_proxy_app`.
+    """
+
+    def __init__(self, store: Store, upstream_url: str, *, host: str = "127.0.0.1", port: int = 0,
+                 **options: Any) -> None:
+        self.store = store
+        self.upstream_url = upstream_url
+        self.host, self.port = host, port
+        self.app = create_proxy_app(store, upstream_url, **options)
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._socket: socket.socket | None = None
+
+    @property
+    def metrics(self) -> ProxyMetrics:
+        """Live counters (calls, recorded, unattributed, missing token ids…)."""
+        return self.app.state.proxy.metrics
+
+    @property
+    def url(self) -> str:
+        """The proxy's root URL (``http://host:port``); valid once started."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL of the proxy without a rollout prefix (``…/v1``)."""
+        return self.url + "/v1"
+
+    def endpoint_for(self, rollout_id: str, attempt_id: str) -> str:
+        """The OpenAI base URL that attributes calls to one attempt."""
+        return rollout_endpoint(self.url, rollout_id, attempt_id)
+
+    def _make_server(self) -> uvicorn.Server:
+        return uvicorn_server(self.app, self.host, self.port)
+
+    def start(self, timeout: float = 30.0) -> str:
+        """Serve from a background thread; returns the OpenAI base URL (``http://127.0.0.1:PORT/v1``)."""
+        if self._thread is None:
+            self._server, self._thread, self.port = serve_in_thread(self._make_server(), timeout)
+            log.info("LLM proxy listening on %s, forwarding to %s", self.url, self.upstream_url)
+        return self.base_url
+
+    def bind(self) -> str:
+        """Bind the listening socket now (resolving port 0); returns the OpenAI base URL."""
+        if self._socket is None:
+            sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+            self.port = sock.getsockname()[1]
+            self._socket = sock
+        return self.base_url
+
+    def run(self) -> None:
+        """Serve in the foreground until SIGTERM/SIGINT, then return normally.
+
+        uvicorn re-raises the signal after its graceful shutdown (the process would die of it);
+        our own handlers only ask the server to exit, so the caller can close the store and
+        exit 0. A second signal forces the exit.
+        """
+        self.bind()
+        server = self._make_server()
+        self._server = server
+
+        def on_signal(signum: int, frame: Any) -> None:
+            server.force_exit = server.should_exit
+            server.should_exit = True
+
+        previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGTERM, signal.SIGINT)}
+        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+        try:
+            server.run(sockets=[self._socket])
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop serving and wait for the thread (in-flight calls get a few seconds to finish)."""
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._server = self._thread = None
+
+    def __enter__(self) -> LLMProxy:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,323 @@
+"""StoreClient: the store service seen through HTTP, and itself a :class:`Store`.
+
+Callers cannot tell it from a local store: it takes the same arguments, validates them the same
+way before sending, and raises the same exceptions (the server names the exception kind in every
+error body). On top of that it survives a flaky network:
+
+* connection errors, timeouts and 5xx answers are retried with exponential backoff; 4xx never;
+* writes are safe to retry: ids (rollout, resources, span) are chosen here before sending, and
+  every non-idempotent write carries an ``Idempotency-Key`` so a retry after a lost response gets
+  the first answer back (no duplicate enqueue, no second claim, no spurious AlreadyExists);
+* long waits (``dequeue_rollouts(timeout=…)``, ``wait_for_rollouts``) are server-side long
+  polls, repeated until the caller's deadline — never client busy-polling.
+
+One ``httpx.Client`` with HTTP/1.1 keep-alive serves every thread (it is thread-safe).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any, Literal, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from agentgrad.errors import AgentGradError, InvalidInputError
+from agentgrad.store import wire
+from agentgrad.store.jsoncheck import normalize_json
+from agentgrad.store.protocol import RolloutFilter, RolloutRequest, Store
+from agentgrad.types import (
+    Attempt,
+    AttemptedRollout,
+    AttemptError,
+    AttemptStatus,
+    MetricRecord,
+    Resources,
+    Rollout,
+    Span,
+    Worker,
+    new_id,
+)
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class StoreServiceError(AgentGradError):
+    """The service answered something a local store never would (401, 413, an unknown route…)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class StoreUnavailableError(StoreServiceError, ConnectionError):
+    """The service could not be reached (or kept failing) after every retry."""
+
+
+def _encode_default(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump()
+    raise TypeError(f"value of type {type(value).__name__}")
+
+
+def _encode(payload: dict[str, Any]) -> bytes:
+    """JSON bytes of a request; refuses NaN/∞ and non-JSON values like a local store does
+    (pydantic's own JSON mode would silently write ``null`` for NaN)."""
+    try:
+        return json.dumps(payload, allow_nan=False, default=_encode_default, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as exc:
+        for field, value in payload.items():
+            normalize_json(_dump(value), field)  # raises InvalidInputError naming the exact path
+        raise InvalidInputError(f"request is not JSON-serializable: {exc}") from None
+
+
+def _dump(value: Any) -> Any:
+    """Models → plain values (keeping whatever non-JSON values they hold, for ensure_json)."""
+    if isinstance(value, BaseModel):
+        return value.model_dump()
+    if isinstance(value, (list, tuple)):
+        return [_dump(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _dump(v) for k, v in value.items()}
+    return value
+
+
+def _rebuild(cls: type[AgentGradError], message: str, fields: dict[str, Any]) -> AgentGradError:
+    """The server's exception, same class, message and attributes, without re-running its
+    constructor (whose signature differs per class)."""
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, message)
+    exc.__dict__.update(fields)
+    return exc
+
+
+class StoreClient(Store):
+    """A :class:`Store` served by ``agentgrad store serve`` at ``url``.
+
+    Args:
+        url: the service's base URL, e.g. ``http://127.0.0.1:8765``.
+        token: bearer token (the server's ``--token``).
+        timeout: seconds for one request (long polls get their wait on top).
+        retries: extra tries after a connection error, timeout or 5xx (0 = none).
+        backoff: first retry delay in seconds; doubles per try (with jitter), capped at 2 s.
+        long_poll: longest single long-poll request; longer waits repeat it.
+        transport: a custom httpx transport (TLS settings, proxies, fault injection in tests).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        retries: int = 5,
+        backoff: float = 0.05,
+        long_poll: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.long_poll = min(long_poll, wire.MAX_WAIT_SECONDS)
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._http = httpx.Client(
+            base_url=self.url,
+            headers=headers,
+            timeout=timeout,
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=60),
+            transport=transport,
+        )
+
+    # ---- transport ------------------------------------------------------------------------------
+    def _request(
+        self,
+        method: str,
+        path: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        params: dict[str, Any] | None = None,
+        once: bool = False,
+        wait: float = 0.0,
+    ) -> bytes:
+        """Send one request with retries; returns the body of a 2xx answer, raises otherwise.
+
+        ``once`` marks a non-idempotent write: it carries an Idempotency-Key that stays the same
+        across retries, so the server runs it at most once.
+        """
+        content = _encode(payload) if payload is not None else None
+        headers = {wire.IDEMPOTENCY_HEADER: uuid.uuid4().hex} if once else None
+        if params:
+            params = {k: v for k, v in params.items() if v is not None}
+        timeout = self.timeout + wait if wait else httpx.USE_CLIENT_DEFAULT
+        problem = "no attempt made"
+        for attempt in range(self.retries + 1):
+            if attempt:
+                delay = min(2.0, self.backoff * 2 ** (attempt - 1))
+                time.sleep(delay * (0.5 + random.random()))
+            try:
+                response = self._http.request(method, path, content=content, params=params, headers=headers,
+                                              timeout=timeout)
+            except httpx.TransportError as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+                continue
+            if response.status_code < 400:
+                return response.content
+            if response.status_code < 500:
+                raise self._error(response)
+            problem = f"HTTP {response.status_code}: {self._message(response)}"
+        raise StoreUnavailableError(
+            f"store service {self.url} failed {self.retries + 1} time(s) on {method} {path}: {problem}"
+        )
+
+    @staticmethod
+    def _message(response: httpx.Response) -> str:
+        try:
+            return wire.ErrorBody.model_validate_json(response.content).message
+        except ValueError:
+            return response.text[:500]
+
+    def _error(self, response: httpx.Response) -> AgentGradError:
+        try:
+            body = wire.ErrorBody.model_validate_json(response.content)
+        except ValueError:
+            return StoreServiceError(f"HTTP {response.status_code}: {response.text[:500]}", response.status_code)
+        known = wire.ERROR_KINDS.get(body.error)
+        if known is None:
+            return StoreServiceError(f"HTTP {response.status_code} ({body.error}): {body.message}",
+                                     response.status_code)
+        _, cls = known
+        return _rebuild(cls, body.message, body.fields if cls is not InvalidInputError else {})
+
+    def _call(self, model: type[M], method: str, path: str, payload: dict[str, Any] | None = None,
+              **options: Any) -> M:
+        return model.model_validate_json(self._request(method, path, payload, **options))
+
+    # ---- rollouts -------------------------------------------------------------------------------
+    def enqueue_rollouts(self, requests: Sequence[RolloutRequest | dict[str, Any]]) -> list[Rollout]:
+        parsed = [r if isinstance(r, RolloutRequest) else RolloutRequest.model_validate(r) for r in requests]
+        named = [r if r.rollout_id else r.model_copy(update={"rollout_id": new_id("ro")}) for r in parsed]
+        return self._call(wire.RolloutList, "POST", "/v1/rollouts/enqueue", {"rollouts": named}, once=True).rollouts
+
+    def dequeue_rollouts(
+        self, limit: int, worker_id: str | None = None, timeout: float = 0.0
+    ) -> list[AttemptedRollout]:
+        deadline = time.monotonic() + max(0.0, timeout)
+        while True:
+            wait = min(self.long_poll, max(0.0, deadline - time.monotonic()))
+            claimed = self._call(wire.ClaimList, "POST", "/v1/rollouts/dequeue",
+                                 {"limit": limit, "worker_id": worker_id, "timeout": wait}, once=True, wait=wait).claimed
+            if claimed or time.monotonic() >= deadline:
+                return claimed
+
+    def get_rollout(self, rollout_id: str) -> Rollout:
+        return self._call(Rollout, "GET", "/v1/rollouts/get", params={"rollout_id": rollout_id})
+
+    def query_rollouts(self, filter: RolloutFilter | None = None) -> list[Rollout]:
+        body = (filter or RolloutFilter()).model_dump(exclude_defaults=True)
+        return self._call(wire.RolloutList, "POST", "/v1/rollouts/query", body).rollouts
+
+    def count_rollouts(self, filter: RolloutFilter | None = None) -> int:
+        body = (filter or RolloutFilter()).model_dump(exclude_defaults=True)
+        return self._call(wire.Count, "POST", "/v1/rollouts/count", body).count
+
+    def cancel_rollout(self, rollout_id: str) -> Rollout:
+        return self._call(Rollout, "POST", "/v1/rollouts/cancel", {"rollout_id": rollout_id}, once=True)
+
+    def update_rollout_metadata(self, rollout_id: str, metadata: dict[str, Any]) -> Rollout:
+        return self._call(Rollout, "POST", "/v1/rollouts/metadata", {"rollout_id": rollout_id, "metadata": metadata})
+
+    def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float | None = None) -> list[Rollout]:
+        ids = list(rollout_ids)
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        while True:
+            left = self.long_poll if deadline is None else max(0.0, deadline - time.monotonic())
+            wait = min(self.long_poll, left)
+            done = self._call(wire.RolloutList, "POST", "/v1/rollouts/wait",
+                              {"rollout_ids": ids, "timeout": wait}, wait=wait).rollouts
+            if len(done) == len(ids) or (deadline is not None and time.monotonic() >= deadline):
+                return done
+
+    # ---- attempts -------------------------------------------------------------------------------
+    def get_attempts(self, rollout_id: str) -> list[Attempt]:
+        return self._call(wire.AttemptList, "GET", "/v1/attempts", params={"rollout_id": rollout_id}).attempts
+
+    def update_attempt(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        status: AttemptStatus | str,
+        error: AttemptError | None = None,
+    ) -> Attempt:
+        body = {"rollout_id": rollout_id, "attempt_id": attempt_id,
+                "status": status.value if isinstance(status, AttemptStatus) else status, "error": error}
+        return self._call(Attempt, "POST", "/v1/attempts/update", body)
+
+    def heartbeat(self, rollout_id: str, attempt_id: str) -> Attempt:
+        return self._call(Attempt, "POST", "/v1/attempts/heartbeat", {"rollout_id": rollout_id, "attempt_id": attempt_id})
+
+    def check_watchdog(self) -> list[Attempt]:
+        return self._call(wire.AttemptList, "POST", "/v1/watchdog/check").attempts
+
+    # ---- spans ----------------------------------------------------------------------------------
+    def add_spans(self, spans: Sequence[Span | dict[str, Any]]) -> list[Span]:
+        parsed = [s if isinstance(s, Span) else Span.model_validate(s) for s in spans]
+        if not parsed:
+            return []
+        return self._call(wire.SpanList, "POST", "/v1/spans", {"spans": parsed}).spans
+
+    def query_spans(
+        self,
+        rollout_id: str,
+        attempt_id: str | Literal["latest"] | None = None,
+        name: str | None = None,
+        after_sequence_id: int = 0,
+        limit: int | None = None,
+    ) -> list[Span]:
+        params = {"rollout_id": rollout_id, "attempt_id": attempt_id, "name": name,
+                  "after_sequence_id": after_sequence_id, "limit": limit}
+        return self._call(wire.SpanList, "GET", "/v1/spans", params=params).spans
+
+    # ---- resources ------------------------------------------------------------------------------
+    def add_resources(self, items: dict[str, Any], resources_id: str | None = None) -> Resources:
+        # Validated here like a local store does (same pydantic errors), then sent typed.
+        snapshot = Resources(resources_id=resources_id or new_id("res"), version=0, items=items)
+        body = {"items": snapshot.items, "resources_id": snapshot.resources_id}
+        return self._call(Resources, "POST", "/v1/resources", body, once=True)
+
+    def get_resources(self, resources_id: str) -> Resources:
+        return self._call(Resources, "GET", "/v1/resources/get", params={"resources_id": resources_id})
+
+    def get_latest_resources(self) -> Resources | None:
+        return self._call(wire.LatestResources, "GET", "/v1/resources/latest").resources
+
+    def query_resources(self) -> list[Resources]:
+        return self._call(wire.ResourcesList, "GET", "/v1/resources").resources
+
+    # ---- workers and metrics --------------------------------------------------------------------
+    def update_worker(self, worker: Worker | dict[str, Any]) -> Worker:
+        worker = worker if isinstance(worker, Worker) else Worker.model_validate(worker)
+        return self._call(Worker, "POST", "/v1/workers", worker.model_dump())
+
+    def query_workers(self) -> list[Worker]:
+        return self._call(wire.WorkerList, "GET", "/v1/workers").workers
+
+    def add_metrics(self, records: Sequence[MetricRecord | dict[str, Any]]) -> None:
+        parsed = [r if isinstance(r, MetricRecord) else MetricRecord.model_validate(r) for r in records]
+        self._request("POST", "/v1/metrics", {"records": parsed}, once=True)
+
+    def query_metrics(self, run_id: str | None = None) -> list[MetricRecord]:
+        return self._call(wire.MetricList, "GET", "/v1/metrics", params={"run_id": run_id}).records
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    def close(self) -> None:
+        self._http.close()
+
+    def __repr__(self) -> str:
+        return f"StoreClient({self.url!r})"

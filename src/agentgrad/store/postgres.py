@@ -1,0 +1,181 @@
+"""PostgresStore: the store for many machines, over psycopg 3 and the shared SQL of ``sql.py``.
+
+Concurrency model. Every *writing* call runs its whole transaction under one transaction-scoped
+advisory lock (per schema), which is what SQLite's ``BEGIN IMMEDIATE`` gives the SQLite
+backend: the read-modify-write sequences of the core (claim, retry, watchdog, span sequence ids,
+resource versions) then never interleave, a claim is exclusive across any number of processes
+and machines, and no deadlock is possible. Reading calls take no lock and run concurrently. The
+claim query also carries ``FOR UPDATE SKIP LOCKED`` (the POSTGRES dialect), so claims stay
+exclusive even for a future caller that skipped the advisory lock.
+
+Waiters in this process wake on local changes at once; changes made by other processes are seen
+within ``external_poll_interval`` seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import zlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from agentgrad.errors import StoreFileError
+from agentgrad.store.core import StoreTx, TransactionalStore
+from agentgrad.store.sql import POSTGRES, SCHEMA_VERSION, SqlTx
+
+
+class _Pool:
+    """A few reusable connections (autocommit; transactions are explicit), at most ``size`` open."""
+
+    def __init__(self, connect: Callable[[], psycopg.Connection], size: int) -> None:
+        self._connect = connect
+        self._idle: list[psycopg.Connection] = []
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(size)
+        self._closed = False
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[psycopg.Connection]:
+        with self._slots:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            if conn is None or conn.closed:
+                conn = self._connect()
+            try:
+                yield conn
+            finally:
+                reusable = not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+                with self._lock:
+                    if reusable and not self._closed:
+                        self._idle.append(conn)
+                        conn = None
+                if conn is not None:
+                    conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+class PostgresStore(TransactionalStore):
+    """A store in a PostgreSQL database (optionally in its own ``schema``, created if missing).
+
+    Args:
+        url: a libpq URL, ``postgresql://user@host:5432/db``.
+        schema: keep the tables in this schema instead of the connection's default one.
+        pool_size: most connections this object opens at once.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        watchdog_interval: float | None = 0.5,
+        external_poll_interval: float = 0.05,
+        schema: str | None = None,
+        pool_size: int = 8,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        self.url = url
+        self.schema = schema
+        self._connect_timeout = connect_timeout
+        self._lock_key = zlib.crc32(f"agentgrad:{schema or ''}".encode())
+        self._local = threading.local()
+        self._pool = _Pool(self._connect, pool_size)
+        try:
+            self._setup()
+        except BaseException:
+            self._pool.close()
+            raise
+        super().__init__(watchdog_interval=watchdog_interval, external_poll_interval=external_poll_interval)
+
+    def _connect(self) -> psycopg.Connection:
+        try:
+            conn = psycopg.connect(self.url, autocommit=True, connect_timeout=max(1, int(self._connect_timeout)))
+        except psycopg.OperationalError as exc:
+            raise StoreFileError(f"cannot connect to PostgreSQL at {_redact(self.url)}: {exc}") from None
+        if self.schema:
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+        return conn
+
+    def _setup(self) -> None:
+        with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (self._lock_key,))  # racing creators wait
+            if self.schema:
+                cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
+            self._refuse_foreign(cur)
+            for statement in POSTGRES.schema():
+                cur.execute(statement)
+            cur.execute(
+                "INSERT INTO agentgrad_meta (key, value) VALUES ('schema_version', %s) ON CONFLICT DO NOTHING",
+                (SCHEMA_VERSION,),
+            )
+
+    def _refuse_foreign(self, cur: psycopg.Cursor) -> None:
+        """Refuse a schema whose tables belong to something else, touching nothing."""
+        cur.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()")
+        tables = {row[0] for row in cur.fetchall()}
+        where = f"schema {self.schema or 'public (default)'} of {_redact(self.url)}"
+        if not tables:
+            return
+        if "agentgrad_meta" not in tables:
+            shown = ", ".join(sorted(tables)[:5])
+            raise StoreFileError(f"{where} holds tables of something else ({shown}); refusing to use it as an "
+                                 "AgentGrad store (pass schema=… to use a schema of its own)")
+        cur.execute("SELECT value FROM agentgrad_meta WHERE key = 'schema_version'")
+        row = cur.fetchone()
+        if row is None or row[0] != SCHEMA_VERSION:
+            raise StoreFileError(f"{where} has store schema version {row[0] if row else 'none'}, "
+                                 f"this AgentGrad needs {SCHEMA_VERSION}")
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[StoreTx]:
+        with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+            if not getattr(self._local, "read_only", False):
+                cur.execute("SELECT pg_advisory_xact_lock(%s)", (self._lock_key,))
+            yield SqlTx(cur, POSTGRES)
+
+    def _close_backend(self) -> None:
+        self._pool.close()
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({_redact(self.url)!r}, schema={self.schema!r})"
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    head, at, tail = url.rpartition("@")
+    if not at or ":" not in head.split("//", 1)[-1]:
+        return url
+    scheme, _, userinfo = head.partition("//")
+    return f"{scheme}//{userinfo.split(':', 1)[0]}:***@{tail}"
+
+
+def _read_only(name: str) -> Callable[..., Any]:
+    """Wrap a core method whose transactions only read, so they skip the writers' lock."""
+    base = getattr(TransactionalStore, name)
+
+    @functools.wraps(base)
+    def method(self: PostgresStore, *args: Any, **kwargs: Any) -> Any:
+        outer = getattr(self._local, "read_only", False)
+        self._local.read_only = True
+        try:
+            return base(self, *args, **kwargs)
+        finally:
+            self._local.read_only = outer
+
+    return method
+
+
+for _name in ("get_rollout", "query_rollouts", "count_rollouts", "wait_for_rollouts", "get_attempts",
+              "query_spans", "get_resources", "get_latest_resources", "query_resources", "query_workers",
+              "query_metrics"):
+    setattr(PostgresStore, _name, _read_only(_name))

@@ -1,0 +1,100 @@
+"""SFT training with the shared training module on the tiny model.
+
+* fast: train a few steps on traces captured through the proxy (scripted upstream), publish to a
+  directory, and check the published model loads and the store announces the new version;
+* slow: rejection sampling end to end — the tiny model served by the local engine, the real
+  calculator agent in runners, every call captured by the proxy; SFT trains only on what its own
+  runners produced and must raise greedy validation success.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from agentgrad.algorithms.base import AlgorithmContext
+from agentgrad.algorithms.sft import SFT, SaveToDirectory, SelectionCriteria
+from agentgrad.errors import AgentGradError
+from agentgrad.proxy import LLMProxy, ProxyResourcesHook
+from agentgrad.proxy.stub import StubUpstream, tool_reply
+from agentgrad.store.memory import MemoryStore
+from agentgrad.trainer import Trainer
+from agentgrad.types import LLM
+from examples.calc.agent import calc_agent
+
+pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir():
+    from agentgrad.models.tiny import ensure_tiny_model
+
+    return ensure_tiny_model()
+
+
+def test_sft_fast_trains_publishes_and_announces(tiny_model_dir, tmp_path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from agentgrad.training import TrainConfig
+
+    store = MemoryStore()
+    tasks = [{"question": "What is 2 + 3?", "answer": 5}, {"question": "What is 2 + 4?", "answer": 6}]
+    with StubUpstream([tool_reply("calculator", {"expression": "2 + 3"}), "The answer is 5."]) as upstream, \
+            LLMProxy(store, f"http://127.0.0.1:{upstream.port}/v1") as proxy:
+        trainer = Trainer(store, runner_options={"resources_hook": ProxyResourcesHook(proxy.base_url)})
+        trainer.dev(calc_agent, tasks, {"llm": LLM(endpoint="unused", model="stub-model")}, print_summary=False)
+    sft = SFT(tiny_model_dir, train_config=TrainConfig(lr=1e-3), steps=4, batch_size=2,
+              publisher=SaveToDirectory(tmp_path / "out"))
+    result = sft.run(AlgorithmContext(store=store))
+    assert result.samples == [2]  # the successful rollout's two calls; the failed one is rejected
+    losses = [m.loss for m in result.history]
+    assert len(losses) == 4 and losses[-1] < losses[0]
+    AutoModelForCausalLM.from_pretrained(result.versions[0])  # a loadable model directory
+    assert store.get_latest_resources().items["policy_version"].value == result.versions[0]
+    assert [m.step for m in store.query_metrics("sft:sft")] == [1, 2, 3, 4]
+    with pytest.raises(AgentGradError, match="somewhere to publish"):
+        SFT(tiny_model_dir).run(AlgorithmContext(store=store))
+    store.close()
+
+
+@pytest.fixture
+def served_tiny(tiny_model_dir) -> Iterator[tuple[object, str]]:
+    """The tiny model in the local engine behind the OpenAI-compatible model server."""
+    inference = pytest.importorskip("agentgrad.inference")
+    model_server = getattr(inference, "ModelServer", None)
+    if model_server is None:
+        pytest.skip("agentgrad.inference.ModelServer is not available")
+    from agentgrad.inference.engine import Engine
+
+    engine = Engine(tiny_model_dir, max_batch_size=32)
+    server = model_server(engine)
+    try:
+        yield engine, server.start()
+    finally:
+        server.stop()
+        engine.close()
+
+
+@pytest.mark.slow
+def test_rejection_sampling_raises_greedy_success(served_tiny, tiny_model_dir) -> None:
+    from agentgrad.models.calc import generate_problems
+    from agentgrad.training import TrainConfig
+
+    engine, base_url = served_tiny
+    store = MemoryStore()
+    val = generate_problems(64, 1, "val")
+    train = generate_problems(200, 1, "train")
+    greedy = {"llm": LLM(endpoint="unused", model="tiny", sampling={"temperature": 0.0})}
+    sampling = {"llm": LLM(endpoint="unused", model="tiny", sampling={"temperature": 1.0})}
+    with LLMProxy(store, base_url) as proxy:
+        trainer = Trainer(store, concurrency=16, runner_options={"resources_hook": ProxyResourcesHook(proxy.base_url)})
+        before = trainer.dev(calc_agent, val, greedy, mode="val", print_summary=False).reward_mean
+        trainer.algorithm = SFT(tiny_model_dir, criteria=SelectionCriteria(min_reward=1.0),
+                                train_config=TrainConfig(lr=5e-4), iterations=3, samples_per_task=2, steps=40,
+                                batch_size=32)
+        result = trainer.fit(calc_agent, train, resources=sampling, engine=engine)
+        after = trainer.dev(calc_agent, val, greedy, mode="val", print_summary=False).reward_mean
+    print(f"greedy success before {before:.3f} → after {after:.3f}; samples per iteration {result.samples}")
+    assert after >= 0.8 > before
+    store.close()

@@ -1,0 +1,67 @@
+"""The embedded tiny model: a normal HF directory with a Qwen2.5-style tool chat template."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from agentgrad.models import calc, tiny
+
+
+def test_random_tiny_model_loads_through_auto_classes(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    started = time.monotonic()
+    path = tiny.random_tiny_model(tmp_path / "m")
+    elapsed = time.monotonic() - started
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    assert model.config.model_type == "qwen2" and model.config.vocab_size == len(tokenizer)
+    assert sum(p.numel() for p in model.parameters()) < 1_500_000
+    assert elapsed < 10  # < 1 s on an idle machine; generous for loaded CI
+    text = "What is 12 * 34?\n<tool_call>"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert tokenizer.decode(ids) == text
+    assert [tokenizer.decode([i]) for i in tokenizer.encode("123", add_special_tokens=False)] == ["1", "2", "3"]
+
+
+def test_chat_template_renders_tools_like_qwen(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny.random_tiny_model(tmp_path / "m"))
+    messages = [{"role": "system", "content": calc.SYSTEM_PROMPT}, {"role": "user", "content": "What is 2 + 3?"}]
+    text = tokenizer.apply_chat_template(messages, tools=[calc.CALCULATOR_TOOL], add_generation_prompt=True,
+                                         tokenize=False)
+    assert text.startswith("<|im_start|>system\n" + calc.SYSTEM_PROMPT + "\n\n# Tools\n")
+    assert '"name": "calculator"' in text and text.endswith("<|im_start|>assistant\n")
+    full = messages + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "calculator", "arguments": {"expression": "2 + 3"}}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "5"},
+    ]
+    rendered = tokenizer.apply_chat_template(full, tools=[calc.CALCULATOR_TOOL], tokenize=False)
+    assert calc.tool_call_text("2 + 3") + "<|im_end|>" in rendered
+    assert "<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>" in rendered
+    plain = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert plain == "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+
+
+def test_training_samples_are_prefix_stable(tmp_path: Path) -> None:
+    """Each turn's prompt, tokenized alone, extends the previous prompt + completion exactly."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny.random_tiny_model(tmp_path / "m"))
+    for problem in calc.generate_problems(20, 0):
+        ids, mask = tiny.encode_sample(tokenizer, problem)
+        assert len(ids) == len(mask) and 0 < sum(mask) < len(ids)
+        assert str(problem["answer"]) in tokenizer.decode([t for t, m in zip(ids, mask) if m])
+
+
+def test_default_model_dir_honours_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("AGENTGRAD_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert tiny.default_model_dir() == tmp_path / "xdg" / "agentgrad" / "models" / "tiny-calc"
+    monkeypatch.setenv("AGENTGRAD_CACHE_DIR", str(tmp_path / "ag"))
+    assert tiny.default_model_dir() == tmp_path / "ag" / "models" / "tiny-calc"

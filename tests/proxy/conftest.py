@@ -1,0 +1,44 @@
+"""Fixtures of the proxy tests: a store, the scripted upstream stand-in, a proxy, an attempt."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from agentgrad.proxy import LLMProxy
+from agentgrad.proxy.stub import StubUpstream, tool_reply
+from agentgrad.store import open_store
+from agentgrad.store.protocol import Store
+from agentgrad.types import AttemptedRollout
+
+
+@pytest.fixture
+def store() -> Iterator[Store]:
+    with open_store("memory", watchdog=False) as s:
+        yield s
+
+
+@pytest.fixture
+def stub() -> Iterator[StubUpstream]:
+    with StubUpstream([tool_reply("calculator", {"expression": "2 + 3"}), "The answer is 5."]) as upstream:
+        yield upstream
+
+
+@pytest.fixture
+def proxy(store: Store, stub: StubUpstream) -> Iterator[LLMProxy]:
+    with LLMProxy(store, f"http://127.0.0.1:{stub.port}/v1") as p:
+        yield p
+
+
+def new_attempt(store: Store) -> AttemptedRollout:
+    """A queued-then-claimed rollout whose attempt the proxy can record into."""
+    store.enqueue_rollout({"question": "What is 2 + 3?"})
+    claimed = store.dequeue_rollout("test-worker")
+    assert claimed is not None
+    return claimed
+
+
+@pytest.fixture
+def attempt(store: Store) -> AttemptedRollout:
+    return new_attempt(store)

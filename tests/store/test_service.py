@@ -1,0 +1,310 @@
+"""The store service beyond the conformance suite: HTTP errors, auth, retries, long polls, metrics."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi")
+
+from agentgrad.errors import AlreadyExistsError, InvalidInputError, NotFoundError  # noqa: E402
+from agentgrad.store.client import StoreClient, StoreServiceError, StoreUnavailableError  # noqa: E402
+from agentgrad.store.memory import MemoryStore  # noqa: E402
+from agentgrad.store.server import StoreServer  # noqa: E402
+from agentgrad.types import Span  # noqa: E402
+
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture
+def served():
+    server = StoreServer(MemoryStore(watchdog_interval=None), token=TOKEN, max_body_bytes=64_000, owns_store=True)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def http(served):
+    with httpx.Client(base_url=served.url, headers={"Authorization": f"Bearer {TOKEN}"}) as client:
+        yield client
+
+
+@pytest.fixture
+def client(served):
+    c = StoreClient(served.url, token=TOKEN, retries=2, backoff=0.01)
+    yield c
+    c.close()
+
+
+def _error(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert body["message"], body
+    return body
+
+
+# ---- auth and service endpoints -----------------------------------------------------------------
+
+
+def test_health_needs_no_token_but_everything_else_does(served):
+    assert httpx.get(f"{served.url}/health").json()["status"] == "ok"
+    for path in ("/v1/resources", "/metrics", "/openapi.json", "/v1/rollouts/get?rollout_id=x"):
+        body = _error(httpx.get(served.url + path), 401)
+        assert body["error"] == "unauthorized" and "bearer" in body["message"]
+    _error(httpx.get(f"{served.url}/v1/resources", headers={"Authorization": "Bearer wrong"}), 401)
+    with pytest.raises(StoreServiceError) as info:
+        StoreClient(served.url, token="wrong").query_resources()
+    assert info.value.status == 401
+
+
+def test_openapi_documents_every_store_method(http):
+    paths = http.get("/openapi.json").json()["paths"]
+    for path in ("/v1/rollouts/enqueue", "/v1/rollouts/dequeue", "/v1/rollouts/wait", "/v1/spans",
+                 "/v1/attempts/update", "/v1/watchdog/check", "/v1/resources/latest", "/v1/traces"):
+        assert path in paths
+    assert "ErrorBody" in http.get("/openapi.json").json()["components"]["schemas"]
+
+
+def test_metrics_in_prometheus_text(client, http):
+    client.enqueue_rollouts([{"input": i} for i in range(3)])
+    claimed = client.dequeue_rollout()
+    client.add_spans([Span(rollout_id=claimed.rollout.rollout_id, attempt_id=claimed.attempt.attempt_id, name="s")])
+    text = http.get("/metrics").text
+    assert 'agentgrad_http_requests_total{method="POST",route="/v1/rollouts/enqueue",status="200"} 1' in text
+    assert 'agentgrad_rollouts{status="queuing"} 2' in text
+    assert 'agentgrad_rollouts{status="running"} 1' in text
+    assert "agentgrad_queue_depth 2" in text
+    assert "agentgrad_spans_stored_total 1" in text
+    assert 'agentgrad_http_request_duration_seconds_count{method="POST",route="/v1/spans"} 1' in text
+
+
+def test_cors_is_off_unless_configured(http, served):
+    assert "access-control-allow-origin" not in http.get("/health", headers={"Origin": "http://x.test"}).headers
+    store = MemoryStore(watchdog_interval=None)
+    with StoreServer(store, cors_origins=["http://ui.test"], owns_store=True) as cors:
+        preflight = httpx.options(f"{cors.url}/v1/resources", headers={
+            "Origin": "http://ui.test", "Access-Control-Request-Method": "GET"})
+        assert preflight.headers["access-control-allow-origin"] == "http://ui.test"
+
+
+def test_app_exposes_store_and_mounts_extra_routers():
+    from fastapi import APIRouter
+
+    extra = APIRouter()
+
+    @extra.get("/")
+    def index() -> dict[str, str]:
+        return {"page": "dashboard"}
+
+    store = MemoryStore(watchdog_interval=None)
+    with StoreServer(store, extra_routers=[extra], owns_store=True) as server:
+        assert server.app.state.store is store
+        assert httpx.get(server.url + "/").json() == {"page": "dashboard"}
+        assert httpx.get(server.url + "/v1/rollouts/count").status_code == 405, "the API still wins"
+
+
+# ---- bad input: always 4xx with a message ---------------------------------------------------------
+
+
+def test_malformed_json_is_422(http):
+    body = _error(http.post("/v1/rollouts/enqueue", content=b"{not json", headers={"Content-Type": "application/json"}),
+                  422)
+    assert body["error"] == "validation_error" and "JSON" in body["message"]
+
+
+def test_wrong_types_are_422_naming_the_field(http):
+    body = _error(http.post("/v1/rollouts/enqueue", json={"rollouts": [{"mode": "bogus"}]}), 422)
+    assert "rollouts.0.mode" in body["message"]
+    body = _error(http.post("/v1/rollouts/dequeue", json={"limit": "many"}), 422)
+    assert "limit" in body["message"]
+    _error(http.get("/v1/spans", params={"rollout_id": "r", "limit": -1}), 422)
+
+
+def test_store_refusals_map_to_their_status(http, client):
+    body = _error(http.get("/v1/rollouts/get", params={"rollout_id": "ro-missing"}), 404)
+    assert body["error"] == "not_found" and "ro-missing" in body["message"]
+    client.enqueue_rollout(rollout_id="taken")
+    body = _error(http.post("/v1/rollouts/enqueue", json={"rollouts": [{"rollout_id": "taken"}]}), 409)
+    assert body["error"] == "already_exists"
+    client.cancel_rollout("taken")
+    body = _error(http.post("/v1/rollouts/cancel", json={"rollout_id": "taken"}), 409)
+    assert body["error"] == "invalid_transition" and body["fields"] == {"current": "cancelled", "requested": "cancelled"}
+    body = _error(http.post("/v1/rollouts/dequeue", json={"limit": 0}), 400)
+    assert body["error"] == "invalid_input"
+    _error(http.get("/v1/no/such/route"), 404)
+
+
+def test_client_raises_what_a_local_store_raises(client):
+    with pytest.raises(NotFoundError) as info:
+        client.get_rollout("nope")
+    assert str(info.value) == "rollout 'nope' not found" and info.value.ident == "nope"
+    client.enqueue_rollout(rollout_id="dup")
+    with pytest.raises(AlreadyExistsError):
+        client.enqueue_rollout(rollout_id="dup")
+    with pytest.raises(InvalidInputError) as bad:
+        client.enqueue_rollout({"x": float("nan")})
+    assert "input" in str(bad.value) and "non-finite" in str(bad.value)
+    with pytest.raises(InvalidInputError):
+        client.update_attempt("dup", "at-x", "exploded")  # unknown status is refused before ids are looked up
+
+
+def test_oversized_body_is_413(http):
+    big = {"rollouts": [{"input": "x" * 70_000}]}
+    body = _error(http.post("/v1/rollouts/enqueue", json=big), 413)
+    assert "64000" in body["message"]
+
+    def chunks():
+        for _ in range(10):
+            yield b" " * 10_000
+
+    _error(http.post("/v1/rollouts/enqueue", content=chunks(), headers={"Content-Type": "application/json"}), 413)
+    assert http.post("/v1/rollouts/count", json={}).json() == {"count": 0}
+
+
+# ---- retries and idempotency ------------------------------------------------------------------------
+
+
+class _LoseFirstResponses(httpx.BaseTransport):
+    """Delivers requests but 'loses' the first ``n`` responses, as a dropped connection would."""
+
+    def __init__(self, n: int) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.lost = n
+        self.sent = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.sent += 1
+        response = self.inner.handle_request(request)
+        response.read()
+        if self.lost:
+            self.lost -= 1
+            raise httpx.ReadError("connection reset (test)", request=request)
+        return response
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _flaky(served, lost: int) -> tuple[StoreClient, _LoseFirstResponses]:
+    transport = _LoseFirstResponses(lost)
+    return StoreClient(served.url, token=TOKEN, retries=3, backoff=0.001, transport=transport), transport
+
+
+def test_retried_enqueue_after_lost_response_stores_once(served, client):
+    flaky, transport = _flaky(served, 2)
+    rollout = flaky.enqueue_rollout({"task": 1}, rollout_id="only-once")
+    assert rollout.rollout_id == "only-once" and transport.sent == 3
+    generated = _flaky(served, 1)[0].enqueue_rollout("auto-id")
+    assert client.count_rollouts() == 2
+    assert client.get_rollout(generated.rollout_id).input == "auto-id"
+
+
+def test_retried_dequeue_after_lost_response_claims_once(served, client):
+    client.enqueue_rollouts([{"input": 1}, {"input": 2}])
+    flaky, _ = _flaky(served, 1)
+    claimed = flaky.dequeue_rollout(worker_id="w")
+    assert claimed.rollout.input == 1
+    assert len(client.get_attempts(claimed.rollout.rollout_id)) == 1
+    assert client.dequeue_rollout().rollout.input == 2, "the retry did not claim a second rollout"
+
+
+def test_retried_span_batch_and_resources_are_idempotent(served, client):
+    claimed = (client.enqueue_rollout(), client.dequeue_rollout())[1]
+    spans = [Span(rollout_id=claimed.rollout.rollout_id, attempt_id=claimed.attempt.attempt_id, name=f"s{i}")
+             for i in range(5)]
+    flaky, _ = _flaky(served, 1)
+    assert [s.sequence_id for s in flaky.add_spans(spans)] == [1, 2, 3, 4, 5]
+    assert len(client.query_spans(claimed.rollout.rollout_id)) == 5
+    flaky, _ = _flaky(served, 1)
+    assert flaky.add_resources({"t": 0.5}).version == 1
+    assert len(client.query_resources()) == 1
+
+
+def test_4xx_is_never_retried(served):
+    flaky, transport = _flaky(served, 0)
+    with pytest.raises(NotFoundError):
+        flaky.get_rollout("missing")
+    assert transport.sent == 1
+
+
+def test_unreachable_service_raises_after_retries():
+    client = StoreClient("http://127.0.0.1:9", retries=2, backoff=0.001, timeout=1)
+    with pytest.raises(StoreUnavailableError) as info:
+        client.get_latest_resources()
+    assert "3 time(s)" in str(info.value)
+
+
+def test_idempotency_key_replays_the_first_answer(http):
+    headers = {"Idempotency-Key": "k-1"}
+    first = http.post("/v1/rollouts/enqueue", json={"rollouts": [{"rollout_id": "a"}]}, headers=headers)
+    again = http.post("/v1/rollouts/enqueue", json={"rollouts": [{"rollout_id": "a"}]}, headers=headers)
+    assert first.status_code == again.status_code == 200 and first.json() == again.json()
+    other_key = http.post("/v1/rollouts/enqueue", json={"rollouts": [{"rollout_id": "a"}]},
+                          headers={"Idempotency-Key": "k-2"})
+    assert other_key.status_code == 409
+
+
+# ---- long polls -----------------------------------------------------------------------------------
+
+
+class _Counting(httpx.HTTPTransport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.sent += 1
+        return super().handle_request(request)
+
+
+def test_dequeue_long_polls_and_wakes_on_enqueue(served, client):
+    transport = _Counting()
+    waiter = StoreClient(served.url, token=TOKEN, transport=transport)
+    timer = threading.Timer(0.3, lambda: client.enqueue_rollout("late"))
+    timer.start()
+    started = time.monotonic()
+    claimed = waiter.dequeue_rollout(timeout=10)
+    timer.join()
+    assert claimed is not None and claimed.rollout.input == "late"
+    assert time.monotonic() - started < 3
+    assert transport.sent == 1, "one long-poll request, no client polling"
+
+
+def test_long_poll_repeats_until_the_callers_deadline(served):
+    transport = _Counting()
+    waiter = StoreClient(served.url, token=TOKEN, transport=transport, long_poll=0.2)
+    started = time.monotonic()
+    assert waiter.dequeue_rollout(timeout=0.5) is None
+    assert 0.45 < time.monotonic() - started < 3
+    assert 2 <= transport.sent <= 4
+
+
+def test_wait_for_rollouts_wakes_on_completion(served, client):
+    rid = client.enqueue_rollout().rollout_id
+    claimed = client.dequeue_rollout()
+    timer = threading.Timer(0.3, lambda: client.update_attempt(rid, claimed.attempt.attempt_id, "succeeded"))
+    timer.start()
+    started = time.monotonic()
+    done = client.wait_for_rollouts([rid], timeout=10)
+    timer.join()
+    assert [r.status for r in done] == ["succeeded"]
+    assert time.monotonic() - started < 3
+
+
+def test_server_caps_one_long_poll(served, http):
+    from agentgrad.store.server import _Service
+
+    assert _Service(served.store, 60.0, 1, None).wait_limit(3600) == 60.0  # type: ignore[arg-type]
+    started = time.monotonic()
+    assert http.post("/v1/rollouts/dequeue", json={"timeout": 0.2}).json() == {"claimed": []}
+    assert time.monotonic() - started >= 0.15
+
+
+def test_error_bodies_are_json_everywhere(http):
+    response = http.put("/v1/spans", content=b"x")
+    assert response.status_code == 405 and json.loads(response.text)["error"] == "method_not_allowed"

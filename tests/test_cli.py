@@ -1,0 +1,132 @@
+"""The ``agentgrad`` command line, run as ``python -m agentgrad`` in subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agentgrad import __version__
+from agentgrad.store.sqlite import SqliteStore
+from agentgrad.types import RolloutStatus
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "COLUMNS": "160", "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])}
+
+
+def agentgrad(*args: str, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agentgrad", *args], env=ENV, cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture
+def tasks_file(tmp_path):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"x": x}) + "\n" for x in range(4)) + "\n")
+    return path
+
+
+def test_help_and_version():
+    result = agentgrad("--help")
+    assert result.returncode == 0
+    for command in ("version", "dev", "runner", "rollouts"):
+        assert command in result.stdout
+    version = agentgrad("version")
+    assert version.returncode == 0 and version.stdout.strip() == f"agentgrad {__version__}"
+    bare = agentgrad()
+    assert bare.returncode == 2 and "usage" in bare.stdout
+
+
+def test_dev_then_inspect_rollouts(tmp_path, tasks_file):
+    db = tmp_path / "cli.db"
+    url = f"sqlite://{db}"
+    result = agentgrad("dev", "agents_for_tests:reward_agent", "--tasks", str(tasks_file), "--store", url,
+                       "--json", "--timeout", "30", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["total"] == summary["succeeded"] == 4 and summary["failed"] == 0
+    assert summary["reward_mean"] == pytest.approx(0.15)
+    assert summary["rollouts_without_llm_calls"] == 4
+    assert "AgentGrad dev run" in result.stdout and "captured no LLM call" in result.stdout
+
+    listing = agentgrad("rollouts", "list", "--store", url, "--json")
+    assert listing.returncode == 0, listing.stderr
+    rollouts = json.loads(listing.stdout)
+    assert len(rollouts) == 4 and {r["status"] for r in rollouts} == {"succeeded"}
+    table = agentgrad("rollouts", "list", "--store", url)
+    assert table.returncode == 0 and "of 4" in table.stdout and rollouts[0]["rollout_id"] in table.stdout
+
+    shown = agentgrad("rollouts", "show", rollouts[0]["rollout_id"], "--store", url)
+    assert shown.returncode == 0, shown.stderr
+    detail = json.loads(shown.stdout)
+    assert detail["rollout"]["rollout_id"] == rollouts[0]["rollout_id"]
+    assert [a["status"] for a in detail["attempts"]] == ["succeeded"]
+    assert [s["name"] for s in detail["spans"]] == ["agentgrad.message", "agentgrad.reward"]
+
+    missing = agentgrad("rollouts", "show", "ro-nope", "--store", url)
+    assert missing.returncode == 1 and "ro-nope" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_dev_failures_exit_nonzero(tmp_path):
+    tasks = tmp_path / "tasks.json"
+    tasks.write_text(json.dumps([{"x": 1, "fail": True}]))  # a JSON array works too
+    result = agentgrad("dev", "agents_for_tests:failing_agent", "--tasks", str(tasks), "--timeout", "30")
+    assert result.returncode == 1
+    assert "ValueError: bad task 1" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("agent_spec", "tasks_text", "needle"),
+    [
+        ("agents_for_tests:reward_agent", '{"x": 1}\n{"x": \n', "tasks.jsonl:2: not JSON"),
+        ("agents_for_tests:reward_agent", "[1, 2", "not JSON"),
+        ("agents_for_tests:reward_agent", None, "cannot read tasks file"),
+        ("agents_for_tests", '{"x": 1}\n', "module:attribute"),
+        ("no_such_module_xyz:agent", '{"x": 1}\n', "cannot import 'no_such_module_xyz'"),
+        ("agents_for_tests:missing", '{"x": 1}\n', "has no attribute 'missing'"),
+        ("agents_for_tests:not_an_agent", '{"x": 1}\n', "not an agent"),
+        ("agents_for_tests:bad_signature", '{"x": 1}\n', "temperature"),
+    ],
+    ids=["bad-jsonl-line", "bad-json-array", "missing-file", "no-colon", "no-module", "no-attribute",
+         "not-an-agent", "bad-signature"],
+)
+def test_dev_bad_input_gets_a_clear_message(tmp_path, agent_spec, tasks_text, needle):
+    tasks = tmp_path / "tasks.jsonl"
+    if tasks_text is not None:
+        tasks.write_text(tasks_text)
+    result = agentgrad("dev", agent_spec, "--tasks", str(tasks), "--timeout", "10")
+    assert result.returncode != 0
+    assert needle in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_runner_command_serves_until_sigterm(tmp_path):
+    db = tmp_path / "runner.db"
+    store = SqliteStore(db, watchdog_interval=None)
+    ids = [store.enqueue_rollout({"x": x}).rollout_id for x in range(3)]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "agentgrad", "runner", "agents_for_tests:reward_agent", "--store", f"sqlite://{db}",
+         "--worker-id", "cli-runner"],
+        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        done = store.wait_for_rollouts(ids, timeout=30)
+        assert [r.status for r in done] == [RolloutStatus.SUCCEEDED] * 3
+        time.sleep(0.2)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=20)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, err
+    assert "taking rollouts from" in out and "runner stopped: 3 succeeded, 0 failed, 0 handed back" in out
+    (worker,) = store.query_workers()
+    assert worker.worker_id == "cli-runner" and worker.status == "stopped"
+    store.close()

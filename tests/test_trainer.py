@@ -1,0 +1,123 @@
+"""Trainer.dev and Trainer.fit with real stores and runners (in-process and processes)."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+import agents_for_tests
+from agentgrad.algorithms.base import Algorithm, AlgorithmContext
+from agentgrad.store.memory import MemoryStore
+from agentgrad.store.sqlite import SqliteStore
+from agentgrad.trainer import Trainer, store_url
+from agentgrad.types import LLM, RolloutStatus
+
+FAST = {"poll_timeout": 0.05, "heartbeat_interval": 0.2}
+
+
+def console() -> Console:
+    return Console(file=io.StringIO(), width=120, force_terminal=False)
+
+
+def test_dev_in_process_over_memory():
+    store = MemoryStore(watchdog_interval=None)
+    out = console()
+    trainer = Trainer(store, n_runners=1, runner_options=FAST, console=out)
+    tasks = [{"x": 1}, {"x": 2, "fail": True}, {"x": 3}, {"x": 4, "fail": True}]
+    report = trainer.dev(agents_for_tests.failing_agent, tasks, timeout=20)
+    assert (report.total, report.succeeded, report.failed, report.timed_out) == (4, 2, 2, 0)
+    assert report.reward_mean == 1.0 and report.rewards == [1.0, 1.0]
+    assert dict(report.failure_reasons) == {"ValueError: bad task 2": 1, "ValueError: bad task 4": 1}
+    assert report.llm_calls_per_rollout == [0, 0, 0, 0] and report.no_llm_calls == 4
+    summary = report.as_dict()
+    assert summary["rollouts_without_llm_calls"] == 4 and summary["succeeded"] == 2
+    text = out.file.getvalue()
+    assert "AgentGrad dev run" in text and "bad task 2" in text
+    assert "4 rollout(s) captured no LLM call" in text  # zero LLM calls is loud
+    store.close()
+
+
+def test_dev_publishes_resources_and_uses_mode():
+    store = MemoryStore(watchdog_interval=None)
+    trainer = Trainer(store, runner_options=FAST, console=console())
+
+    def agent(task, llm):
+        return 1.0 if llm.model == "m1" else 0.0
+
+    report = trainer.dev(agent, [0, 1], {"llm": LLM(endpoint="http://x.invalid/v1", model="m1")}, timeout=20)
+    assert report.succeeded == 2 and report.reward_mean == 1.0
+    (published,) = store.query_resources()
+    assert all(r.resources_id == published.resources_id for r in report.rollouts)
+    val = trainer.dev(agents_for_tests.echo_agent, [0, 1, 2], mode="val", timeout=20, print_summary=False)
+    assert val.reward_mean == 0.25 and all(r.mode == "val" for r in val.rollouts)
+    store.close()
+
+
+def test_dev_timeout_cancels_unfinished_rollouts():
+    store = MemoryStore(watchdog_interval=None)
+    trainer = Trainer(store, runner_options={**FAST, "grace_seconds": 0.2}, console=console())
+    report = trainer.dev(agents_for_tests.slow_async_agent, [{"sleep": 30}], timeout=0.5, print_summary=False)
+    assert report.timed_out == 1 and report.rollouts[0].status == RolloutStatus.CANCELLED
+    store.close()
+
+
+def test_dev_with_two_runner_processes_over_sqlite(tmp_path):
+    path = tmp_path / "dev.db"
+    store = SqliteStore(path)
+    assert store_url(store) == f"sqlite://{path.resolve()}"
+    trainer = Trainer(store, n_runners=2, runner_options=FAST, console=console())
+    report = trainer.dev(agents_for_tests.reward_agent, [{"x": x} for x in range(8)], timeout=60)
+    assert report.total == report.succeeded == 8
+    assert report.reward_mean == pytest.approx(sum(range(8)) / 80)
+    assert report.spans_per_rollout == [2] * 8 and report.no_llm_calls == 8
+    workers = store.query_workers()
+    # a runner still starting when the work ran out may be stopped before it ever reported
+    assert 1 <= len(workers) <= 2 and all(w.status == "stopped" for w in workers)
+    pids = {s.attributes["pid"] for r in report.rollouts for s in store.query_spans(r.rollout_id, name="agentgrad.message")}
+    assert 1 <= len(pids) <= 2
+    store.close()
+
+
+def test_store_url_of_private_stores_is_none():
+    assert store_url(MemoryStore(watchdog_interval=None)) is None
+    assert store_url(SqliteStore(":memory:", watchdog_interval=None)) is None
+
+
+def test_dev_without_tasks_is_an_error():
+    with pytest.raises(ValueError, match="no tasks"):
+        Trainer(runner_options=FAST, console=console()).dev(agents_for_tests.reward_agent, [])
+
+
+def test_fit_without_algorithm_raises():
+    with pytest.raises(ValueError, match="needs an algorithm"):
+        Trainer(console=console()).fit(agents_for_tests.reward_agent, [{"x": 1}])
+
+
+class TwoRounds(Algorithm):
+    """A tiny algorithm: two rounds over the train tasks, publishing new resources each round."""
+
+    def run(self, context: AlgorithmContext):
+        store = context.store
+        means = []
+        for round_ in range(2):
+            resources = store.add_resources({"round": round_})
+            ids = [store.enqueue_rollout(t, resources_id=resources.resources_id).rollout_id
+                   for t in context.train_tasks]
+            done = store.wait_for_rollouts(ids, timeout=20)
+            means.append(sum(r.reward for r in done) / len(done))
+        return {"means": means, "extras": sorted(context.extras), "initial": context.initial_resources}
+
+
+def test_fit_runs_a_custom_algorithm():
+    store = MemoryStore(watchdog_interval=None)
+
+    def agent(task, resources):
+        return task + resources.get("round").value
+
+    trainer = Trainer(store, algorithm=TwoRounds(), runner_options=FAST, console=console())
+    result = trainer.fit(agent, train_tasks=[1, 2], resources={"round": -1}, engine="fake")
+    assert result == {"means": [1.5, 2.5], "extras": ["engine"], "initial": {"round": -1}}
+    assert [r.version for r in store.query_resources()] == [1, 2, 3]
+    store.close()
