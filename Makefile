@@ -3,8 +3,10 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+FRAMEWORKS := $(VENV)/.frameworks
+PYTEST_ARGS ?=
 
-.PHONY: demo test install bench clean
+.PHONY: demo test test-fast test-all install frameworks browser bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,16 +16,31 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[all]"
 	touch $(STAMP)
 
+# Agent frameworks for the capture tests: main venv (openai 3.x) and .venv-compat (openai 2.x).
+$(FRAMEWORKS): $(STAMP) scripts/setup_framework_envs.sh
+	scripts/setup_framework_envs.sh $(PYTHON)
+	touch $(FRAMEWORKS)
+
 install: $(STAMP)
+frameworks: $(FRAMEWORKS)
+
+# Debian's Chromium for the dashboard's browser tests (needs root; tests skip without it).
+browser: $(STAMP)
+	scripts/setup_browser.sh $(VENV) || echo "chromium not installed: browser tests will skip"
 
 demo: $(STAMP)
 	$(PY) -m agentgrad demo
 
-test: $(STAMP)
-	$(PY) -m pytest -q -x -p no:cacheprovider
+# The whole suite (slow end-to-end learning runs included).
+test: $(STAMP) $(FRAMEWORKS) browser
+	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
+
+# Everything but the slow learning runs.
+test-fast: $(STAMP)
+	$(PY) -m pytest -p no:cacheprovider -m "not slow" $(PYTEST_ARGS)
 
 bench: $(STAMP)
-	$(PY) bench/run_all.py
+	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) .venv-compat build *.egg-info src/*.egg-info

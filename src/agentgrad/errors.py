@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class AgentGradError(Exception):
     """Base class of every error AgentGrad raises on purpose."""
@@ -40,3 +42,16 @@ class StoreFileError(AgentGradError):
 
 class NoRolloutContextError(AgentGradError, RuntimeError):
     """An emitter was called outside a running rollout."""
+
+
+class TemplateError(InvalidInputError):
+    """A prompt template that cannot be used: a syntax error, or variables nobody supplies.
+
+    ``missing`` holds variables the template reads but nobody supplies; ``dropped`` holds
+    required variables it no longer reads (both empty for syntax errors).
+    """
+
+    def __init__(self, message: str, missing: Iterable[str] = (), dropped: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.missing = sorted(missing)
+        self.dropped = sorted(dropped)

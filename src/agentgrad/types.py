@@ -8,11 +8,15 @@ of the code can trust its inputs.
 from __future__ import annotations
 
 import enum
+import re
+import string
 import time
 import uuid
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from agentgrad.errors import TemplateError
 
 
 def now() -> float:
@@ -176,11 +180,56 @@ class LLM(BaseModel):
 
 
 class PromptTemplate(BaseModel):
-    """A prompt text with ``{placeholders}`` (f-string engine) or Jinja syntax."""
+    """A prompt text with ``{placeholders}`` (f-string engine) or Jinja syntax.
+
+    ``variables`` (optional) lists what the agent supplies; when given, a template that reads
+    anything else is refused as it is created — so a bad template fails once, when published,
+    naming the variables, instead of on every rollout.
+    """
 
     resource_type: Literal["prompt_template"] = "prompt_template"
     template: str
     engine: Literal["f-string", "jinja"] = "f-string"
+    variables: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _check_variables(self) -> PromptTemplate:
+        if self.variables is not None:
+            missing = self.referenced_variables() - set(self.variables)
+            if missing:
+                raise TemplateError(
+                    f"template references variable(s) {sorted(missing)} that the agent does not supply "
+                    f"(available: {sorted(self.variables)})", missing)
+        return self
+
+    def referenced_variables(self) -> set[str]:
+        """The top-level variable names the template reads (``{task.question}`` → ``task``).
+
+        Raises :class:`TemplateError` when the template does not parse under its engine, or
+        (f-string) uses positional fields, which no ``format(**variables)`` call can fill.
+        """
+        if self.engine == "jinja":
+            import jinja2  # lazy: only Jinja templates need it
+            from jinja2 import meta
+
+            try:
+                return set(meta.find_undeclared_variables(jinja2.Environment().parse(self.template)))
+            except jinja2.TemplateSyntaxError as exc:
+                raise TemplateError(f"Jinja template does not parse: {exc.message} (line {exc.lineno})") from None
+        names: set[str] = set()
+        try:
+            fields = list(string.Formatter().parse(self.template))
+        except ValueError as exc:
+            raise TemplateError(f"f-string template does not parse: {exc} (write literal braces as {{{{ }}}})") from None
+        for _, field_name, _, _ in fields:
+            if field_name is None:
+                continue
+            root = re.match(r"^[^.\[]*", field_name).group(0)  # type: ignore[union-attr]
+            if not root or root.isdigit():
+                raise TemplateError(f"f-string template has a positional field {{{field_name}}}; name every "
+                                    "variable (e.g. {question})")
+            names.add(root)
+        return names
 
     def format(self, **variables: Any) -> str:
         if self.engine == "jinja":
@@ -199,7 +248,8 @@ class JsonResource(BaseModel):
 
 
 Resource = Union[LLM, PromptTemplate, JsonResource]
-ResourceItem = Field(discriminator="resource_type")
+#: One named item of a snapshot; ``resource_type`` says which model it is.
+ResourceItem = Annotated[Resource, Field(discriminator="resource_type")]
 
 
 class Resources(BaseModel):
@@ -208,7 +258,7 @@ class Resources(BaseModel):
     resources_id: str
     version: int
     create_time: float = Field(default_factory=now)
-    items: dict[str, Resource] = Field(default_factory=dict)
+    items: dict[str, ResourceItem] = Field(default_factory=dict)
 
     @field_validator("items", mode="before")
     @classmethod

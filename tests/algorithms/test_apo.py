@@ -17,7 +17,7 @@ import pytest
 from agentgrad import emit_message
 from agentgrad.agents import rollout
 from agentgrad.algorithms.apo import APO, APOError, ChatEndpoint, critique_group, val_group
-from agentgrad.algorithms.templates import TemplateError, template_variables, validate_template
+from agentgrad.algorithms.templates import TemplateError, validate_template
 from agentgrad.store.memory import MemoryStore
 from agentgrad.store.protocol import RolloutFilter
 from agentgrad.store.sqlite import SqliteStore
@@ -189,11 +189,11 @@ def test_templates_with_missing_variables_are_refused_naming_them() -> None:
     assert info.value.missing == ["answer", "hint"]
     with pytest.raises(TemplateError, match=r"\['hint'\]"):
         validate_template(PromptTemplate(template="{{ word }} {{ hint }}", engine="jinja"), {"word"})
-    assert template_variables(PromptTemplate(template="{% for x in items %}{{ x }}{% endfor %}", engine="jinja")) == {"items"}
+    assert PromptTemplate(template="{% for x in items %}{{ x }}{% endfor %}", engine="jinja").referenced_variables() == {"items"}
     with pytest.raises(TemplateError, match="positional"):
-        template_variables(PromptTemplate(template="{} and {0}"))
+        PromptTemplate(template="{} and {0}").referenced_variables()
     with pytest.raises(TemplateError, match="does not parse"):
-        template_variables(PromptTemplate(template="{word"))
+        PromptTemplate(template="{word").referenced_variables()
     # APO refuses to start from a seed that reads variables the agent does not supply.
     with StandInChatServer({"critic": critic_script, "editor": EditorScript()}) as server:
         store = MemoryStore()

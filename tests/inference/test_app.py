@@ -212,3 +212,20 @@ def test_lora_and_weight_endpoints(scripted, tmp_path: Path) -> None:
                           timeout=60)
     assert response.json() == {"status": "ok", "model_version": "step-7"}
     assert httpx.get(f"{url}/models").json()["data"][0]["model_version"] == "step-7"
+
+
+def test_streaming_errors_come_before_the_stream(base_url: str) -> None:
+    response = httpx.post(f"{base_url}/chat/completions", json={
+        "messages": MESSAGES, "stream": True, "max_tokens": 10 ** 6}, timeout=30)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "max_tokens"
+
+
+def test_streaming_text_completion(base_url: str, engine: Engine) -> None:
+    prompt = engine.tokenizer.encode("What is", add_special_tokens=False)
+    response = httpx.post(f"{base_url}/completions", json={
+        "prompt": prompt, "max_tokens": 5, "temperature": 0, "stream": True, "return_token_ids": True,
+        "ignore_eos": True}, timeout=60)
+    events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")]
+    assert events[0]["choices"][0]["prompt_token_ids"] == prompt
+    assert sum(len(e["choices"][0]["token_ids"]) for e in events) == 5
+    assert events[-1]["choices"][0]["finish_reason"] == "length"

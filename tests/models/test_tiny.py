@@ -20,7 +20,7 @@ def test_random_tiny_model_loads_through_auto_classes(tmp_path: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(path)
     assert model.config.model_type == "qwen2" and model.config.vocab_size == len(tokenizer)
     assert sum(p.numel() for p in model.parameters()) < 1_500_000
-    assert elapsed < 10  # < 1 s on an idle machine; generous for loaded CI
+    assert elapsed < 30  # ≈ 1 s after imports on an idle machine; generous for loaded CI
     text = "What is 12 * 34?\n<tool_call>"
     ids = tokenizer.encode(text, add_special_tokens=False)
     assert tokenizer.decode(ids) == text

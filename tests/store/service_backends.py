@@ -56,6 +56,14 @@ def pg_schema(data_dir: Path) -> str:
     return _SCHEMA_PREFIX + hashlib.sha1(str(data_dir).encode()).hexdigest()[:12]
 
 
+def skip_unless_ci(reason: str) -> None:
+    """Skip locally, but fail in CI: there the services are started first, so a missing one is
+    a broken setup that must not pass silently as a skipped backend."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI=true: .ci/run starts it, so this is a setup error)")
+    pytest.skip(reason)
+
+
 def _pg_available() -> bool:
     import psycopg
 
@@ -70,7 +78,7 @@ def open_postgres(data_dir: Path, options: dict[str, Any]) -> Any:
     from agentgrad.store.postgres import PostgresStore
 
     if not _pg_available():
-        pytest.skip(f"no PostgreSQL at {PG_URL}")
+        skip_unless_ci(f"no PostgreSQL at {PG_URL}")
     schema = pg_schema(data_dir)
     if not _schemas:
         atexit.register(drop_schemas)

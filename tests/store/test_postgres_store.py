@@ -15,6 +15,8 @@ psycopg = pytest.importorskip("psycopg")
 from agentgrad.errors import StoreFileError  # noqa: E402
 from agentgrad.store.protocol import RolloutRequest  # noqa: E402
 
+from service_backends import skip_unless_ci  # noqa: E402
+
 PG_URL = os.environ.get("AGENTGRAD_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 N_ROLLOUTS = 1000
 N_WORKERS = 8
@@ -25,7 +27,7 @@ def schema():
     try:
         admin = psycopg.connect(PG_URL, autocommit=True, connect_timeout=2)
     except psycopg.OperationalError:
-        pytest.skip(f"no PostgreSQL at {PG_URL}")
+        skip_unless_ci(f"no PostgreSQL at {PG_URL}")
     name = f"agtest_{uuid.uuid4().hex[:12]}"
     yield name
     admin.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')

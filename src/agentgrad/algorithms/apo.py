@@ -49,7 +49,7 @@ from typing import Any
 from agentgrad import semconv
 from agentgrad.adapters.calls import extract_calls
 from agentgrad.algorithms.base import Algorithm, AlgorithmContext
-from agentgrad.algorithms.templates import TemplateError, template_variables, validate_template
+from agentgrad.algorithms.templates import TemplateError, validate_template
 from agentgrad.errors import AgentGradError, AlreadyExistsError
 from agentgrad.store.protocol import RolloutFilter, RolloutRequest, Store
 from agentgrad.types import JsonResource, MetricRecord, PromptTemplate, Rollout, RolloutConfig, RolloutStatus
@@ -330,8 +330,8 @@ class APO(Algorithm):
         if not train_tasks:
             raise APOError("APO needs train tasks (the critic reads rollouts of them)")
         seed_template, base_items = self._seed_and_items(context)
-        allowed = self.variables if self.variables is not None else template_variables(seed_template)
-        required = self.required_variables if self.required_variables is not None else template_variables(seed_template)
+        allowed = self.variables if self.variables is not None else seed_template.referenced_variables()
+        required = self.required_variables if self.required_variables is not None else seed_template.referenced_variables()
         validate_template(seed_template, allowed, required)  # a bad seed is refused, naming the variables
         self._allowed, self._required, self._base_items = allowed, required, base_items
         self.state = state = APOState.load(store, self.run_id, self.prompt_name)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import shutil
 from collections.abc import Sequence
@@ -365,7 +366,8 @@ class SFT(Algorithm):
             samples = [Sample.from_transition(t) for t in transitions]
 
             def on_step(step: int, metrics: StepMetrics, n: int = len(samples)) -> None:
-                values = {k: float(v) for k, v in metrics.as_dict().items()}
+                # NaN marks "not measured by an NLL step" (clip fraction, KL…); the store wants JSON.
+                values = {k: float(v) for k, v in metrics.as_dict().items() if math.isfinite(float(v))}
                 context.store.add_metrics([MetricRecord(run_id=f"sft:{self.run_id}", step=step,
                                                         values={**values, "samples": float(n)})])
 

@@ -240,7 +240,8 @@ class _Server:
         model_name = req.model or self.name
         lora = self.lora_for(req.model)
         if req.stream:
-            return self._chat_stream(req, prompt, params, lora, parse_tools, model_name)
+            events = self._stream_n(prompt, params, req.n, lora, parse_tools)
+            return self._chat_stream(req, prompt, events, parse_tools, model_name)
         results = await self._run_n(prompt, params, req.n, lora)
         choices = []
         for i, r in enumerate(results):
@@ -265,7 +266,7 @@ class _Server:
             body["prompt_token_ids"] = prompt
         return body
 
-    async def _chat_stream(self, req: ChatRequest, prompt: list[int], params: SamplingParams, lora: str | None,
+    async def _chat_stream(self, req: ChatRequest, prompt: list[int], events_iter: AsyncIterator[Any],
                            parse_tools: bool, model_name: str) -> AsyncIterator[str]:
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         version = self.engine.model_version
@@ -279,7 +280,7 @@ class _Server:
         yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                       "finish_reason": None} for i in range(req.n)], **first)
         results: list[GenerationResult | None] = [None] * req.n
-        async for index, events, result, delta_text in self._stream_n(prompt, params, req.n, lora, parse_tools):
+        async for index, events, result, delta_text in events_iter:
             if result is not None:
                 results[index] = result
                 version = result.model_version
@@ -314,9 +315,10 @@ class _Server:
         return self.chat_logprobs([e.token_id for e in events], [e.logprob for e in events],
                                   [e.top_logprobs or [] for e in events])
 
-    async def _stream_n(self, prompt: list[int], params: SamplingParams, n: int, lora: str | None,
-                        hold_tools: bool) -> AsyncIterator[tuple[int, list[TokenEvent], GenerationResult | None, str]]:
-        """Yield (choice index, new token events, final result or None, new visible text).
+    def _stream_n(self, prompt: list[int], params: SamplingParams, n: int, lora: str | None,
+                  hold_tools: bool) -> AsyncIterator[tuple[int, list[TokenEvent], GenerationResult | None, str]]:
+        """Submit ``n`` generations now (so bad requests fail before the stream starts) and return
+        an iterator of (choice index, new token events, final result or None, new visible text).
 
         Text that may still turn into a stop string, an incomplete UTF-8 character, or (when tools
         are parsed) anything from ``<tool_call>`` on, is held back until it is settled.
@@ -334,6 +336,10 @@ class _Server:
             future.add_done_callback(
                 lambda f, i=i: loop.call_soon_threadsafe(q.put_nowait, (i, f.exception() or f.result())))
             futures.append(future)
+        return self._stream_events(q, n, params, hold_tools)
+
+    async def _stream_events(self, q: asyncio.Queue, n: int, params: SamplingParams,
+                             hold_tools: bool) -> AsyncIterator[tuple[int, list[TokenEvent], GenerationResult | None, str]]:
         holdback = max((len(s) for s in params.stop), default=1) - 1
         ids: list[list[int]] = [[] for _ in range(n)]
         sent = [0] * n
@@ -399,7 +405,8 @@ class _Server:
         params = req.sampling(req.logprobs)
         lora = self.lora_for(req.model)
         if req.stream:
-            return self._completion_stream(req, prompts, params, lora)
+            streams = [self._stream_n(p, params, req.n, lora, False) for p in prompts]
+            return self._completion_stream(req, prompts, streams)
         choices, usage = [], {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
         runs = [self._run_n(p, params, req.n, lora) for p in prompts]
         version = self.engine.model_version
@@ -435,13 +442,13 @@ class _Server:
             raise _HTTPError(400, "prompt must not be empty", "prompt")
         return out
 
-    async def _completion_stream(self, req: CompletionRequest, prompts: list[list[int]], params: SamplingParams,
-                                 lora: str | None) -> AsyncIterator[str]:
+    async def _completion_stream(self, req: CompletionRequest, prompts: list[list[int]],
+                                 streams: list[AsyncIterator[Any]]) -> AsyncIterator[str]:
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         model_name = req.model or self.name
-        for p_index, prompt in enumerate(prompts):
+        for p_index, (prompt, stream) in enumerate(zip(prompts, streams)):
             first = True
-            async for index, events, result, delta in self._stream_n(prompt, params, req.n, lora, False):
+            async for index, events, result, delta in stream:
                 choice: dict[str, Any] = {
                     "index": p_index * req.n + index, "text": delta,
                     "finish_reason": result.finish_reason if result else None,
@@ -506,7 +513,8 @@ def create_app(engine: Engine, *, served_model_name: str | None = None) -> FastA
 
     @app.exception_handler(RequestError)
     async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
-        return JSONResponse(_error_body(str(exc), exc.param), status_code=400)
+        message = f"{exc.param}: {exc}" if exc.param else str(exc)
+        return JSONResponse(_error_body(message, exc.param), status_code=400)
 
     @app.exception_handler(EngineError)
     async def _engine_error(request: Request, exc: EngineError) -> JSONResponse:

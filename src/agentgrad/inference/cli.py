@@ -10,6 +10,7 @@ import argparse
 import logging
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("agentgrad.inference")
@@ -50,22 +51,27 @@ def serve_model(args: argparse.Namespace) -> int:
     model = _resolve_model(args.model)
     if args.engine == "vllm":
         return _serve_vllm(args, model)
-    import uvicorn
+    import threading
 
-    from agentgrad.inference.app import create_app
     from agentgrad.inference.engine import Engine
+    from agentgrad.inference.server import ModelServer
 
     try:
         engine = Engine(model, device=args.device, max_batch_size=args.max_batch_size)
     except OSError as exc:
         print(f"error: cannot load model {args.model!r}: {exc}", file=sys.stderr)
         return 2
-    app = create_app(engine, served_model_name=args.served_model_name)
-    log.info("serving %s (version %s) at http://%s:%d/v1", app.state.served_model_name,
-             engine.model_version, args.host, args.port)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    server = ModelServer(engine, args.host, args.port, served_model_name=args.served_model_name)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
+        url = server.start()
+        log.info("serving %s (version %s) at %s", args.served_model_name or Path(model).name,
+                 engine.model_version, url)
+        stop.wait()
     finally:
+        server.stop()
         engine.close()
     log.info("model server stopped")
     return 0

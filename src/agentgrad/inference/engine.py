@@ -275,6 +275,13 @@ class Engine:
         self._closed = True
         self._pending.put(None)
         self._thread.join(timeout=30)
+        while True:  # anything that raced past the closed check
+            try:
+                item = self._pending.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None and not item.future.done():
+                item.future.set_exception(EngineError("engine is closed"))
 
     def __enter__(self) -> Engine:
         return self
@@ -349,7 +356,8 @@ class Engine:
             except queue.Empty:
                 pass
             if any(i is None for i in items) or self._closed:
-                self._fail_all(waiting + [s.request for s in batch.seqs], EngineError("engine is closed"))
+                queued = [i for i in items if isinstance(i, _Request)]
+                self._fail_all(waiting + queued + [s.request for s in batch.seqs], EngineError("engine is closed"))
                 for c in controls + [i for i in items if isinstance(i, _Control)]:
                     c.future.set_exception(EngineError("engine is closed"))
                 return

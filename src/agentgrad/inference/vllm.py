@@ -8,6 +8,7 @@ our own engine honours.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -39,10 +40,8 @@ def launch_vllm(model: str | Path, *, host: str = "127.0.0.1", port: int = 8000,
     ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``. Raises ``RuntimeError`` if vLLM is not installed or
     exits before it is healthy.
     """
-    try:
-        import vllm  # noqa: F401
-    except ImportError as exc:
-        raise RuntimeError("vLLM is not installed: pip install 'agentgrad[vllm]' (needs CUDA)") from exc
+    if importlib.util.find_spec("vllm") is None:
+        raise RuntimeError("vLLM is not installed: pip install 'agentgrad[vllm]' (needs CUDA)")
     env = dict(os.environ, VLLM_ALLOW_RUNTIME_LORA_UPDATING="True")
     proc = subprocess.Popen(vllm_command(model, host=host, port=port, served_model_name=served_model_name,
                                          extra_args=extra_args), env=env)
@@ -63,10 +62,4 @@ def launch_vllm(model: str | Path, *, host: str = "127.0.0.1", port: int = 8000,
 
 def vllm_available() -> bool:
     """True when vLLM is importable and a CUDA GPU is visible (what its tests need)."""
-    if shutil.which("nvidia-smi") is None:
-        return False
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return shutil.which("nvidia-smi") is not None and importlib.util.find_spec("vllm") is not None

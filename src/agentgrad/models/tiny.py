@@ -13,8 +13,6 @@ Requires transformers >= 4.51 (tested with 5.x, whose tokenizer class is ``Token
 from __future__ import annotations
 
 import json
-import logging
-import math
 import os
 import random
 import shutil
@@ -26,7 +24,6 @@ from typing import Any
 from agentgrad.models import calc
 from agentgrad.models.template import CHAT_TEMPLATE
 
-log = logging.getLogger(__name__)
 
 TINY_NAME = "tiny-calc"
 VOCAB_SIZE = 640
@@ -50,7 +47,8 @@ MODEL_CONFIG: dict[str, Any] = {
 QWEN2_PRETOKENIZE_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-DEFAULT_WARMUP_STEPS = 900
+BUILD_FORMAT = 1  # bump when the recipe changes, so cached models are rebuilt
+DEFAULT_WARMUP_STEPS = 1500
 DEFAULT_TARGET_SUCCESS = 0.42
 
 
@@ -67,9 +65,15 @@ def default_model_dir() -> Path:
 
 
 def ensure_tiny_model() -> Path:
-    """The default tiny model's directory, building it first (≈ 2–3 min on 2 cores) if missing."""
+    """The default tiny model's directory, building it first (≈ 2–3 min on 2 cores) if missing
+    or built by an older recipe (``BUILD_FORMAT`` in ``agentgrad_build.json``)."""
     path = default_model_dir()
-    if not (path / "config.json").exists():
+    manifest = path / "agentgrad_build.json"
+    try:
+        current = json.loads(manifest.read_text()).get("format") == BUILD_FORMAT
+    except (OSError, ValueError):
+        current = False
+    if not current:
         build_tiny_model(path)
     return path
 
@@ -131,7 +135,7 @@ def build_tokenizer(output_dir: str | Path, *, seed: int = 0) -> Any:
         vocab_size=VOCAB_SIZE - len(TOOL_TOKENS), special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
-    bpe.train_from_iterator(_corpus(2000, seed), trainer)
+    bpe.train_from_iterator(_corpus(600, seed), trainer)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
         additional_special_tokens=None, model_max_length=MODEL_CONFIG["max_position_embeddings"],
@@ -206,7 +210,7 @@ def evaluate_greedy(model: Any, tokenizer: Any, problems: list[dict[str, Any]], 
 
     from agentgrad.inference.toolcalls import parse_tool_calls
 
-    tokenizer.padding_side = "left"
+    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
     successes = 0
     model.eval()
     for start in range(0, len(problems), batch_size):
@@ -238,6 +242,7 @@ def evaluate_greedy(model: Any, tokenizer: Any, problems: list[dict[str, Any]], 
                 else:
                     finals[i] = text
         successes += sum(calc.check_answer(f or "", p["answer"]) for f, p in zip(finals, batch))
+    tokenizer.padding_side = padding_side
     return successes / max(1, len(problems))
 
 
@@ -325,7 +330,7 @@ def build_tiny_model(
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         (tmp / "agentgrad_build.json").write_text(json.dumps({
-            "name": TINY_NAME, "seed": seed, "steps": step, "val_greedy_success": success,
+            "name": TINY_NAME, "format": BUILD_FORMAT, "seed": seed, "steps": step, "val_greedy_success": success,
             "build_seconds": round(time.monotonic() - started, 1),
         }, indent=2))
         if out.exists():

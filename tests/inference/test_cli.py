@@ -1,0 +1,76 @@
+"""``serve-model`` and ``models build-tiny`` through a small argparse parser, as the main CLI wires them."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agentgrad.inference.cli import add_commands
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+RUNNER = """
+import argparse, sys
+from agentgrad.inference.cli import add_commands
+parser = argparse.ArgumentParser(prog="agentgrad")
+add_commands(parser.add_subparsers(dest="command", required=True))
+args = parser.parse_args(sys.argv[1:])
+sys.exit(args.func(args))
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agentgrad")
+    add_commands(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+def test_build_tiny_arguments_reach_the_builder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    calls = []
+    monkeypatch.setattr("agentgrad.models.tiny.build_tiny_model",
+                        lambda output, **kw: calls.append((output, kw)) or Path(output))
+    args = _parser().parse_args(["models", "build-tiny", "--output", str(tmp_path), "--steps", "7", "--seed", "3"])
+    assert args.func(args) == 0
+    assert calls == [(str(tmp_path), {"seed": 3, "warmup_steps": 7})]
+    assert capsys.readouterr().out.strip() == str(tmp_path)
+
+
+def test_serve_model_defaults() -> None:
+    args = _parser().parse_args(["serve-model", "tiny"])
+    assert (args.host, args.engine, args.device, args.model) == ("127.0.0.1", "hf", "cpu", "tiny")
+
+
+def test_serve_model_serves_and_stops_on_sigterm(tiny_dir: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-c", RUNNER, "serve-model", str(tiny_dir), "--port", str(port),
+                             "--served-model-name", "calc"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).json()
+                break
+            except httpx.HTTPError:
+                assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+                time.sleep(0.3)
+        assert models["data"][0]["id"] == "calc"
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0
+        assert f"http://127.0.0.1:{port}/v1" in output and "stopped" in output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
