@@ -8,9 +8,17 @@ Prints JSON. Upstreams:
   the overhead is compared with real generation time.
 
 Every server (upstream, proxy) runs in its own process, as in production, so the client's GIL does
-not slow them. Direct and proxied calls alternate, so drift affects both alike. The proxy records
-into a SQLite store (the span is committed before the answer is returned: see proxy/app.py);
-``unattributed`` rows measure forwarding alone (a call without rollout is not recorded).
+not slow them. Direct and proxied calls alternate, so drift affects both alike. Each proxy records
+into its own SQLite store. Rows:
+
+* ``proxy_unattributed``: forwarding alone (a call without rollout is not recorded);
+* ``proxy_recording``: the default ``record_mode="async"`` (span written behind the answer by a
+  batching background writer; the runner's per-attempt flush is not on the call's path);
+* ``proxy_recording_sync``: ``record_mode="sync"`` (span committed before the answer ends);
+* ``baseline_*`` (with ``--baseline-src DIR``): the same for another checkout's ``src`` (e.g. the code
+  before a change), measured in the same run so that machine load affects all rows alike.
+
+``--repeat K`` runs the whole comparison K times (fresh processes) and reports each run.
 
 Reference point: the reference system's proxy adds 2.7 ms per call; our target is ≤ 0.5 ms p50.
 """
@@ -26,7 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
@@ -61,9 +69,10 @@ server.stop()
 
 
 @contextmanager
-def _process(args: list[str], url_of: Callable[[str], str]) -> Iterator[str]:
+def _process(args: list[str], url_of: Callable[[str], str], src: Path | None = None) -> Iterator[str]:
     """Start a server process; its first stdout line names its URL."""
-    process = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=ENV, cwd=REPO)
+    env = ENV if src is None else {**ENV, "PYTHONPATH": str(src)}
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
     try:
         line = process.stdout.readline()
         if not line:
@@ -124,6 +133,19 @@ def measure(direct: str, proxied: dict[str, str], n: int, warmup: int) -> dict[s
     return result
 
 
+def _wait_healthy(proxy_url: str, timeout: float = 30.0) -> None:
+    root = proxy_url.rstrip("/").removesuffix("/v1")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(root + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.05)
+
+
 def _attempt_url(proxy_url: str, db: str) -> str:
     with open_store(f"sqlite://{db}", watchdog=False) as store:
         store.enqueue_rollout({"bench": True})
@@ -131,15 +153,27 @@ def _attempt_url(proxy_url: str, db: str) -> str:
     return rollout_endpoint(proxy_url, claimed.rollout.rollout_id, claimed.attempt.attempt_id)
 
 
-def bench(upstream_code: str, n: int, warmup: int) -> dict[str, object]:
-    with tempfile.TemporaryDirectory() as tmp, _process(_snippet(upstream_code), str) as upstream:
-        db = str(Path(tmp) / "store.db")
-        open_store(f"sqlite://{db}", watchdog=False).close()  # created before the proxy opens it
-        proxy_args = [sys.executable, "-m", "agentgrad", "proxy", "--store", f"sqlite://{db}",
-                      "--upstream", upstream, "--port", "0"]
-        with _process(proxy_args, lambda line: line.split()[3]) as proxy:
-            proxied = {"proxy_recording": _attempt_url(proxy, db), "proxy_unattributed": proxy}
-            return measure(upstream, proxied, n, warmup)
+def bench(upstream_code: str, n: int, warmup: int, baseline_src: Path | None = None) -> dict[str, object]:
+    variants: list[tuple[str, Path | None, list[str]]] = [
+        ("proxy", None, []), ("proxy_sync", None, ["--record-mode", "sync"])]
+    if baseline_src is not None:
+        variants.append(("baseline", baseline_src, []))
+    with tempfile.TemporaryDirectory() as tmp, _process(_snippet(upstream_code), str) as upstream, \
+            ExitStack() as stack:
+        proxied: dict[str, str] = {}
+        for name, src, extra in variants:
+            db = str(Path(tmp) / f"{name}.db")
+            open_store(f"sqlite://{db}", watchdog=False).close()  # created before the proxy opens it
+            args = [sys.executable, "-m", "agentgrad", "proxy", "--store", f"sqlite://{db}",
+                    "--upstream", upstream, "--port", "0", *extra]
+            proxy = stack.enter_context(_process(args, lambda line: line.split()[3], src))
+            _wait_healthy(proxy)  # the CLI prints once bound, a moment before it accepts
+            if name == "proxy_sync":
+                proxied["proxy_recording_sync"] = _attempt_url(proxy, db)
+                continue
+            proxied[f"{name}_recording"] = _attempt_url(proxy, db)
+            proxied[f"{name}_unattributed"] = proxy
+        return measure(upstream, proxied, n, warmup)
 
 
 def main() -> None:
@@ -147,13 +181,21 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=300, help="calls per variant against the stub")
     parser.add_argument("--engine-n", type=int, default=40, help="calls per variant against the engine")
     parser.add_argument("--no-engine", action="store_true", help="skip the real-engine run")
+    parser.add_argument("--baseline-src", type=Path, default=None,
+                        help="also measure the proxy of this src directory (e.g. a copy from before a change)")
+    parser.add_argument("--repeat", type=int, default=1, help="repeat the stub comparison this many times")
+    parser.add_argument("--summary", action="store_true", help="print only the added p50/p99 per run")
     args = parser.parse_args()
+    runs = [bench(_SERVE_STUB, args.n, warmup=30, baseline_src=args.baseline_src) for _ in range(args.repeat)]
+    if args.summary:
+        runs = [{kind: {k: v for k, v in stats.items() if k.startswith("added_by_")}  # type: ignore[union-attr]
+                 for kind, stats in run.items() if kind != "calls"} for run in runs]
     report: dict[str, object] = {
         "reference_proxy_added_ms": 2.7, "target_added_p50_ms": 0.5, "cpu_count": os.cpu_count(),
-        "stub_upstream (fast local stand-in)": bench(_SERVE_STUB, args.n, warmup=30),
+        "stub_upstream (fast local stand-in)": runs[0] if len(runs) == 1 else runs,
     }
     if not args.no_engine:
-        report["engine_tiny_model"] = bench(_SERVE_ENGINE, args.engine_n, warmup=5)
+        report["engine_tiny_model"] = bench(_SERVE_ENGINE, args.engine_n, warmup=5, baseline_src=args.baseline_src)
     print(json.dumps(report, indent=2))
 
 

@@ -103,7 +103,12 @@ class Runner:
         grace_seconds: on stop, how long in-flight rollouts may take to finish.
         resources_hook: optional ``(resources, attempted_rollout) -> resources`` applied per attempt.
         llm_proxy_url: the capture proxy's URL; every ``LLM`` resource an attempt receives then
-            points at ``{proxy}/rollout/{rid}/attempt/{aid}/v1`` (after ``resources_hook``).
+            points at ``{proxy}/rollout/{rid}/attempt/{aid}/v1`` (after ``resources_hook``), and
+            before an attempt is reported the runner asks the proxy (``POST /agentgrad/flush``)
+            to finish storing its calls.
+        llm_proxy: the in-process proxy object (anything with ``flush(rid, aid, timeout)``, e.g. an
+            :class:`~agentgrad.proxy.LLMProxy`); flushed directly instead of over HTTP.
+        flush_timeout: how long to wait for the proxy's flush before reporting anyway (logged).
     """
 
     def __init__(
@@ -119,6 +124,8 @@ class Runner:
         grace_seconds: float = 30.0,
         resources_hook: Callable[[Resources, AttemptedRollout], Resources] | None = None,
         llm_proxy_url: str | None = None,
+        llm_proxy: Any = None,
+        flush_timeout: float = 30.0,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be ≥ 1, got {concurrency}")
@@ -132,6 +139,9 @@ class Runner:
         self.grace_seconds = grace_seconds
         self.resources_hook = resources_hook
         self.llm_proxy_url = llm_proxy_url
+        self.llm_proxy = llm_proxy
+        self.flush_timeout = flush_timeout
+        self._flush_client: Any = None
         self.stats = RunnerStats()
         self._stopping = threading.Event()
         self._claimed = 0
@@ -168,6 +178,9 @@ class Runner:
         finally:
             self._report_worker("stopped")
             self._executor.shutdown(wait=False, cancel_futures=True)
+            if self._flush_client is not None:
+                self._flush_client.close()
+                self._flush_client = None
         return self.stats
 
     async def _to_thread(self, func: Callable[..., Any], *args: Any) -> Any:
@@ -210,6 +223,8 @@ class Runner:
             with use_context(context):
                 work = asyncio.ensure_future(self._invoke(claimed, resources))
                 outcome = await self._supervise(work, claimed)
+            if not isinstance(outcome, (_Superseded, _Handback)):
+                await self._flush_llm_calls(claimed)  # its calls are stored before it is reported
             self._finish(claimed, outcome)
         except Exception as exc:  # a store error while reporting: log, keep the runner alive
             log.exception("runner %s could not report rollout %s", self.worker_id, rollout.rollout_id)
@@ -253,6 +268,33 @@ class Runner:
                             attempt_id, rollout_id, state.status.value)
                 work.cancel()
                 return _Superseded(state.status.value)
+
+    async def _flush_llm_calls(self, claimed: AttemptedRollout) -> None:
+        """Wait until the proxy has stored every LLM call of the attempt; a failure is logged, not fatal."""
+        if self.llm_proxy is None and not self.llm_proxy_url:
+            return
+        rollout_id, attempt_id = claimed.rollout.rollout_id, claimed.attempt.attempt_id
+        try:
+            if self.llm_proxy is not None:
+                await self._to_thread(self.llm_proxy.flush, rollout_id, attempt_id, self.flush_timeout)
+            else:
+                await self._to_thread(self._flush_over_http, rollout_id, attempt_id)
+        except Exception as exc:
+            log.warning("rollout %s attempt %s: the LLM proxy could not confirm its calls are stored (%s: %s); "
+                        "reporting the attempt anyway", rollout_id, attempt_id, type(exc).__name__, exc)
+            self.stats.errors.append(f"{rollout_id}: flush: {type(exc).__name__}: {exc}")
+
+    def _flush_over_http(self, rollout_id: str, attempt_id: str) -> None:
+        import httpx  # lazy: only runners in front of a proxy flush over HTTP
+
+        if self._flush_client is None:
+            root = self.llm_proxy_url.rstrip("/")  # type: ignore[union-attr]
+            self._flush_client = httpx.Client(base_url=root[:-3] if root.endswith("/v1") else root,
+                                              timeout=self.flush_timeout + 10)
+        response = self._flush_client.post("/agentgrad/flush", json={
+            "rollout_id": rollout_id, "attempt_id": attempt_id, "timeout": self.flush_timeout})
+        if response.status_code != 200:
+            raise RuntimeError(f"POST /agentgrad/flush answered {response.status_code}: {response.text[:500]}")
 
     def _finish(self, claimed: AttemptedRollout, outcome: BaseException | None) -> None:
         rollout_id, attempt_id = claimed.rollout.rollout_id, claimed.attempt.attempt_id

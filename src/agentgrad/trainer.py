@@ -121,6 +121,8 @@ class Trainer:
         if self.proxy is not None:  # read now: an LLMProxy knows its port only once started
             options.setdefault("llm_proxy_url", self.proxy if isinstance(self.proxy, str) else self.proxy.url)
         if self.n_runners == 1:
+            if self.proxy is not None and not isinstance(self.proxy, str):
+                options.setdefault("llm_proxy", self.proxy)  # in process: flush it directly
             with _thread_runner(agent, self.store, options):
                 yield
             return

@@ -25,10 +25,24 @@ def stub() -> Iterator[StubUpstream]:
         yield upstream
 
 
+#: Proxies of the ``proxy`` fixture now serving: :func:`flush_all` waits for their writers.
+LIVE_PROXIES: list[LLMProxy] = []
+
+
 @pytest.fixture
 def proxy(store: Store, stub: StubUpstream) -> Iterator[LLMProxy]:
     with LLMProxy(store, f"http://127.0.0.1:{stub.port}/v1") as p:
-        yield p
+        LIVE_PROXIES.append(p)
+        try:
+            yield p
+        finally:
+            LIVE_PROXIES.remove(p)
+
+
+def flush_all(claimed: AttemptedRollout) -> None:
+    """The flush barrier the runner passes before reporting an attempt (spans are written behind)."""
+    for p in LIVE_PROXIES:
+        p.flush(claimed.rollout.rollout_id, claimed.attempt.attempt_id, timeout=10)
 
 
 def new_attempt(store: Store) -> AttemptedRollout:

@@ -18,12 +18,13 @@ from agentgrad.store.protocol import Store
 from agentgrad.tracing import instrument
 from agentgrad.types import AttemptedRollout
 
-from conftest import new_attempt
+from conftest import flush_all, new_attempt
 
 MESSAGES = [{"role": "user", "content": "What is 2 + 3?"}]
 
 
 def llm_spans(store: Store, claimed: AttemptedRollout) -> list:
+    flush_all(claimed)
     return store.query_spans(claimed.rollout.rollout_id, claimed.attempt.attempt_id, name=semconv.SPAN_LLM_CALL)
 
 
@@ -209,12 +210,17 @@ def test_instrumented_shared_async_client_keeps_concurrent_rollouts_apart(store,
 
 
 @pytest.mark.parametrize("api", ["chat", "responses"])
-def test_every_call_is_stored_before_the_client_has_the_answer(store, proxy, attempt, api) -> None:
-    client = client_for(proxy, attempt)
-    if api == "chat":
-        for _ in client.chat.completions.create(model="m", messages=MESSAGES, stream=True):
-            pass
-    else:
-        for _ in client.responses.create(model="m", input="hi", stream=True):
-            pass
-    assert len(llm_spans(store, attempt)) == 1
+def test_sync_mode_stores_every_call_before_the_client_has_the_answer(store, stub, attempt, api) -> None:
+    with LLMProxy(store, f"http://127.0.0.1:{stub.port}/v1", record_mode="sync") as proxy:
+        client = client_for(proxy, attempt)
+        if api == "chat":
+            for _ in client.chat.completions.create(model="m", messages=MESSAGES, stream=True):
+                pass
+        else:
+            for _ in client.responses.create(model="m", input="hi", stream=True):
+                pass
+        # no flush: in sync mode the span is committed before the stream's last event
+        spans = store.query_spans(attempt.rollout.rollout_id, attempt.attempt.attempt_id, name=semconv.SPAN_LLM_CALL)
+        assert len(spans) == 1
+        assert proxy.metrics.recorded == 1 and proxy.metrics.store_batches == 1
+        proxy.flush(attempt.rollout.rollout_id, attempt.attempt.attempt_id, timeout=0)  # nothing pending

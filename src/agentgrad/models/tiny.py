@@ -32,6 +32,12 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # are pre-tokenization boundaries, which keeps tokenize(a + b) == tokenize(a) + tokenize(b) at
 # every turn boundary of the chat template.
 TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+# Two-digit numbers as whole tokens. transformers loads any ``qwen2`` directory with Qwen2's own
+# pre-tokenizer, which splits numbers into single digits; a 0.9M-parameter model then has to learn
+# digit-by-digit copying, which it does not within a few minutes of warm-up. Added tokens are
+# matched before pre-tokenization, so "42" stays one token (longer numbers: "7697" → "76" "97")
+# and copying an operand into the tool call is a one-token copy.
+NUMBER_TOKENS = [str(n) for n in range(10, 100)]
 MODEL_CONFIG: dict[str, Any] = {
     "hidden_size": 128,
     "intermediate_size": 384,
@@ -132,7 +138,7 @@ def build_tokenizer(output_dir: str | Path, *, seed: int = 0) -> Any:
     ])
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE - len(TOOL_TOKENS), special_tokens=SPECIAL_TOKENS,
+        vocab_size=VOCAB_SIZE - len(TOOL_TOKENS) - len(NUMBER_TOKENS), special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
     bpe.train_from_iterator(_corpus(600, seed), trainer)
@@ -140,7 +146,7 @@ def build_tokenizer(output_dir: str | Path, *, seed: int = 0) -> Any:
         tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
         additional_special_tokens=None, model_max_length=MODEL_CONFIG["max_position_embeddings"],
     )
-    tokenizer.add_tokens(TOOL_TOKENS)
+    tokenizer.add_tokens(TOOL_TOKENS + NUMBER_TOKENS)
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(str(output_dir))
     return tokenizer

@@ -1,12 +1,15 @@
 """The capture proxy's ASGI app: OpenAI-compatible in front, any OpenAI-compatible engine behind.
 
 Routes (each also under ``/rollout/{rollout_id}/attempt/{attempt_id}``): ``POST /v1/chat/completions``,
-``POST /v1/responses``, ``POST /v1/completions``, ``GET /v1/models``; plus ``GET /metrics`` and
-``GET /health``.
+``POST /v1/responses``, ``POST /v1/completions``, ``GET /v1/models``; plus ``GET /metrics``,
+``GET /health`` and ``POST /agentgrad/flush``.
 
-Consistency rule: the span of a call is in the store *before* the client has the complete answer
-(before a non-streamed body, before a stream's last event). So when an agent has finished, every
-call it made is stored — the runner's "no LLM calls" check and the adapters can rely on it.
+Consistency rule (``record_mode="async"``, the default): the span of a call is handed to a
+background writer (:mod:`agentgrad.proxy.writer`) before the client has the complete answer, and
+``POST /agentgrad/flush`` (:meth:`LLMProxy.flush`) answers once every call of an attempt is stored.
+The runner flushes before it reports an attempt, so when an attempt is reported every call its
+agent made is stored — the runner's "no LLM calls" check and the adapters rely on it. With
+``record_mode="sync"`` the span is committed before the client has the complete answer.
 
 Built on bare Starlette (FastAPI's base) rather than FastAPI routes: the proxy sits on every LLM
 call, and request validation is done by hand anyway, so the extra layers would only add latency.
@@ -24,7 +27,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -45,6 +48,7 @@ from agentgrad.proxy.capture import (
 from agentgrad.proxy.errors import ProxyError, error_body
 from agentgrad.proxy.responses import ResponsesStreamWriter, from_chat_completion, to_chat_request
 from agentgrad.proxy.upstream import Upstream, UpstreamResponse, UpstreamUnreachable
+from agentgrad.proxy.writer import FlushError, FlushTimeout, SpanWriter
 
 if TYPE_CHECKING:
     from agentgrad.store.protocol import Store
@@ -56,6 +60,32 @@ _JSON = "application/json"
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$")
 _RETRIES_REMEMBERED = 4096
 _UPSTREAM_PATH = {"chat": "/chat/completions", "responses": "/chat/completions", "completions": "/completions"}
+RecordMode = Literal["async", "sync"]
+
+try:  # optional: orjson parses and serializes the bodies several times faster than json
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    _orjson = None
+
+
+def _loads(raw: bytes) -> Any:
+    """``json.loads``, via orjson when installed (falling back for what it refuses: NaN, huge ints)."""
+    if _orjson is not None:
+        try:
+            return _orjson.loads(raw)
+        except _orjson.JSONDecodeError:
+            pass
+    return json.loads(raw)
+
+
+def _dumps(obj: Any) -> bytes:
+    """Compact UTF-8 JSON, via orjson when installed."""
+    if _orjson is not None:
+        try:
+            return _orjson.dumps(obj)
+        except TypeError:
+            pass
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 @dataclass
@@ -64,7 +94,9 @@ class ProxyMetrics:
 
     ``unattributed`` (calls with no rollout: forwarded, not recorded) and ``missing_token_ids``
     (recorded calls the upstream gave no token ids for: untrainable) are the ones to watch — both
-    mean an agent is producing no training data.
+    mean an agent is producing no training data. ``store_errors`` counts spans lost after retries,
+    ``store_retries`` retried store writes, ``store_batches`` store transactions (one per batch of
+    spans in ``async`` record mode).
     """
 
     calls: int = 0
@@ -76,6 +108,8 @@ class ProxyMetrics:
     upstream_errors: int = 0
     upstream_unreachable: int = 0
     store_errors: int = 0
+    store_batches: int = 0
+    store_retries: int = 0
     streams_aborted: int = 0
     attempts: set[tuple[str, str]] = field(default_factory=set, repr=False)
 
@@ -90,14 +124,18 @@ class ProxyState:
 
     def __init__(self, store: Store, upstream_url: str, *, model: str | None = None,
                  upstream_api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                 upstream_timeout: float = 600.0) -> None:
+                 upstream_timeout: float = 600.0, record_mode: RecordMode = "async") -> None:
+        if record_mode not in ("async", "sync"):
+            raise ValueError(f"record_mode must be 'async' or 'sync', got {record_mode!r}")
         self.store = store
+        self.record_mode = record_mode
         self.upstream_url = upstream_url.rstrip("/")
         self.model = model
         self.upstream_api_key = upstream_api_key
         self.max_body_bytes = max_body_bytes
         self.upstream_timeout = upstream_timeout
         self.metrics = ProxyMetrics()
+        self.writer = SpanWriter(store, self.metrics)
         self.client: Upstream | None = None
         self._served: list[str] | None = None
         self._recent: OrderedDict[tuple[str, str, bytes], str] = OrderedDict()
@@ -152,26 +190,37 @@ class ProxyState:
             self._recent.popitem(last=False)
         return span_id
 
+    def drop(self, call: _Call) -> None:
+        """The call ends without a span (error, aborted stream): release it from the flush barrier."""
+        if call.key is not None and call.open:
+            call.open = False
+            self.writer.cancel(call.key)
+
     async def record(self, call: _Call, response: dict[str, Any], capture: Capture, *, streamed: bool) -> None:
-        if call.context is None:
+        """Hand the call's span to the writer (``async``) or store it now (``sync``)."""
+        key, context = call.key, call.context
+        if key is None or context is None or not call.open:
             return
+        call.open = False
         if capture.prompt_token_ids is None or capture.completion_token_ids is None:
             self.metrics.missing_token_ids += 1
             log.warning("upstream %s returned no token ids for a call of rollout %s: the call is stored but "
                         "cannot be trained on (does the engine support return_token_ids?)",
-                        self.upstream_url, call.context.rollout_id)
-        span = build_span(call.context, call.api, call.body, response, capture, streamed=streamed,
-                          started=call.started, translated=call.chat if call.api == "responses" else None,
-                          span_id=call.span_id)
-        try:
-            await asyncio.to_thread(self.store.add_spans, [span])  # a SQL commit must not stall the loop
-        except Exception as exc:  # the agent still gets its answer; the loss is counted and logged
-            self.metrics.store_errors += 1
-            log.warning("could not store LLM call of rollout %s attempt %s: %s: %s",
-                        call.context.rollout_id, call.context.attempt_id, type(exc).__name__, exc)
+                        self.upstream_url, context.rollout_id)
+        ended = time.time()
+
+        def make_span() -> Any:
+            return build_span(context, call.api, call.body, response, capture, streamed=streamed,
+                              started=call.started, translated=call.chat if call.api == "responses" else None,
+                              span_id=call.span_id, ended=ended)
+
+        if self.record_mode == "async":
+            self.writer.submit(key, make_span)
             return
-        self.metrics.recorded += 1
-        self.metrics.attempts.add((call.context.rollout_id, call.context.attempt_id))
+        try:  # a SQL commit must not stall the loop
+            await asyncio.to_thread(self.writer.write_now, key, make_span())
+        except Exception:  # the agent still gets its answer; the writer counted and logged the loss
+            return
 
 
 @dataclass
@@ -185,6 +234,9 @@ class _Call:
     context: CallContext | None
     started: float
     span_id: str | None = None
+    key: tuple[str, str] | None = None  # (rollout_id, attempt_id) of a recorded call
+    open: bool = False  # accepted by the flush barrier, span not yet handed over
+    streaming: bool = False  # the relayed stream's response owns the call from here
 
 
 def call_context(request: Request) -> CallContext | None:
@@ -221,7 +273,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 def _parse(raw: bytes, api: Api) -> dict[str, Any]:
     try:
-        body = json.loads(raw)
+        body = _loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ProxyError(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
@@ -263,33 +315,61 @@ async def _handle(state: ProxyState, request: Request, api: Api) -> Response:
         state.metrics.unattributed += 1
     else:
         call.span_id = state.span_id_for(context, request, raw)
-    sent = upstream_body(chat, "completions" if api == "completions" else "chat",
-                         await state.served_model(chat.get("model")))
+        call.key = (context.rollout_id, context.attempt_id)
+        call.open = True
+        state.writer.begin(call.key)  # from now on, a flush of this attempt waits for this call
     try:
-        response = await state.http().request("POST", _UPSTREAM_PATH[api], json.dumps(sent).encode(),
-                                              state.headers(request))
+        return await _forward(state, request, call)
+    finally:
+        if not call.streaming:
+            state.drop(call)  # no-op once recorded; a stream's response settles it when it ends
+
+
+async def _forward(state: ProxyState, request: Request, call: _Call) -> Response:
+    sent = upstream_body(call.chat, "completions" if call.api == "completions" else "chat",
+                         await state.served_model(call.chat.get("model")))
+    try:
+        response = await state.http().request("POST", _UPSTREAM_PATH[call.api], _dumps(sent), state.headers(request))
         if response.status_code != 200:
             state.metrics.upstream_errors += 1
             return Response(await response.read(), status_code=response.status_code,
                             media_type=response.headers.get("content-type", _JSON))
         if sent.get("stream"):
-            return StreamingResponse(_relay(state, call, response), media_type="text/event-stream",
-                                     headers={"cache-control": "no-cache"})
+            call.streaming = True
+            return _RelayResponse(state, call, response)
         raw_answer = await response.read()
     except (UpstreamUnreachable, TimeoutError) as exc:
         return _unreachable(state, exc)
     try:
-        data = json.loads(raw_answer)
+        data = _loads(raw_answer)
     except ValueError:
         state.metrics.upstream_errors += 1
         return Response(error_body("upstream answered 200 with a body that is not JSON", kind="upstream_error"),
                         status_code=502, media_type=_JSON)
     capture = Capture.of_body(data)
     view = strip_for_client(data, call.asked)
-    if api == "responses":
+    if call.api == "responses":
         view = _responses_view(call, view, capture)
+    content = _dumps(view)  # serialized before recording: the span may be built on another thread
     await state.record(call, view, capture, streamed=False)
-    return Response(json.dumps(view), media_type=_JSON)
+    return Response(content, media_type=_JSON)
+
+
+class _RelayResponse(StreamingResponse):
+    """The relayed stream; whatever happens (even a client gone before the first byte), the call is
+    released from the flush barrier and the upstream response closed."""
+
+    def __init__(self, state: ProxyState, call: _Call, upstream: UpstreamResponse) -> None:
+        super().__init__(_relay(state, call, upstream), media_type="text/event-stream",
+                         headers={"cache-control": "no-cache"})
+        self._state, self._call, self._upstream = state, call, upstream
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._state.drop(self._call)
+            await self._upstream.aclose()
 
 
 def _responses_view(call: _Call, completion: dict[str, Any], capture: Capture,
@@ -336,7 +416,7 @@ async def _relay(state: ProxyState, call: _Call, response: UpstreamResponse) -> 
                     saw_done = True
                     continue
                 try:
-                    chunk = json.loads(data)
+                    chunk = _loads(data)
                 except ValueError:
                     out += event + b"\n\n"  # not ours to judge: pass it on untouched
                     continue
@@ -344,7 +424,7 @@ async def _relay(state: ProxyState, call: _Call, response: UpstreamResponse) -> 
                 if writer:
                     out += writer.chunk(chunk)
                 elif chunk.get("choices") or call.asked.usage_chunk or "error" in chunk:
-                    out += b"data: " + json.dumps(strip_for_client(chunk, call.asked)).encode() + b"\n\n"
+                    out += b"data: " + _dumps(strip_for_client(chunk, call.asked)) + b"\n\n"
             if out:
                 yield bytes(out)
         completion = accumulator.completion()
@@ -364,6 +444,23 @@ async def _relay(state: ProxyState, call: _Call, response: UpstreamResponse) -> 
         await response.aclose()
 
 
+async def flush_response(state: ProxyState, rollout_id: str, attempt_id: str, timeout: float) -> Response:
+    """200 once every accepted call of the attempt is stored; 504 on timeout; 500 if spans were lost."""
+    writer = state.writer
+    try:
+        if writer.pending((rollout_id, attempt_id)):  # only then block (in a thread, off the loop)
+            await asyncio.to_thread(writer.flush, rollout_id, attempt_id, timeout)
+        else:
+            writer.flush(rollout_id, attempt_id, 0)
+    except FlushTimeout as exc:
+        return Response(error_body(str(exc), kind="timeout_error", code="flush_timeout"), status_code=504,
+                        media_type=_JSON)
+    except FlushError as exc:
+        return Response(error_body(str(exc), kind="store_error", code="store_error"), status_code=500,
+                        media_type=_JSON)
+    return Response(b'{"status":"stored"}', media_type=_JSON)
+
+
 async def _models(state: ProxyState, request: Request) -> Response:
     try:
         response = await state.http().request("GET", "/models", headers=state.headers(request))
@@ -375,7 +472,7 @@ async def _models(state: ProxyState, request: Request) -> Response:
 
 def create_proxy_app(store: Store, upstream_url: str, *, model: str | None = None,
                      upstream_api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                     upstream_timeout: float = 600.0) -> Starlette:
+                     upstream_timeout: float = 600.0, record_mode: RecordMode = "async") -> Starlette:
     """The proxy as an ASGI app (mount it, or serve it with :class:`LLMProxy`).
 
     Args:
@@ -385,9 +482,12 @@ def create_proxy_app(store: Store, upstream_url: str, *, model: str | None = Non
             serves, map any other to the first model its ``/models`` lists.
         upstream_api_key: sent upstream instead of the client's ``Authorization``.
         max_body_bytes: larger request bodies are refused with 413.
+        record_mode: ``"async"`` (default): spans are written behind the answer by a background
+            writer, in batches; ``POST /agentgrad/flush`` waits until an attempt's calls are
+            stored. ``"sync"``: each span is committed before the client has the complete answer.
     """
     state = ProxyState(store, upstream_url, model=model, upstream_api_key=upstream_api_key,
-                       max_body_bytes=max_body_bytes, upstream_timeout=upstream_timeout)
+                       max_body_bytes=max_body_bytes, upstream_timeout=upstream_timeout, record_mode=record_mode)
 
     def endpoint(api: Api) -> Any:
         async def run(request: Request) -> Response:
@@ -400,6 +500,18 @@ def create_proxy_app(store: Store, upstream_url: str, *, model: str | None = Non
     async def metrics(request: Request) -> Response:
         return Response(json.dumps(state.metrics.as_dict()), media_type=_JSON)
 
+    async def flush(request: Request) -> Response:
+        try:
+            payload = _loads(await request.body())
+            rollout_id, attempt_id = payload["rollout_id"], payload["attempt_id"]
+            timeout = float(payload.get("timeout", 30.0))
+            if not isinstance(rollout_id, str) or not isinstance(attempt_id, str) or not timeout >= 0:
+                raise TypeError
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return _error(ProxyError("flush needs a JSON body {\"rollout_id\": str, \"attempt_id\": str, "
+                                     "\"timeout\": seconds ≥ 0}"))
+        return await flush_response(state, rollout_id, attempt_id, timeout)
+
     async def health(request: Request) -> Response:
         return Response(b'{"status":"ok"}', media_type=_JSON)
 
@@ -408,7 +520,8 @@ def create_proxy_app(store: Store, upstream_url: str, *, model: str | None = Non
                   "/v1/responses, /v1/completions and /v1/models)"
         return Response(error_body(message), status_code=getattr(exc, "status_code", 404), media_type=_JSON)
 
-    routes = [Route("/metrics", metrics), Route("/health", health)]
+    routes = [Route("/metrics", metrics), Route("/health", health),
+              Route("/agentgrad/flush", flush, methods=["POST"])]
     for prefix in ("", "/rollout/{rollout_id}/attempt/{attempt_id}"):
         routes += [
             Route(prefix + "/v1/chat/completions", endpoint("chat"), methods=["POST"]),
@@ -425,6 +538,7 @@ def create_proxy_app(store: Store, upstream_url: str, *, model: str | None = Non
         finally:
             if state.client is not None:
                 await state.client.aclose()
+            await asyncio.to_thread(state.writer.close)  # drain: every accepted span is written
 
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found})
     app.state.proxy = state

@@ -187,11 +187,13 @@ class StreamAccumulator:
 
 def build_span(context: CallContext, api: Api, request: dict[str, Any], response: dict[str, Any],
                capture: Capture, *, streamed: bool, started: float, translated: dict[str, Any] | None = None,
-               span_id: str | None = None) -> Span:
+               span_id: str | None = None, ended: float | None = None) -> Span:
     """The ``agentgrad.llm.call`` span of one completed call.
 
     ``translated`` is the chat request a Responses call became: the token ids are of that one.
+    ``ended``: when the call completed (default: now; the span may be built later, off the client's path).
     """
+    ended = time.time() if ended is None else ended
     usage = capture.usage or {}
     input_tokens = usage.get("prompt_tokens", usage.get("input_tokens"))
     output_tokens = usage.get("completion_tokens", usage.get("output_tokens"))
@@ -200,7 +202,7 @@ def build_span(context: CallContext, api: Api, request: dict[str, Any], response
         semconv.LLM_REQUEST: request,
         semconv.LLM_RESPONSE: response,
         semconv.LLM_STREAMED: streamed,
-        semconv.LLM_LATENCY: time.time() - started,
+        semconv.LLM_LATENCY: ended - started,
         semconv.GEN_AI_SYSTEM: "openai",
         semconv.GEN_AI_OPERATION_NAME: "text_completion" if api == "completions" else "chat",
         semconv.GEN_AI_REQUEST_MODEL: request.get("model"),
@@ -224,5 +226,5 @@ def build_span(context: CallContext, api: Api, request: dict[str, Any], response
     if context.trace_id:
         fields["trace_id"] = context.trace_id
     return Span(rollout_id=context.rollout_id, attempt_id=context.attempt_id, parent_id=context.parent_id,
-                name=semconv.SPAN_LLM_CALL, start_time=started, end_time=time.time(), attributes=attributes,
+                name=semconv.SPAN_LLM_CALL, start_time=started, end_time=ended, attributes=attributes,
                 **fields)

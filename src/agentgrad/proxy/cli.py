@@ -12,7 +12,8 @@ def _cmd_proxy(args: argparse.Namespace) -> int:
 
     store = open_store(args.store, watchdog=False)
     proxy = LLMProxy(store, args.upstream, host=args.host, port=args.port, model=args.model,
-                     upstream_api_key=args.upstream_api_key, max_body_bytes=args.max_body_bytes)
+                     upstream_api_key=args.upstream_api_key, max_body_bytes=args.max_body_bytes,
+                     record_mode=args.record_mode)
     message = f"LLM proxy on {proxy.bind()} → {args.upstream}, recording into {args.store}"
     logging.getLogger("agentgrad.proxy").info("%s", message)
     print(message, flush=True)
@@ -34,4 +35,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                        "unknown names to the first model the upstream serves)")
     proxy.add_argument("--upstream-api-key", default=None, help="API key for the upstream (default: the client's)")
     proxy.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024, help="refuse larger requests (413)")
+    proxy.add_argument("--record-mode", choices=("async", "sync"), default="async",
+                       help="async: write spans behind the answers, in batches (runners flush per attempt); "
+                       "sync: commit each span before the client has the whole answer")
     proxy.set_defaults(func=_cmd_proxy)

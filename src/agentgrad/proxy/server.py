@@ -47,7 +47,10 @@ class LLMProxy:
 
     ``start()`` serves it from a daemon thread (embedded use: tests, ``Trainer``) and returns the
     OpenAI base URL; ``run()`` serves it in the foreground until SIGTERM/SIGINT (the CLI).
-    Extra keyword arguments go to :func:`create_proxy_app`.
+    Extra keyword arguments go to :func:`create_proxy_app` (e.g. ``record_mode="sync"``).
+
+    Spans are written behind the answers (``record_mode="async"``): call :meth:`flush` (or
+    ``POST /agentgrad/flush``) before relying on an attempt's calls being in the store.
     """
 
     def __init__(self, store: Store, upstream_url: str, *, host: str = "127.0.0.1", port: int = 0,
@@ -74,6 +77,14 @@ class LLMProxy:
     def base_url(self) -> str:
         """The OpenAI base URL of the proxy without a rollout prefix (``…/v1``)."""
         return self.url + "/v1"
+
+    def flush(self, rollout_id: str, attempt_id: str, timeout: float | None = 30.0) -> None:
+        """Block until every call of the attempt the proxy has accepted is stored.
+
+        Raises :class:`~agentgrad.proxy.writer.FlushTimeout` (calls still in flight or queued after
+        ``timeout``) or :class:`~agentgrad.proxy.writer.FlushError` (spans lost after retries).
+        """
+        self.app.state.proxy.writer.flush(rollout_id, attempt_id, timeout)
 
     def endpoint_for(self, rollout_id: str, attempt_id: str) -> str:
         """The OpenAI base URL that attributes calls to one attempt."""
@@ -121,14 +132,17 @@ class LLMProxy:
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+            self.app.state.proxy.writer.close()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop serving and wait for the thread (in-flight calls get a few seconds to finish)."""
+        """Stop serving and wait for the thread (in-flight calls get a few seconds to finish), then
+        drain the span writer: every span accepted before the stop is written."""
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout)
         self._server = self._thread = None
+        self.app.state.proxy.writer.close()  # the lifespan drains it too; this covers a stuck shutdown
 
     def __enter__(self) -> LLMProxy:
         self.start()

@@ -41,6 +41,9 @@ class StubUpstream:
         replies: texts or :func:`tool_reply` dicts, answered in turn (cycling).
         fail_first: answer this many first requests with HTTP 500 (to provoke SDK retries).
         chunk_chars: characters per streamed chunk.
+
+    ``stream_gate``: when set to a :class:`threading.Event`, a stream sends its first chunk and then
+    waits for the event before the rest (tests of calls still in flight).
     """
 
     def __init__(self, replies: Sequence[str | dict[str, Any]] = ("The answer is 5.",), *, fail_first: int = 0,
@@ -50,6 +53,7 @@ class StubUpstream:
         self.chunk_chars = chunk_chars
         self.model_version = model_version
         self.requests: list[dict[str, Any]] = []
+        self.stream_gate: threading.Event | None = None
         self._lock = threading.Lock()
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -161,6 +165,8 @@ class StubUpstream:
             chunk = {**top, "choices": [choice]}
             if number > 0:
                 chunk.pop("prompt_token_ids", None)
+            if number == 1 and self.stream_gate is not None:
+                self.stream_gate.wait(30)
             yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
         if isinstance(reply, dict):  # arguments in a second delta, as real engines stream them
             args = {"index": 0, "function": {"arguments": reply["tool_call"]["arguments"]}}

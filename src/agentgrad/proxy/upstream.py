@@ -45,7 +45,8 @@ class UpstreamResponse:
         while not self._done:
             event = connection.h11.next_event()
             if event is h11.NEED_DATA:
-                data = await asyncio.wait_for(connection.reader.read(_READ), self._client.timeout)
+                async with asyncio.timeout(self._client.timeout):  # cheaper than wait_for: no extra task
+                    data = await connection.reader.read(_READ)
                 connection.h11.receive_data(data)
             elif isinstance(event, h11.Data):
                 yield bytes(event.data)
@@ -105,7 +106,8 @@ class Upstream:
             try:
                 payload = connection.h11.send(request) + (connection.h11.send(h11.Data(data=body)) if body else b"")
                 connection.writer.write(payload + connection.h11.send(h11.EndOfMessage()))
-                await connection.writer.drain()
+                if connection.writer.transport.get_write_buffer_size():  # drain only when it can matter
+                    await connection.writer.drain()
                 response = await self._response_head(connection)
             except (OSError, EOFError, asyncio.TimeoutError, h11.RemoteProtocolError, h11.LocalProtocolError) as exc:
                 connection.close()
@@ -119,7 +121,8 @@ class Upstream:
         while True:
             event = connection.h11.next_event()
             if event is h11.NEED_DATA:
-                data = await asyncio.wait_for(connection.reader.read(_READ), self.timeout)
+                async with asyncio.timeout(self.timeout):
+                    data = await connection.reader.read(_READ)
                 if not data:
                     raise EOFError("connection closed before a response")
                 connection.h11.receive_data(data)

@@ -1,0 +1,268 @@
+"""Write-behind recording: the flush barrier, batching, failures that surface, drain on stop, runner flush."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import threading
+import time
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from agentgrad import semconv
+from agentgrad.proxy import LLMProxy
+from agentgrad.proxy.stub import StubUpstream
+from agentgrad.proxy.writer import FlushError, FlushTimeout
+from agentgrad.runner import Runner
+from agentgrad.store.protocol import Store
+from agentgrad.types import LLM, AttemptedRollout, AttemptStatus
+
+from conftest import new_attempt
+
+MESSAGES = [{"role": "user", "content": "What is 2 + 3?"}]
+
+
+class WrappedStore:
+    """Delegates to a store; ``add_spans`` can be held at a gate, failed, and is counted."""
+
+    def __init__(self, inner: Store, *, fail: int = 0, error: type[Exception] = sqlite3.OperationalError) -> None:
+        self.inner = inner
+        self.gate = threading.Event()
+        self.gate.set()
+        self.fail, self.error = fail, error
+        self.batches: list[int] = []
+        self.entered = threading.Event()
+
+    def add_spans(self, spans: Any) -> Any:
+        self.entered.set()
+        self.gate.wait(30)
+        if self.fail:
+            self.fail -= 1
+            raise self.error("database is locked")
+        result = self.inner.add_spans(spans)
+        self.batches.append(len(spans))
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def url_for(proxy: LLMProxy, claimed: AttemptedRollout) -> str:
+    return proxy.endpoint_for(claimed.rollout.rollout_id, claimed.attempt.attempt_id) + "/chat/completions"
+
+
+def stored(store: Store, claimed: AttemptedRollout) -> int:
+    return len(store.query_spans(claimed.rollout.rollout_id, claimed.attempt.attempt_id, name=semconv.SPAN_LLM_CALL))
+
+
+def ids(claimed: AttemptedRollout) -> tuple[str, str]:
+    return claimed.rollout.rollout_id, claimed.attempt.attempt_id
+
+
+def test_answer_does_not_wait_for_the_store_and_flush_is_the_barrier(store, stub, attempt) -> None:
+    slow = WrappedStore(store)
+    slow.gate.clear()  # the store is stuck: the client still gets its answer
+    with LLMProxy(slow, stub.start()) as proxy:
+        reply = httpx.post(url_for(proxy, attempt), json={"model": "m", "messages": MESSAGES}, timeout=10)
+        assert reply.status_code == 200 and reply.json()["choices"][0]["message"]
+        assert stored(store, attempt) == 0
+        with pytest.raises(FlushTimeout):
+            proxy.flush(*ids(attempt), timeout=0.2)
+        timed_out = httpx.post(proxy.url + "/agentgrad/flush", timeout=10, json={
+            "rollout_id": attempt.rollout.rollout_id, "attempt_id": attempt.attempt.attempt_id, "timeout": 0.1})
+        assert timed_out.status_code == 504 and timed_out.json()["error"]["code"] == "flush_timeout"
+        slow.gate.set()
+        done = httpx.post(proxy.url + "/agentgrad/flush", timeout=10, json={
+            "rollout_id": attempt.rollout.rollout_id, "attempt_id": attempt.attempt.attempt_id, "timeout": 10})
+        assert done.status_code == 200
+        assert stored(store, attempt) == 1
+        assert proxy.metrics.recorded == 1 and proxy.metrics.as_dict()["store_batches"] == 1
+        other = new_attempt(store)  # an attempt with no calls flushes at once
+        proxy.flush(*ids(other), timeout=0)
+
+
+def test_flush_endpoint_refuses_bad_bodies(proxy) -> None:
+    for body in (b"nope", b"[]", b'{"rollout_id": "r"}', b'{"rollout_id": "r", "attempt_id": 3}',
+                 b'{"rollout_id": "r", "attempt_id": "a", "timeout": -1}'):
+        response = httpx.post(proxy.url + "/agentgrad/flush", content=body)
+        assert response.status_code == 400, body
+        assert "rollout_id" in response.json()["error"]["message"]
+
+
+def test_flush_waits_for_an_in_flight_stream(store, stub, proxy, attempt) -> None:
+    stub.stream_gate = threading.Event()
+    client = openai.OpenAI(base_url=proxy.endpoint_for(*ids(attempt)), api_key="k")
+    stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    first = next(iter(stream))  # the call is under way: the upstream holds the rest
+    assert first.choices[0].delta.role == "assistant"
+    with pytest.raises(FlushTimeout):
+        proxy.flush(*ids(attempt), timeout=0.2)
+    flushed = threading.Event()
+    waiter = threading.Thread(target=lambda: (proxy.flush(*ids(attempt), timeout=20), flushed.set()))
+    waiter.start()
+    time.sleep(0.2)
+    assert not flushed.is_set()  # still waiting for the stream
+    stub.stream_gate.set()
+    for _ in stream:
+        pass
+    waiter.join(20)
+    assert flushed.is_set()
+    assert stored(store, attempt) == 1  # stored the instant flush returned
+
+
+def test_aborted_stream_releases_the_barrier(store, stub, proxy, attempt) -> None:
+    stub.stream_gate = threading.Event()
+    with httpx.stream("POST", url_for(proxy, attempt), timeout=10,
+                      json={"model": "m", "messages": MESSAGES, "stream": True}) as response:
+        next(response.iter_raw())  # first event, then the client goes away
+    stub.stream_gate.set()
+    proxy.flush(*ids(attempt), timeout=10)  # the abandoned call ends without a span
+    assert stored(store, attempt) == 0
+    deadline = time.monotonic() + 5
+    while proxy.metrics.streams_aborted < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proxy.metrics.streams_aborted == 1
+
+
+def test_concurrent_calls_share_store_transactions(store, stub) -> None:
+    counting = WrappedStore(store)
+    claimed = [new_attempt(store) for _ in range(4)]
+    counting.gate.clear()
+    with LLMProxy(counting, stub.start()) as proxy:
+
+        async def main() -> None:
+            async with httpx.AsyncClient(timeout=20) as client:
+                calls = [client.post(url_for(proxy, one), json={"model": "m", "messages": MESSAGES})
+                         for one in claimed for _ in range(6)]
+                replies = await asyncio.gather(*calls)
+            assert all(r.status_code == 200 for r in replies)
+
+        asyncio.run(main())  # all 24 answered while the store is held
+        assert counting.entered.wait(5)
+        counting.gate.set()
+        for one in claimed:
+            proxy.flush(*ids(one), timeout=20)
+            assert stored(store, one) == 6
+        assert sum(counting.batches) == 24 and proxy.metrics.recorded == 24
+        # the first span may go alone (the writer woke for it); the others queued behind it share one
+        assert len(counting.batches) <= 2, counting.batches
+        assert proxy.metrics.store_batches == len(counting.batches)
+        assert {r.llm_calls for r in (store.get_rollout(one.rollout.rollout_id) for one in claimed)} == {6}
+
+
+def test_transient_store_errors_are_retried(store, stub, attempt) -> None:
+    flaky = WrappedStore(store, fail=2)
+    with LLMProxy(flaky, stub.start()) as proxy:
+        proxy.app.state.proxy.writer.backoff = 0.01
+        assert httpx.post(url_for(proxy, attempt), json={"model": "m", "messages": MESSAGES}).status_code == 200
+        proxy.flush(*ids(attempt), timeout=10)
+        assert stored(store, attempt) == 1
+        assert proxy.metrics.store_retries == 2 and proxy.metrics.store_errors == 0
+
+
+def test_lost_spans_are_counted_and_fail_the_flush(store, stub, attempt, caplog) -> None:
+    broken = WrappedStore(store, fail=10**6)
+    with LLMProxy(broken, stub.start()) as proxy:
+        writer = proxy.app.state.proxy.writer
+        writer.backoff, writer.retries = 0.001, 2
+        with caplog.at_level(logging.WARNING, logger="agentgrad.proxy"):
+            assert httpx.post(url_for(proxy, attempt), json={"model": "m", "messages": MESSAGES}).status_code == 200
+            with pytest.raises(FlushError, match="database is locked"):
+                proxy.flush(*ids(attempt), timeout=10)
+        assert any("could not store LLM call" in r.getMessage() for r in caplog.records)
+        assert proxy.metrics.store_errors == 1 and proxy.metrics.store_retries == 2 and proxy.metrics.recorded == 0
+        assert httpx.get(proxy.url + "/metrics").json()["store_errors"] == 1
+        # reported once: the next failure is reported by the next flush, over HTTP with a 500
+        assert httpx.post(url_for(proxy, attempt), json={"model": "m", "messages": MESSAGES}).status_code == 200
+        response = httpx.post(proxy.url + "/agentgrad/flush", timeout=10, json={
+            "rollout_id": attempt.rollout.rollout_id, "attempt_id": attempt.attempt.attempt_id})
+        assert response.status_code == 500 and response.json()["error"]["code"] == "store_error"
+        proxy.flush(*ids(attempt), timeout=1)
+
+
+def test_a_refused_span_does_not_take_its_batch_down(store, stub, attempt) -> None:
+    held = WrappedStore(store)
+    held.gate.clear()
+    with LLMProxy(held, stub.start()) as proxy:
+        first = httpx.post(url_for(proxy, attempt), json={"model": "m", "messages": MESSAGES})
+        assert held.entered.wait(5)  # the writer holds the first span; the next two queue up together
+        bogus = proxy.endpoint_for("ro-unknown", "at-unknown") + "/chat/completions"
+        second = httpx.post(bogus, json={"model": "m", "messages": MESSAGES})
+        third = httpx.post(url_for(proxy, attempt), json={"model": "m", "messages": MESSAGES})
+        assert first.status_code == second.status_code == third.status_code == 200
+        held.gate.set()
+        proxy.flush(*ids(attempt), timeout=10)
+        assert stored(store, attempt) == 2
+        with pytest.raises(FlushError):
+            proxy.flush("ro-unknown", "at-unknown", timeout=10)
+        assert proxy.metrics.store_retries == 0  # an unknown rollout is not worth retrying
+
+
+def test_stop_drains_the_queue(store, stub, attempt) -> None:
+    held = WrappedStore(store)
+    held.gate.clear()
+    proxy = LLMProxy(held, stub.start())
+    proxy.start()
+    for _ in range(5):
+        assert httpx.post(url_for(proxy, attempt), json={"model": "m", "messages": MESSAGES}).status_code == 200
+    assert stored(store, attempt) == 0
+    threading.Timer(0.3, held.gate.set).start()
+    proxy.stop()
+    assert stored(store, attempt) == 5 and proxy.metrics.recorded == 5
+
+
+# ---- the runner flushes before it reports -------------------------------------------------------------
+
+def calling_agent(task: dict, llm: LLM) -> float:
+    client = openai.OpenAI(base_url=llm.endpoint, api_key="k")
+    for _ in range(2):
+        client.chat.completions.create(model=llm.model, messages=MESSAGES)
+    return 1.0
+
+
+class ObservedStore(WrappedStore):
+    """The runner's view of the store: notes ``llm_calls`` at the instant an attempt is reported."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.calls_when_reported: list[int] = []
+
+    def update_attempt(self, rollout_id: str, attempt_id: str, status: Any, *args: Any, **kwargs: Any) -> Any:
+        if status in (AttemptStatus.SUCCEEDED, AttemptStatus.FAILED):
+            self.calls_when_reported.append(self.inner.get_rollout(rollout_id).llm_calls)
+        return self.inner.update_attempt(rollout_id, attempt_id, status, *args, **kwargs)
+
+
+@pytest.mark.parametrize("via", ["http", "in_process"])
+def test_runner_flushes_before_reporting(store, via) -> None:
+    slow = WrappedStore(store)
+    original = slow.add_spans
+    slow.add_spans = lambda spans: (time.sleep(0.3), original(spans))[1]  # type: ignore[method-assign]
+    observed = ObservedStore(store)
+    for _ in range(2):
+        store.enqueue_rollout({"q": "x"})
+    with StubUpstream(["The answer is 5."]) as stub, LLMProxy(slow, stub.start()) as proxy:
+        extra = {"llm_proxy": proxy} if via == "in_process" else {}
+        runner = Runner(calling_agent, observed, max_rollouts=2, llm_proxy_url=proxy.url, poll_timeout=0.1, **extra)
+        stats = runner.run()
+    assert stats.succeeded == 2 and stats.no_llm_calls == 0 and not stats.errors
+    assert observed.calls_when_reported == [2, 2]
+
+
+def test_runner_reports_the_attempt_when_the_flush_fails(store, caplog) -> None:
+    broken = WrappedStore(store, fail=10**6)
+    store.enqueue_rollout({"q": "x"})
+    with StubUpstream(["The answer is 5."]) as stub, LLMProxy(broken, stub.start()) as proxy:
+        writer = proxy.app.state.proxy.writer
+        writer.backoff, writer.retries = 0.001, 1
+        runner = Runner(calling_agent, store, max_rollouts=1, llm_proxy_url=proxy.url, poll_timeout=0.1)
+        with caplog.at_level(logging.WARNING, logger="agentgrad.runner"):
+            stats = runner.run()
+    assert stats.succeeded == 1 and len(stats.errors) == 1 and "flush" in stats.errors[0]
+    assert any("could not confirm its calls are stored" in r.getMessage() for r in caplog.records)
+    (rollout,) = store.query_rollouts()
+    assert rollout.status.value == "succeeded"
