@@ -16,15 +16,24 @@ from agentgrad.store.protocol import Store
 log = logging.getLogger(__name__)
 
 
-def create_app(store: Store, *, token: str | None = None, prefix: str = "/dashboard", **router_options: Any) -> FastAPI:
-    """An app serving only the dashboard (no store API), with ``/`` redirecting to it."""
-    app = FastAPI(title="AgentGrad dashboard", docs_url=None, redoc_url=None, openapi_url=None)
+def mount(app: FastAPI, store: Store, *, token: str | None = None, prefix: str = "/dashboard",
+          **router_options: Any) -> None:
+    """Add the dashboard to ``app`` under ``prefix``, with ``/`` redirecting to it.
+
+    The dashboard checks the token itself (bearer header or the ``?token=`` browser login), so an
+    app with its own bearer-only gate must let ``/`` and ``prefix`` through it.
+    """
     app.include_router(create_router(store, token, prefix=prefix, **router_options))
 
     @app.get("/", include_in_schema=False)
     def root() -> RedirectResponse:
         return RedirectResponse(f"{prefix}/rollouts")
 
+
+def create_app(store: Store, *, token: str | None = None, prefix: str = "/dashboard", **router_options: Any) -> FastAPI:
+    """An app serving only the dashboard (no store API)."""
+    app = FastAPI(title="AgentGrad dashboard", docs_url=None, redoc_url=None, openapi_url=None)
+    mount(app, store, token=token, prefix=prefix, **router_options)
     return app
 
 

@@ -7,9 +7,9 @@ The agent loop: ``[system, user question]`` with ``tools=[CALCULATOR_TOOL]`` →
 ``<tool_call>`` for ``calculator`` → the agent runs :func:`run_calculator` and appends a ``tool``
 message → the model answers ("The answer is 449."), judged by :func:`check_answer`.
 
-Problems are 2–3 operand integer expressions written either with symbols ("37 * 12 + 5") or in
-words ("37 times 12 plus 5"): the model must translate and copy the numbers into the tool call and
-copy the tool's result into the answer, which a tiny model learns only partially during warm-up.
+Problems are two-operand integer expressions written either with symbols ("37 * 12") or in words
+("37 times 12"): the model must translate and copy the numbers into the tool call and copy the
+tool's result into the answer, which a tiny model learns only partially during warm-up.
 """
 
 from __future__ import annotations
@@ -61,11 +61,17 @@ def _split_of(question: str) -> str:
     return "train" if bucket < 8 else ("val" if bucket == 8 else "test")
 
 
+#: Operands per problem and their range. Measured on 2 cores: with these, the warm-up passes
+#: ≈ 40% greedy success around step 400 and ≈ 70% by step 600; with 3 operands or numbers up to
+#: 99 the 0.9M-parameter model had not learned to copy results after 1,500 steps.
+N_OPERANDS = 2
+MAX_OPERAND = 50
+
+
 def _sample(rng: random.Random) -> tuple[str, str]:
     """Return (question, expression) for one random problem."""
-    n_operands = rng.choice((2, 3))
-    ops = [rng.choice("+-*") for _ in range(n_operands - 1)]
-    numbers = [rng.randint(2, 99) for _ in range(n_operands)]
+    ops = [rng.choice("+-*") for _ in range(N_OPERANDS - 1)]
+    numbers = [rng.randint(2, MAX_OPERAND) for _ in range(N_OPERANDS)]
     expression = str(numbers[0])
     spoken = str(numbers[0])
     for op, number in zip(ops, numbers[1:]):

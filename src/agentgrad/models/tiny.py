@@ -32,12 +32,7 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # are pre-tokenization boundaries, which keeps tokenize(a + b) == tokenize(a) + tokenize(b) at
 # every turn boundary of the chat template.
 TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
-# Two-digit numbers as whole tokens. transformers loads any ``qwen2`` directory with Qwen2's own
-# pre-tokenizer, which splits numbers into single digits; a 0.9M-parameter model then has to learn
-# digit-by-digit copying, which it does not within a few minutes of warm-up. Added tokens are
-# matched before pre-tokenization, so "42" stays one token (longer numbers: "7697" → "76" "97")
-# and copying an operand into the tool call is a one-token copy.
-NUMBER_TOKENS = [str(n) for n in range(10, 100)]
+
 MODEL_CONFIG: dict[str, Any] = {
     "hidden_size": 128,
     "intermediate_size": 384,
@@ -53,7 +48,7 @@ MODEL_CONFIG: dict[str, Any] = {
 QWEN2_PRETOKENIZE_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-BUILD_FORMAT = 1  # bump when the recipe changes, so cached models are rebuilt
+BUILD_FORMAT = 2  # bump when the recipe changes, so cached models are rebuilt
 DEFAULT_WARMUP_STEPS = 1500
 DEFAULT_TARGET_SUCCESS = 0.42
 
@@ -138,7 +133,7 @@ def build_tokenizer(output_dir: str | Path, *, seed: int = 0) -> Any:
     ])
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE - len(TOOL_TOKENS) - len(NUMBER_TOKENS), special_tokens=SPECIAL_TOKENS,
+        vocab_size=VOCAB_SIZE - len(TOOL_TOKENS), special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
     bpe.train_from_iterator(_corpus(600, seed), trainer)
@@ -146,7 +141,7 @@ def build_tokenizer(output_dir: str | Path, *, seed: int = 0) -> Any:
         tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
         additional_special_tokens=None, model_max_length=MODEL_CONFIG["max_position_embeddings"],
     )
-    tokenizer.add_tokens(TOOL_TOKENS + NUMBER_TOKENS)
+    tokenizer.add_tokens(TOOL_TOKENS)
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(str(output_dir))
     return tokenizer
@@ -260,8 +255,8 @@ def build_tiny_model(
     progress: bool = True,
     target_success: float | None = DEFAULT_TARGET_SUCCESS,
     batch_size: int = 32,
-    eval_every: int = 25,
-    eval_from: int = 300,
+    eval_every: int = 50,
+    eval_from: int = 250,
 ) -> Path:
     """Build the tiny model with its SFT warm-up into ``output_dir`` (default: the cache dir).
 

@@ -153,6 +153,15 @@ class _Metrics:
 # ---- middleware -------------------------------------------------------------------------------
 
 
+DASHBOARD_PREFIX = "/dashboard"
+
+
+def _self_guarded(path: str) -> bool:
+    """Paths the bearer gate lets through: liveness, and the dashboard (which checks the token
+    itself so that browsers can log in with a cookie)."""
+    return path in ("/health", "/") or path == DASHBOARD_PREFIX or path.startswith(DASHBOARD_PREFIX + "/")
+
+
 class _Guard:
     """Pure-ASGI gate in front of every route: metrics, bearer-token auth and the body limit.
 
@@ -191,7 +200,8 @@ class _Guard:
 
     def _check(self, scope: Scope, receive: Receive) -> tuple[Response | None, Receive]:
         headers = dict(scope["headers"])
-        if self.expected is not None and scope["path"] != "/health":
+        path = scope["path"]
+        if self.expected is not None and not _self_guarded(path):
             given = headers.get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
                 why = "missing" if not given else "wrong"
@@ -495,6 +505,7 @@ def create_app(
     cors_origins: Sequence[str] | None = None,
     extra_routers: Sequence[APIRouter] = (),
     max_wait_seconds: float = wire.MAX_WAIT_SECONDS,
+    dashboard: bool = True,
 ) -> FastAPI:
     """The store service as an ASGI app.
 
@@ -503,7 +514,9 @@ def create_app(
         token: when set, every endpoint but ``/health`` needs ``Authorization: Bearer <token>``.
         max_body_bytes: larger request bodies get 413 before they are read.
         cors_origins: origins allowed to call from a browser; CORS is off when None.
-        extra_routers: mounted at ``/`` after the API (e.g. ``agentgrad.dashboard.create_router``).
+        extra_routers: mounted at ``/`` after the API.
+        dashboard: serve the web dashboard at ``/`` (``/dashboard/…``); it enforces ``token``
+            itself, with a browser login besides the bearer header.
         max_wait_seconds: cap on one long-poll (dequeue/wait) request.
     """
     metrics = _Metrics()
@@ -531,6 +544,10 @@ def create_app(
 
     for router in extra_routers:
         app.include_router(router)
+    if dashboard:
+        from agentgrad.dashboard.app import mount  # lazy: templates load only when served
+
+        mount(app, store, token=token, prefix=DASHBOARD_PREFIX)
     _add_error_schema(app)
 
     @app.exception_handler(RequestValidationError)
