@@ -144,8 +144,10 @@ def _fmt(value: float | None) -> str:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    overrides = {key: getattr(args, key) for key in ("lr", "batch_size", "group_size", "temperature")
+                 if getattr(args, key) is not None}
     run_demo(steps=args.steps, minutes=args.minutes, output_dir=args.output_dir, n_runners=args.n_runners,
-             store_url=args.store, resume=args.resume, threads=args.threads)
+             store_url=args.store, resume=args.resume, threads=args.threads, settings=overrides)
     return 0
 
 
@@ -160,4 +162,11 @@ def add_commands(subparsers: Any) -> None:
     parser.add_argument("--store", default=None, help="store URL (default: sqlite file in the output dir)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for engine and trainer (default 1)")
     parser.add_argument("--resume", action="store_true", help="continue from the output dir's last checkpoint")
+    parser.add_argument("--lr", type=float, default=None, help=f"learning rate (default {DEMO_SETTINGS['lr']})")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help=f"tasks per step (default {DEMO_SETTINGS['batch_size']})")
+    parser.add_argument("--group-size", type=int, default=None,
+                        help=f"rollouts per task (default {DEMO_SETTINGS['group_size']})")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help=f"sampling temperature (default {DEMO_SETTINGS['temperature']})")
     parser.set_defaults(func=_cmd_demo)

@@ -34,6 +34,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+# Imported up front, not on first use: a lazy import from one agent thread while another thread's
+# openai client inspects ``sys.modules['httpx']`` makes that client fail on a half-imported module.
+import httpx
+
 from agentgrad import semconv
 from agentgrad.agents import Agent, FunctionAgent
 from agentgrad.context import RolloutContext, use_context
@@ -285,8 +289,6 @@ class Runner:
             self.stats.errors.append(f"{rollout_id}: flush: {type(exc).__name__}: {exc}")
 
     def _flush_over_http(self, rollout_id: str, attempt_id: str) -> None:
-        import httpx  # lazy: only runners in front of a proxy flush over HTTP
-
         if self._flush_client is None:
             root = self.llm_proxy_url.rstrip("/")  # type: ignore[union-attr]
             self._flush_client = httpx.Client(base_url=root[:-3] if root.endswith("/v1") else root,

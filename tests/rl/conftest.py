@@ -10,15 +10,3 @@ except ImportError:  # the adapter tests need no torch
     pass
 else:
     torch.set_num_threads(1)
-
-
-def pytest_collection_modifyitems(config, items):
-    """Slow tests (the full demo) run only when asked for: ``pytest -m slow``."""
-    import pytest
-
-    if "slow" in (config.getoption("-m") or ""):
-        return
-    skip = pytest.mark.skip(reason="slow: run with -m slow")
-    for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
