@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 import signal
-import socket
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import RedirectResponse
 
+from agentgrad.netutil import http_url, listening_socket
 from agentgrad.dashboard.router import create_router
 from agentgrad.store.protocol import Store
 
@@ -47,11 +47,8 @@ def serve(store_url: str, host: str = "127.0.0.1", port: int = 8766, token: str 
     store = open_store(store_url, watchdog=False)
     try:
         app = create_app(store, token=token)
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))  # bound here so that --port 0 reports the port it got
-        bound = sock.getsockname()[1]
-        url = f"http://[{host}]:{bound}/dashboard/" if ":" in host else f"http://{host}:{bound}/dashboard/"
+        sock = listening_socket(host, port)  # bound here so that --port 0 reports the port it got
+        url = http_url(host, sock.getsockname()[1]) + "/dashboard/"
         log.info("dashboard for %s at %s (auth %s)", store_url, url, "on" if token else "off")
         print(f"AgentGrad dashboard for {store_url} at {url} (token {'required' if token else 'off'}; "
               "Ctrl-C to stop)", flush=True)

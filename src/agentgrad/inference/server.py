@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from agentgrad.netutil import listening_socket
 from agentgrad.inference.engine import Engine
 
 
@@ -38,9 +38,7 @@ class ModelServer:
         from agentgrad.inference.app import create_app
 
         app = create_app(self.engine, served_model_name=self.served_model_name)
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
+        sock = listening_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5)
         self._server = uvicorn.Server(config)

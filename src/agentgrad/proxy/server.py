@@ -10,6 +10,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from agentgrad.netutil import listening_socket
 from agentgrad.proxy.app import ProxyMetrics, create_proxy_app
 from agentgrad.proxy.hooks import rollout_endpoint
 
@@ -103,9 +104,7 @@ class LLMProxy:
     def bind(self) -> str:
         """Bind the listening socket now (resolving port 0); returns the OpenAI base URL."""
         if self._socket is None:
-            sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((self.host, self.port))
+            sock = listening_socket(self.host, self.port)
             self.port = sock.getsockname()[1]
             self._socket = sock
         return self.base_url

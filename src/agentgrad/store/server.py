@@ -18,7 +18,6 @@ import asyncio
 import hmac
 import logging
 import signal
-import socket
 import threading
 import time
 from collections import OrderedDict
@@ -37,6 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentgrad import __version__
 from agentgrad.errors import AgentGradError, InvalidInputError, NotFoundError
+from agentgrad.netutil import http_url, listening_socket
 from agentgrad.store import wire
 from agentgrad.store.protocol import RolloutFilter, Store
 from agentgrad.types import RolloutStatus, Worker
@@ -598,18 +598,6 @@ def _config(app: FastAPI, log_level: str, **kwargs: Any) -> uvicorn.Config:
                           timeout_graceful_shutdown=5, **kwargs)
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    """Bind before uvicorn starts, so port 0 yields a known free port to report."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    return sock
-
-
-def _url(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
 class StoreServer:
     """The service in a background thread, for tests and for a Trainer sharing its store with
     runner processes: ``url = StoreServer(store).start()`` … ``.stop()``.
@@ -642,7 +630,7 @@ class StoreServer:
         """Bind (port 0 picks a free one), serve in a thread, and return the base URL once up."""
         if self._thread is not None:
             raise RuntimeError("StoreServer already started")
-        sock = _bind(self.host, self.port)
+        sock = listening_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
         self._server = uvicorn.Server(_config(self.app, self._log_level))
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
@@ -654,7 +642,7 @@ class StoreServer:
                 sock.close()
                 raise RuntimeError(f"store server failed to start on {self.host}:{self.port}")
             time.sleep(0.005)
-        self.url = _url(self.host, self.port)
+        self.url = http_url(self.host, self.port)
         return self.url
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -693,10 +681,10 @@ def serve(
     store = open_store(store_url, **(store_options or {}))
     try:
         app = create_app(store, token=token, max_body_bytes=max_body_bytes, cors_origins=cors_origins)
-        sock = _bind(host, port)
+        sock = listening_socket(host, port)
         server = uvicorn.Server(_config(app, log_level))
         log.info("AgentGrad store service: %r listening on %s (auth %s)", store,
-                 _url(host, sock.getsockname()[1]), "on" if token else "off")
+                 http_url(host, sock.getsockname()[1]), "on" if token else "off")
         if threading.current_thread() is threading.main_thread():
             # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to the
             # handler that was there before; a no-op one lets us close the store and exit 0.
