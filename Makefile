@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 FRAMEWORKS := $(VENV)/.frameworks
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast test-all install frameworks browser bench clean
+.PHONY: demo test test-fast test-slow install frameworks browser bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,13 +31,18 @@ browser: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m agentgrad demo
 
-# The whole suite (slow end-to-end learning runs included).
+# The whole suite: every framework, browser, PostgreSQL and real-model test. Tests marked slow
+# (whole learning runs, minutes each) are skipped here and run by `make test-slow`.
 test: $(STAMP) $(FRAMEWORKS) browser
 	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
 
-# Everything but the slow learning runs.
+# Without the framework and browser installs (they skip with a reason).
 test-fast: $(STAMP)
-	$(PY) -m pytest -p no:cacheprovider -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
+
+# The slow learning runs: tiny-model build band, SFT and the full RL demo.
+test-slow: $(STAMP) $(FRAMEWORKS)
+	$(PY) -m pytest -p no:cacheprovider -m slow $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
