@@ -34,6 +34,17 @@ SERVER = (
 )
 
 
+def run_threads(worker, n: int) -> float:
+    """Run ``worker(k)`` for k in 0..n-1 on n threads at once; returns the wall time."""
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(n)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - started
+
+
 def start_server(store_url: str) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     proc = subprocess.Popen([sys.executable, "-c", SERVER, store_url], stderr=subprocess.PIPE, text=True, env=env)
@@ -61,13 +72,7 @@ def run(clients: list[StoreClient], ops_per_client: int, op: Callable[[StoreClie
             items[k] += op(clients[k], i)
             latencies[k].append(time.perf_counter() - t)
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(len(clients))]
-    started = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - started
+    elapsed = run_threads(worker, len(clients))
     flat = [x for lat in latencies for x in lat]
     return {"ops_per_s": round(len(flat) / elapsed), "items_per_s": round(sum(items) / elapsed),
             "p50_ms": round(pct(flat, 0.5), 3), "p99_ms": round(pct(flat, 0.99), 3)}
@@ -123,13 +128,7 @@ def claim_race(url: str, n: int = 2000, claimers: int = 4) -> dict:
                 return
             got[k].append(claimed.rollout.rollout_id)
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(claimers)]
-    started = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - started
+    elapsed = run_threads(worker, claimers)
     everything = [r for g in got for r in g]
     return {"claimers": claimers, "claimed": len(everything), "double_claims": len(everything) - len(set(everything)),
             "claims_per_s": round(len(everything) / elapsed), "p50_ms": round(pct(latencies, 0.5), 3),

@@ -28,10 +28,10 @@ import logging
 import math
 import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from agentgrad.adapters.calls import LLMCall, extract_calls, matches_agent
 from agentgrad.adapters.transitions import TransitionAdapter
@@ -122,6 +122,22 @@ def select_rollouts(store: Store, criteria: SelectionCriteria, funnel: Funnel) -
     return rollouts
 
 
+
+_T = TypeVar("_T")
+
+
+def _dedupe(items: Sequence[_T], key: Callable[[_T], Hashable]) -> list[_T]:
+    """``items`` without repeats of ``key``, first occurrence kept, order preserved."""
+    seen: set[Hashable] = set()
+    unique = []
+    for item in items:
+        k = key(item)
+        if k not in seen:
+            seen.add(k)
+            unique.append(item)
+    return unique
+
+
 def select_transitions(store: Store, criteria: SelectionCriteria) -> tuple[list[Transition], Funnel]:
     """Token-level training sequences of the selected rollouts (raises when none are left)."""
     funnel = Funnel()
@@ -133,14 +149,7 @@ def select_transitions(store: Store, criteria: SelectionCriteria) -> tuple[list[
     funnel.add("calls with token ids", stats.calls - stats.calls_other_agents - len(stats.calls_without_token_ids))
     funnel.add("sequences after merging multi-turn calls", len(transitions))
     if criteria.dedupe:
-        seen: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
-        unique = []
-        for t in transitions:
-            key = (tuple(t.prompt_ids), tuple(t.response_ids))
-            if key not in seen:
-                seen.add(key)
-                unique.append(t)
-        transitions = unique
+        transitions = _dedupe(transitions, lambda t: (tuple(t.prompt_ids), tuple(t.response_ids)))
         funnel.add("unique sequences", len(transitions))
     funnel.require_nonempty()
     return transitions, funnel
@@ -192,14 +201,7 @@ def select_chat_samples(store: Store, criteria: SelectionCriteria) -> tuple[list
     funnel.add(f"agent matches {criteria.agent_match!r}", matched)
     funnel.add("chat conversations (multi-turn folded)", len(samples))
     if criteria.dedupe:
-        seen: set[str] = set()
-        unique = []
-        for sample in samples:
-            key = json.dumps([sample["messages"], sample.get("tools")], sort_keys=True)
-            if key not in seen:
-                seen.add(key)
-                unique.append(sample)
-        samples = unique
+        samples = _dedupe(samples, lambda s: json.dumps([s["messages"], s.get("tools")], sort_keys=True))
         funnel.add("unique conversations", len(samples))
     funnel.require_nonempty()
     return samples, funnel
