@@ -13,10 +13,11 @@ into its own SQLite store. Rows:
 
 * ``proxy_unattributed``: forwarding alone (a call without rollout is not recorded);
 * ``proxy_recording``: the default ``record_mode="async"`` (span written behind the answer by a
-  batching background writer; the runner's per-attempt flush is not on the call's path);
+  batching background writer — with the CLI's ``--write-linger-ms`` default; the runner's
+  per-attempt flush is not on the call's path);
 * ``proxy_recording_sync``: ``record_mode="sync"`` (span committed before the answer ends);
-* ``baseline_*`` (with ``--baseline-src DIR``): the same for another checkout's ``src`` (e.g. the code
-  before a change), measured in the same run so that machine load affects all rows alike.
+* ``baseline_*`` (with ``--baseline-src DIR``): the same three for another checkout's ``src`` (e.g. the
+  code before a change), measured in the same run so that machine load affects all rows alike.
 
 ``--repeat K`` runs the whole comparison K times (fresh processes) and reports each run.
 
@@ -157,7 +158,7 @@ def bench(upstream_code: str, n: int, warmup: int, baseline_src: Path | None = N
     variants: list[tuple[str, Path | None, list[str]]] = [
         ("proxy", None, []), ("proxy_sync", None, ["--record-mode", "sync"])]
     if baseline_src is not None:
-        variants.append(("baseline", baseline_src, []))
+        variants += [("baseline", baseline_src, []), ("baseline_sync", baseline_src, ["--record-mode", "sync"])]
     with tempfile.TemporaryDirectory() as tmp, _process(_snippet(upstream_code), str) as upstream, \
             ExitStack() as stack:
         proxied: dict[str, str] = {}
@@ -168,8 +169,8 @@ def bench(upstream_code: str, n: int, warmup: int, baseline_src: Path | None = N
                     "--upstream", upstream, "--port", "0", *extra]
             proxy = stack.enter_context(_process(args, lambda line: line.split()[3], src))
             _wait_healthy(proxy)  # the CLI prints once bound, a moment before it accepts
-            if name == "proxy_sync":
-                proxied["proxy_recording_sync"] = _attempt_url(proxy, db)
+            if name.endswith("_sync"):
+                proxied[name.removesuffix("_sync") + "_recording_sync"] = _attempt_url(proxy, db)
                 continue
             proxied[f"{name}_recording"] = _attempt_url(proxy, db)
             proxied[f"{name}_unattributed"] = proxy

@@ -63,6 +63,8 @@ def test_oversized_body_is_refused_with_413(store, stub) -> None:
 def test_unknown_route_is_404_json_but_chat_never_is(proxy) -> None:
     response = httpx.get(proxy.url + "/v1/nothing")
     assert response.status_code == 404 and "error" in response.json()
+    wrong_method = httpx.get(proxy.base_url + "/chat/completions")  # the fast path leaves it to Starlette
+    assert wrong_method.status_code == 405 and "error" in wrong_method.json()
     assert post(proxy, "/chat/completions", json={"model": "no-such-model", "messages": MESSAGES}).status_code == 200
 
 

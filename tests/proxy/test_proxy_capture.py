@@ -63,6 +63,10 @@ def test_client_that_asks_for_token_ids_keeps_them(store, proxy, attempt) -> Non
     assert reply.model_extra["prompt_token_ids"]
     assert reply.choices[0].model_extra["token_ids"]
     assert reply.choices[0].logprobs.content
+    # the answer passed through unparsed; the span, built off the client's path, has it all the same
+    (span,) = llm_spans(store, attempt)
+    assert span.attributes[semconv.LLM_RESPONSE] == reply.model_dump(mode="json", exclude_unset=True)
+    assert span.attributes[semconv.LLM_COMPLETION_TOKEN_IDS] == reply.choices[0].model_extra["token_ids"]
 
 
 def test_chat_streamed_passes_chunks_and_reassembles_tool_calls(store, stub, proxy, attempt) -> None:

@@ -119,13 +119,13 @@ def test_aborted_stream_releases_the_barrier(store, stub, proxy, attempt) -> Non
     with httpx.stream("POST", url_for(proxy, attempt), timeout=10,
                       json={"model": "m", "messages": MESSAGES, "stream": True}) as response:
         next(response.iter_raw())  # first event, then the client goes away
-    stub.stream_gate.set()
-    proxy.flush(*ids(attempt), timeout=10)  # the abandoned call ends without a span
-    assert stored(store, attempt) == 0
     deadline = time.monotonic() + 5
     while proxy.metrics.streams_aborted < 1 and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert proxy.metrics.streams_aborted == 1
+    assert proxy.metrics.streams_aborted == 1  # at once: the upstream still holds the rest
+    stub.stream_gate.set()
+    proxy.flush(*ids(attempt), timeout=10)  # the abandoned call ends without a span
+    assert stored(store, attempt) == 0
 
 
 def test_concurrent_calls_share_store_transactions(store, stub) -> None:
@@ -152,6 +152,21 @@ def test_concurrent_calls_share_store_transactions(store, stub) -> None:
         assert len(counting.batches) <= 2, counting.batches
         assert proxy.metrics.store_batches == len(counting.batches)
         assert {r.llm_calls for r in (store.get_rollout(one.rollout.rollout_id) for one in claimed)} == {6}
+
+
+def test_back_to_back_calls_share_a_transaction_and_nobody_waits_for_the_linger(store, stub, attempt) -> None:
+    counting = WrappedStore(store)
+    with LLMProxy(counting, f"http://127.0.0.1:{stub.port}/v1") as proxy:
+        proxy.app.state.proxy.writer.linger = 60  # a flush or a stop that waited for it would time out
+        for _ in range(3):
+            assert httpx.post(url_for(proxy, attempt), json={"model": "m", "messages": MESSAGES}).status_code == 200
+        started = time.monotonic()
+        proxy.flush(*ids(attempt), timeout=10)
+        assert time.monotonic() - started < 5 and counting.batches == [3]
+        assert httpx.post(url_for(proxy, attempt), json={"model": "m", "messages": MESSAGES}).status_code == 200
+        started = time.monotonic()
+    assert time.monotonic() - started < 15  # the stop drained the lingering span at once
+    assert counting.batches == [3, 1] and stored(store, attempt) == 4
 
 
 def test_transient_store_errors_are_retried(store, stub, attempt) -> None:

@@ -13,6 +13,12 @@ agent made is stored — the runner's "no LLM calls" check and the adapters rely
 
 Built on bare Starlette (FastAPI's base) rather than FastAPI routes: the proxy sits on every LLM
 call, and request validation is done by hand anyway, so the extra layers would only add latency.
+For the same reason the API routes' POSTs skip even Starlette's middleware and router (see
+:mod:`agentgrad.proxy.incoming`); Starlette serves everything else.
+
+Non-streamed answers that need no change for the client (it asked for the token ids and logprobs
+the proxy adds) pass through as the upstream's bytes, parsed only where the span is built: off the
+client's path in ``record_mode="async"``, and not at all for a call without rollout.
 """
 
 from __future__ import annotations
@@ -25,33 +31,28 @@ import logging
 import re
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 
 from agentgrad import semconv
-from agentgrad.proxy.capture import (
-    Api,
-    CallContext,
-    Capture,
-    Requested,
-    StreamAccumulator,
-    build_span,
-    strip_for_client,
-    upstream_body,
-)
+from agentgrad.proxy.capture import Api, CallContext, Capture, Requested, build_span, strip_for_client, upstream_body
 from agentgrad.proxy.errors import ProxyError, error_body
-from agentgrad.proxy.responses import ResponsesStreamWriter, from_chat_completion, to_chat_request
-from agentgrad.proxy.upstream import Upstream, UpstreamResponse, UpstreamUnreachable
+from agentgrad.proxy.incoming import API_ROUTES, ROLLOUT_PREFIX, Incoming, api_route
+from agentgrad.proxy.jsonio import dumps, loads
+from agentgrad.proxy.relay import RelayResponse, responses_view
+from agentgrad.proxy.responses import to_chat_request
+from agentgrad.proxy.upstream import Upstream, UpstreamUnreachable
 from agentgrad.proxy.writer import FlushError, FlushTimeout, SpanWriter
 
 if TYPE_CHECKING:
     from agentgrad.store.protocol import Store
+    from agentgrad.types import Span
 
 log = logging.getLogger(__name__)
 
@@ -61,31 +62,9 @@ _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{
 _RETRIES_REMEMBERED = 4096
 _UPSTREAM_PATH = {"chat": "/chat/completions", "responses": "/chat/completions", "completions": "/completions"}
 RecordMode = Literal["async", "sync"]
-
-try:  # optional: orjson parses and serializes the bodies several times faster than json
-    import orjson as _orjson
-except ImportError:  # pragma: no cover - depends on the environment
-    _orjson = None
-
-
-def _loads(raw: bytes) -> Any:
-    """``json.loads``, via orjson when installed (falling back for what it refuses: NaN, huge ints)."""
-    if _orjson is not None:
-        try:
-            return _orjson.loads(raw)
-        except _orjson.JSONDecodeError:
-            pass
-    return json.loads(raw)
-
-
-def _dumps(obj: Any) -> bytes:
-    """Compact UTF-8 JSON, via orjson when installed."""
-    if _orjson is not None:
-        try:
-            return _orjson.dumps(obj)
-        except TypeError:
-            pass
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+#: The context headers, as :class:`Incoming` names them (lowercase).
+_ROLLOUT_ID, _ATTEMPT_ID, _AGENT_NAME, _PARENT_ID = (name.lower() for name in (
+    semconv.HEADER_ROLLOUT_ID, semconv.HEADER_ATTEMPT_ID, semconv.HEADER_AGENT_NAME, semconv.HEADER_PARENT_ID))
 
 
 @dataclass
@@ -124,7 +103,8 @@ class ProxyState:
 
     def __init__(self, store: Store, upstream_url: str, *, model: str | None = None,
                  upstream_api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                 upstream_timeout: float = 600.0, record_mode: RecordMode = "async") -> None:
+                 upstream_timeout: float = 600.0, record_mode: RecordMode = "async",
+                 write_linger: float = 0.0) -> None:
         if record_mode not in ("async", "sync"):
             raise ValueError(f"record_mode must be 'async' or 'sync', got {record_mode!r}")
         self.store = store
@@ -135,7 +115,7 @@ class ProxyState:
         self.max_body_bytes = max_body_bytes
         self.upstream_timeout = upstream_timeout
         self.metrics = ProxyMetrics()
-        self.writer = SpanWriter(store, self.metrics)
+        self.writer = SpanWriter(store, self.metrics, linger=write_linger)
         self.client: Upstream | None = None
         self._served: list[str] | None = None
         self._recent: OrderedDict[tuple[str, str, bytes], str] = OrderedDict()
@@ -146,9 +126,10 @@ class ProxyState:
             self.client = Upstream(self.upstream_url, timeout=self.upstream_timeout)
         return self.client
 
-    def headers(self, request: Request) -> dict[str, str]:
+    def headers(self, client: Mapping[str, str]) -> dict[str, str]:
+        """The upstream request's headers, given the client's."""
         headers = {"content-type": _JSON}
-        auth = f"Bearer {self.upstream_api_key}" if self.upstream_api_key else request.headers.get("authorization")
+        auth = f"Bearer {self.upstream_api_key}" if self.upstream_api_key else client.get("authorization")
         if auth:
             headers["authorization"] = auth
         return headers
@@ -173,14 +154,14 @@ class ProxyState:
         return self._served[0]
 
     # ---- capture ---------------------------------------------------------------------------------
-    def span_id_for(self, context: CallContext, request: Request, raw: bytes) -> str | None:
+    def span_id_for(self, context: CallContext, headers: Mapping[str, str], raw: bytes) -> str | None:
         """Reuse the span id of the first try when the openai SDK retries the same body.
 
         The store keeps the first copy of a span id, so a retry of a call that was already
         recorded (e.g. the client timed out reading it) does not count twice.
         """
         key = (context.rollout_id, context.attempt_id, hashlib.blake2b(raw, digest_size=16).digest())
-        retry = request.headers.get("x-stainless-retry-count", "0")
+        retry = headers.get("x-stainless-retry-count", "0")
         if retry not in ("", "0") and key in self._recent:
             self.metrics.retries_deduplicated += 1
             return self._recent[key]
@@ -196,20 +177,26 @@ class ProxyState:
             call.open = False
             self.writer.cancel(call.key)
 
-    async def record(self, call: _Call, response: dict[str, Any], capture: Capture, *, streamed: bool) -> None:
-        """Hand the call's span to the writer (``async``) or store it now (``sync``)."""
+    async def record(self, call: _Call, answer: Callable[[], tuple[dict[str, Any], Capture]], *,
+                     streamed: bool) -> None:
+        """Hand the call's span to the writer (``async``) or store it now (``sync``).
+
+        ``answer`` gives the response as the client saw it and its capture; it is called where the
+        span is built (the writer thread in ``async`` mode), so a passed-through answer is parsed there.
+        """
         key, context = call.key, call.context
         if key is None or context is None or not call.open:
             return
         call.open = False
-        if capture.prompt_token_ids is None or capture.completion_token_ids is None:
-            self.metrics.missing_token_ids += 1
-            log.warning("upstream %s returned no token ids for a call of rollout %s: the call is stored but "
-                        "cannot be trained on (does the engine support return_token_ids?)",
-                        self.upstream_url, context.rollout_id)
         ended = time.time()
 
-        def make_span() -> Any:
+        def make_span() -> Span:
+            response, capture = answer()
+            if capture.prompt_token_ids is None or capture.completion_token_ids is None:
+                self.metrics.missing_token_ids += 1
+                log.warning("upstream %s returned no token ids for a call of rollout %s: the call is stored but "
+                            "cannot be trained on (does the engine support return_token_ids?)",
+                            self.upstream_url, context.rollout_id)
             return build_span(context, call.api, call.body, response, capture, streamed=streamed,
                               started=call.started, translated=call.chat if call.api == "responses" else None,
                               span_id=call.span_id, ended=ended)
@@ -218,7 +205,7 @@ class ProxyState:
             self.writer.submit(key, make_span)
             return
         try:  # a SQL commit must not stall the loop
-            await asyncio.to_thread(self.writer.write_now, key, make_span())
+            await asyncio.to_thread(self.writer.write_now, key, make_span)
         except Exception:  # the agent still gets its answer; the writer counted and logged the loss
             return
 
@@ -239,41 +226,28 @@ class _Call:
     streaming: bool = False  # the relayed stream's response owns the call from here
 
 
-def call_context(request: Request) -> CallContext | None:
+def call_context(request: Incoming) -> CallContext | None:
     """Rollout, attempt, agent and parent span of a request (headers win over the URL prefix).
 
     Headers win because they come from the context variable of the code making the call, while a
     URL may belong to a client object built for an earlier rollout and then shared.
     """
-    headers, params = request.headers, request.path_params
-    rollout_id = headers.get(semconv.HEADER_ROLLOUT_ID) or params.get("rollout_id")
-    attempt_id = headers.get(semconv.HEADER_ATTEMPT_ID) or params.get("attempt_id")
+    headers = request.headers
+    rollout_id = headers.get(_ROLLOUT_ID) or request.rollout_id
+    attempt_id = headers.get(_ATTEMPT_ID) or request.attempt_id
     if not rollout_id or not attempt_id:
         return None
     trace_id = parent_id = None
     match = _TRACEPARENT.match(headers.get("traceparent", ""))
     if match:
         trace_id, parent_id = match.groups()
-    return CallContext(rollout_id=rollout_id, attempt_id=attempt_id, agent_name=headers.get(semconv.HEADER_AGENT_NAME),
-                       parent_id=headers.get(semconv.HEADER_PARENT_ID) or parent_id, trace_id=trace_id)
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise ProxyError(f"request body of {declared} bytes exceeds the proxy's limit of {limit} bytes", status=413)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ProxyError(f"request body exceeds the proxy's limit of {limit} bytes", status=413)
-        chunks.append(chunk)
-    return b"".join(chunks)
+    return CallContext(rollout_id=rollout_id, attempt_id=attempt_id, agent_name=headers.get(_AGENT_NAME),
+                       parent_id=headers.get(_PARENT_ID) or parent_id, trace_id=trace_id)
 
 
 def _parse(raw: bytes, api: Api) -> dict[str, Any]:
     try:
-        body = _loads(raw)
+        body = loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ProxyError(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
@@ -299,11 +273,11 @@ def _unreachable(state: ProxyState, exc: Exception) -> Response:
                     media_type=_JSON)
 
 
-async def _handle(state: ProxyState, request: Request, api: Api) -> Response:
+async def _handle(state: ProxyState, request: Incoming, api: Api) -> Response:
     started = time.time()
     state.metrics.calls += 1
     try:
-        raw = await _read_body(request, state.max_body_bytes)
+        raw = await request.body(state.max_body_bytes)
         body = _parse(raw, api)
         chat = to_chat_request(body) if api == "responses" else body
     except ProxyError as exc:
@@ -314,7 +288,7 @@ async def _handle(state: ProxyState, request: Request, api: Api) -> Response:
     if context is None:
         state.metrics.unattributed += 1
     else:
-        call.span_id = state.span_id_for(context, request, raw)
+        call.span_id = state.span_id_for(context, request.headers, raw)
         call.key = (context.rollout_id, context.attempt_id)
         call.open = True
         state.writer.begin(call.key)  # from now on, a flush of this attempt waits for this call
@@ -325,23 +299,27 @@ async def _handle(state: ProxyState, request: Request, api: Api) -> Response:
             state.drop(call)  # no-op once recorded; a stream's response settles it when it ends
 
 
-async def _forward(state: ProxyState, request: Request, call: _Call) -> Response:
+async def _forward(state: ProxyState, request: Incoming, call: _Call) -> Response:
     sent = upstream_body(call.chat, "completions" if call.api == "completions" else "chat",
                          await state.served_model(call.chat.get("model")))
     try:
-        response = await state.http().request("POST", _UPSTREAM_PATH[call.api], _dumps(sent), state.headers(request))
+        response = await state.http().request("POST", _UPSTREAM_PATH[call.api], dumps(sent),
+                                              state.headers(request.headers))
         if response.status_code != 200:
             state.metrics.upstream_errors += 1
             return Response(await response.read(), status_code=response.status_code,
                             media_type=response.headers.get("content-type", _JSON))
         if sent.get("stream"):
             call.streaming = True
-            return _RelayResponse(state, call, response)
+            return RelayResponse(state, call, response)
         raw_answer = await response.read()
     except (UpstreamUnreachable, TimeoutError) as exc:
         return _unreachable(state, exc)
+    if call.api != "responses" and call.asked.token_ids and call.asked.logprobs:  # nothing to hide from the client
+        await state.record(call, lambda: _answer(raw_answer), streamed=False)
+        return Response(raw_answer, media_type=response.headers.get("content-type", _JSON))
     try:
-        data = _loads(raw_answer)
+        data = loads(raw_answer)
     except ValueError:
         state.metrics.upstream_errors += 1
         return Response(error_body("upstream answered 200 with a body that is not JSON", kind="upstream_error"),
@@ -349,99 +327,18 @@ async def _forward(state: ProxyState, request: Request, call: _Call) -> Response
     capture = Capture.of_body(data)
     view = strip_for_client(data, call.asked)
     if call.api == "responses":
-        view = _responses_view(call, view, capture)
-    content = _dumps(view)  # serialized before recording: the span may be built on another thread
-    await state.record(call, view, capture, streamed=False)
+        view = responses_view(call, view, capture)
+    content = dumps(view)  # serialized before recording: the span may be built on another thread
+    await state.record(call, lambda: (view, capture), streamed=False)
     return Response(content, media_type=_JSON)
 
 
-class _RelayResponse(StreamingResponse):
-    """The relayed stream; whatever happens (even a client gone before the first byte), the call is
-    released from the flush barrier and the upstream response closed."""
-
-    def __init__(self, state: ProxyState, call: _Call, upstream: UpstreamResponse) -> None:
-        super().__init__(_relay(state, call, upstream), media_type="text/event-stream",
-                         headers={"cache-control": "no-cache"})
-        self._state, self._call, self._upstream = state, call, upstream
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._state.drop(self._call)
-            await self._upstream.aclose()
-
-
-def _responses_view(call: _Call, completion: dict[str, Any], capture: Capture,
-                    writer: ResponsesStreamWriter | None = None) -> dict[str, Any]:
-    view = writer.final_response(completion) if writer else from_chat_completion(call.body, completion)
-    if call.asked.token_ids:
-        view["prompt_token_ids"], view["token_ids"] = capture.prompt_token_ids, capture.completion_token_ids
-    return view
-
-
-def _sse_events(buffer: bytearray) -> list[bytes]:
-    """Cut complete SSE events (blank-line separated) off the front of ``buffer``."""
-    events = []
-    while True:
-        end = buffer.find(b"\n\n")
-        if end < 0:
-            return events
-        events.append(bytes(buffer[:end]))
-        del buffer[: end + 2]
-
-
-def _sse_data(event: bytes) -> bytes | None:
-    lines = [line[5:].lstrip() for line in event.replace(b"\r", b"").split(b"\n") if line.startswith(b"data:")]
-    return b"\n".join(lines) if lines else None
-
-
-async def _relay(state: ProxyState, call: _Call, response: UpstreamResponse) -> AsyncIterator[bytes]:
-    """Pass a stream through event by event while accumulating it; record before the last event."""
-    accumulator = StreamAccumulator("completions" if call.api == "completions" else "chat")
-    writer = ResponsesStreamWriter(call.body) if call.api == "responses" else None
-    buffer = bytearray()
-    saw_done = finished = False
-    try:
-        if writer:
-            yield writer.start()
-        async for piece in response.iter_raw():
-            buffer += piece.replace(b"\r\n", b"\n") if b"\r" in piece else piece
-            out = bytearray()
-            for event in _sse_events(buffer):
-                data = _sse_data(event)
-                if data is None:
-                    continue
-                if data == b"[DONE]":
-                    saw_done = True
-                    continue
-                try:
-                    chunk = _loads(data)
-                except ValueError:
-                    out += event + b"\n\n"  # not ours to judge: pass it on untouched
-                    continue
-                accumulator.add(chunk)
-                if writer:
-                    out += writer.chunk(chunk)
-                elif chunk.get("choices") or call.asked.usage_chunk or "error" in chunk:
-                    out += b"data: " + _dumps(strip_for_client(chunk, call.asked)) + b"\n\n"
-            if out:
-                yield bytes(out)
-        completion = accumulator.completion()
-        if writer:
-            view = _responses_view(call, completion, accumulator.capture, writer)
-        else:  # as the client saw it: no usage unless it asked for the usage chunk
-            view = completion if call.asked.usage_chunk else {**completion, "usage": None}
-        await state.record(call, view, accumulator.capture, streamed=True)
-        finished = True
-        if writer:
-            yield writer.finish(completion)
-        elif saw_done:
-            yield b"data: [DONE]\n\n"
-    finally:
-        if not finished:
-            state.metrics.streams_aborted += 1
-        await response.aclose()
+def _answer(raw: bytes) -> tuple[dict[str, Any], Capture]:
+    """A passed-through answer, parsed for its span (raises if it is not a JSON object: the span is lost)."""
+    data = loads(raw)
+    if not isinstance(data, dict):
+        raise ValueError(f"upstream answered 200 with a JSON {type(data).__name__}, not an object")
+    return data, Capture.of_body(data)
 
 
 async def flush_response(state: ProxyState, rollout_id: str, attempt_id: str, timeout: float) -> Response:
@@ -463,7 +360,7 @@ async def flush_response(state: ProxyState, rollout_id: str, attempt_id: str, ti
 
 async def _models(state: ProxyState, request: Request) -> Response:
     try:
-        response = await state.http().request("GET", "/models", headers=state.headers(request))
+        response = await state.http().request("GET", "/models", headers=state.headers(request.headers))
         content = await response.read()
     except (UpstreamUnreachable, TimeoutError) as exc:
         return _unreachable(state, exc)
@@ -472,7 +369,8 @@ async def _models(state: ProxyState, request: Request) -> Response:
 
 def create_proxy_app(store: Store, upstream_url: str, *, model: str | None = None,
                      upstream_api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                     upstream_timeout: float = 600.0, record_mode: RecordMode = "async") -> Starlette:
+                     upstream_timeout: float = 600.0, record_mode: RecordMode = "async",
+                     write_linger: float = 0.0) -> Starlette:
     """The proxy as an ASGI app (mount it, or serve it with :class:`LLMProxy`).
 
     Args:
@@ -485,13 +383,19 @@ def create_proxy_app(store: Store, upstream_url: str, *, model: str | None = Non
         record_mode: ``"async"`` (default): spans are written behind the answer by a background
             writer, in batches; ``POST /agentgrad/flush`` waits until an attempt's calls are
             stored. ``"sync"``: each span is committed before the client has the complete answer.
+        write_linger: ``async`` mode: seconds a span that comes alone waits for others before the
+            store write (see :mod:`agentgrad.proxy.writer`). 0 (default): written at once, so spans
+            show up promptly even where nobody flushes; the CLI waits 50 ms, as its runners flush.
     """
     state = ProxyState(store, upstream_url, model=model, upstream_api_key=upstream_api_key,
-                       max_body_bytes=max_body_bytes, upstream_timeout=upstream_timeout, record_mode=record_mode)
+                       max_body_bytes=max_body_bytes, upstream_timeout=upstream_timeout, record_mode=record_mode,
+                       write_linger=write_linger)
 
-    def endpoint(api: Api) -> Any:
+    def endpoint(api: Api) -> Any:  # reached only by what the fast path leaves to Starlette
         async def run(request: Request) -> Response:
-            return await _handle(state, request, api)
+            params = request.path_params
+            return await _handle(state, Incoming(request.scope, request.receive, params.get("rollout_id"),
+                                                 params.get("attempt_id")), api)
         return run
 
     async def models(request: Request) -> Response:
@@ -502,7 +406,7 @@ def create_proxy_app(store: Store, upstream_url: str, *, model: str | None = Non
 
     async def flush(request: Request) -> Response:
         try:
-            payload = _loads(await request.body())
+            payload = loads(await request.body())
             rollout_id, attempt_id = payload["rollout_id"], payload["attempt_id"]
             timeout = float(payload.get("timeout", 30.0))
             if not isinstance(rollout_id, str) or not isinstance(attempt_id, str) or not timeout >= 0:
@@ -522,13 +426,9 @@ def create_proxy_app(store: Store, upstream_url: str, *, model: str | None = Non
 
     routes = [Route("/metrics", metrics), Route("/health", health),
               Route("/agentgrad/flush", flush, methods=["POST"])]
-    for prefix in ("", "/rollout/{rollout_id}/attempt/{attempt_id}"):
-        routes += [
-            Route(prefix + "/v1/chat/completions", endpoint("chat"), methods=["POST"]),
-            Route(prefix + "/v1/responses", endpoint("responses"), methods=["POST"]),
-            Route(prefix + "/v1/completions", endpoint("completions"), methods=["POST"]),
-            Route(prefix + "/v1/models", models, methods=["GET"]),
-        ]
+    for prefix in ("", ROLLOUT_PREFIX):
+        routes += [Route(prefix + path, endpoint(api), methods=["POST"]) for path, api in API_ROUTES.items()]
+        routes.append(Route(prefix + "/v1/models", models, methods=["GET"]))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -540,6 +440,19 @@ def create_proxy_app(store: Store, upstream_url: str, *, model: str | None = Non
                 await state.client.aclose()
             await asyncio.to_thread(state.writer.close)  # drain: every accepted span is written
 
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found})
+    app = _ProxyApp(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found})
     app.state.proxy = state
     return app
+
+
+class _ProxyApp(Starlette):
+    """Starlette, except that the API routes' POSTs go straight to their handler (see :mod:`.incoming`)."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        route = api_route(scope)
+        if route is None:
+            await super().__call__(scope, receive, send)
+            return
+        api, rollout_id, attempt_id = route
+        response = await _handle(self.state.proxy, Incoming(scope, receive, rollout_id, attempt_id), api)
+        await response(scope, receive, send)

@@ -13,7 +13,7 @@ def _cmd_proxy(args: argparse.Namespace) -> int:
     store = open_store(args.store, watchdog=False)
     proxy = LLMProxy(store, args.upstream, host=args.host, port=args.port, model=args.model,
                      upstream_api_key=args.upstream_api_key, max_body_bytes=args.max_body_bytes,
-                     record_mode=args.record_mode)
+                     record_mode=args.record_mode, write_linger=args.write_linger_ms / 1000)
     message = f"LLM proxy on {proxy.bind()} → {args.upstream}, recording into {args.store}"
     logging.getLogger("agentgrad.proxy").info("%s", message)
     print(message, flush=True)
@@ -38,4 +38,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     proxy.add_argument("--record-mode", choices=("async", "sync"), default="async",
                        help="async: write spans behind the answers, in batches (runners flush per attempt); "
                        "sync: commit each span before the client has the whole answer")
+    proxy.add_argument("--write-linger-ms", type=float, default=50.0,
+                       help="async: a span that comes alone waits this long for others before the store write, so "
+                       "back-to-back calls share a transaction and the write does not compete with the next call "
+                       "(a flush never waits for it; readers that do not flush see spans this much later); 0: at once")
     proxy.set_defaults(func=_cmd_proxy)
