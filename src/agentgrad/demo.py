@@ -19,9 +19,9 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-#: Settings measured to learn fastest on 2 CPU cores (see examples/calc/README.md).
+#: Settings measured on 2 CPU cores (see examples/calc/README.md).
 DEMO_SETTINGS: dict[str, Any] = {
-    "batch_size": 16, "group_size": 8, "lr": 5e-4, "temperature": 1.0, "val_size": 128, "val_every": 5,
+    "batch_size": 16, "group_size": 8, "lr": 5e-4, "temperature": 1.0, "mini_batches": 1, "epochs": 1, "val_size": 128, "val_every": 5,
 }
 
 
@@ -61,7 +61,7 @@ def plot_rewards(history: list[dict[str, float]], validation: list[tuple[int, fl
     return path
 
 
-def run_demo(*, steps: int = 200, minutes: float = 8.0, output_dir: str | Path = "runs/demo", n_runners: int = 2,
+def run_demo(*, steps: int = 30, minutes: float = 8.0, output_dir: str | Path = "runs/demo", n_runners: int = 2,
              store_url: str | None = None, concurrency: int = 24, settings: dict[str, Any] | None = None,
              model_dir: str | Path | None = None, resume: bool = False, threads: int = 1) -> dict[str, Any]:
     """Run the whole demo; returns a summary (also written to ``summary.json``)."""
@@ -104,7 +104,7 @@ def run_demo(*, steps: int = 200, minutes: float = 8.0, output_dir: str | Path =
         console.print(f"store [bold]{out / 'store.sqlite'}[/] · model server {upstream} · proxy {proxy.base_url}")
         grpo = GRPO(
             model_dir, steps=steps, max_seconds=minutes * 60, batch_size=opts["batch_size"],
-            group_size=opts["group_size"], sampling={"temperature": opts["temperature"]},
+            group_size=opts["group_size"], mini_batches=opts["mini_batches"], epochs=opts["epochs"], sampling={"temperature": opts["temperature"]},
             train_config=TrainConfig(lr=opts["lr"], betas=(0.9, 0.99), grad_clip=1.0),
             val_every=opts["val_every"], output_dir=out, run_id="demo", checkpoint_every=10, resume=resume,
             rollout_config=RolloutConfig(timeout_seconds=120, max_attempts=1),
@@ -144,7 +144,7 @@ def _fmt(value: float | None) -> str:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    overrides = {key: getattr(args, key) for key in ("lr", "batch_size", "group_size", "temperature")
+    overrides = {key: getattr(args, key) for key in ("lr", "batch_size", "group_size", "temperature", "mini_batches", "epochs")
                  if getattr(args, key) is not None}
     run_demo(steps=args.steps, minutes=args.minutes, output_dir=args.output_dir, n_runners=args.n_runners,
              store_url=args.store, resume=args.resume, threads=args.threads, settings=overrides)
@@ -155,8 +155,8 @@ def add_commands(subparsers: Any) -> None:
     """Register ``agentgrad demo`` (the main CLI calls this)."""
     parser = subparsers.add_parser("demo", help="train the calculator agent with GRPO on the tiny model (CPU)",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=200, help="maximum GRPO steps (default 200)")
-    parser.add_argument("--minutes", type=float, default=8.0, help="wall-clock budget for training (default 8)")
+    parser.add_argument("--steps", type=int, default=30, help="GRPO steps (default 30, ≈ 4–5 min on 2 cores)")
+    parser.add_argument("--minutes", type=float, default=8.0, help="wall-clock cap for training (default 8)")
     parser.add_argument("--output-dir", default="./runs/demo", help="store, metrics, checkpoints, plot")
     parser.add_argument("--n-runners", type=int, default=2, help="runner processes (default 2)")
     parser.add_argument("--store", default=None, help="store URL (default: sqlite file in the output dir)")
@@ -167,6 +167,10 @@ def add_commands(subparsers: Any) -> None:
                         help=f"tasks per step (default {DEMO_SETTINGS['batch_size']})")
     parser.add_argument("--group-size", type=int, default=None,
                         help=f"rollouts per task (default {DEMO_SETTINGS['group_size']})")
+    parser.add_argument("--mini-batches", type=int, default=None,
+                        help=f"optimizer updates per pass over a step's rollouts (default {DEMO_SETTINGS['mini_batches']})")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help=f"passes over a step's rollouts (default {DEMO_SETTINGS['epochs']})")
     parser.add_argument("--temperature", type=float, default=None,
                         help=f"sampling temperature (default {DEMO_SETTINGS['temperature']})")
     parser.set_defaults(func=_cmd_demo)

@@ -293,8 +293,13 @@ class Runner:
             root = self.llm_proxy_url.rstrip("/")  # type: ignore[union-attr]
             self._flush_client = httpx.Client(base_url=root[:-3] if root.endswith("/v1") else root,
                                               timeout=self.flush_timeout + 10)
-        response = self._flush_client.post("/agentgrad/flush", json={
-            "rollout_id": rollout_id, "attempt_id": attempt_id, "timeout": self.flush_timeout})
+        body = {"rollout_id": rollout_id, "attempt_id": attempt_id, "timeout": self.flush_timeout}
+        try:
+            response = self._flush_client.post("/agentgrad/flush", json=body)
+        except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError):
+            # A pooled keep-alive connection the server closed just as we reused it (its idle
+            # timeout): a flush is idempotent, so a second try on a fresh connection is safe.
+            response = self._flush_client.post("/agentgrad/flush", json=body)
         if response.status_code != 200:
             raise RuntimeError(f"POST /agentgrad/flush answered {response.status_code}: {response.text[:500]}")
 

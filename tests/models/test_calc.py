@@ -51,3 +51,12 @@ def test_tool_schema_is_openai_shaped() -> None:
     fn = calc.CALCULATOR_TOOL["function"]
     assert calc.CALCULATOR_TOOL["type"] == "function" and fn["name"] == "calculator"
     assert fn["parameters"]["required"] == ["expression"]
+
+
+def test_in_words_tells_spelled_from_symbol_questions() -> None:
+    problems = calc.generate_problems(200, 0)
+    spelled = [p["question"] for p in problems if calc.in_words(p["question"])]
+    written = [p["question"] for p in problems if not calc.in_words(p["question"])]
+    assert spelled and written
+    assert all(not any(op in q for op in "+-*") for q in spelled)
+    assert all(any(f" {op} " in q for op in "+-*") for q in written)

@@ -59,6 +59,20 @@ def test_training_samples_are_prefix_stable(tmp_path: Path) -> None:
         assert str(problem["answer"]) in tokenizer.decode([t for t, m in zip(ids, mask) if m])
 
 
+def test_direct_answer_samples_skip_the_tool(tmp_path: Path) -> None:
+    """The warm-up's bad habit: one trained turn, the final answer, no tool call."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny.random_tiny_model(tmp_path / "m"))
+    problem = calc.generate_problems(1, 0)[0]
+    ids, mask = tiny.encode_sample(tokenizer, problem, direct=True)
+    trained = tokenizer.decode([t for t, m in zip(ids, mask) if m])
+    assert trained == calc.final_answer_text(problem["answer"]) + "<|im_end|>"
+    assert mask == [0] * (len(ids) - sum(mask)) + [1] * sum(mask)  # one trained turn, at the end
+    with_tool, _ = tiny.encode_sample(tokenizer, problem)
+    assert with_tool[:len(ids) - sum(mask)] == ids[:len(ids) - sum(mask)]  # same prompt either way
+
+
 def test_default_model_dir_honours_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("AGENTGRAD_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

@@ -56,6 +56,10 @@ class GRPO(Algorithm):
         credit, agent_match, merge: see :class:`agentgrad.adapters.TransitionAdapter`.
         normalize: ``std`` (``(r-mean)/std``) or ``mean`` (``r-mean``) group advantages.
         max_staleness: drop transitions sampled more than this many published versions ago.
+        mini_batches, epochs: optimizer updates per step — ``epochs`` passes over the step's
+            transitions, each cut into ``mini_batches`` parts (1 × 1: one on-policy update).
+            More updates learn more per rollout, which pays when rollouts cost more than
+            training; the importance ratio's clipping keeps the later, off-policy ones safe.
         sampling: sampling settings put in the LLM resource for training rollouts
             (validation always uses ``temperature: 0``).
         val_every: greedy validation every k steps (0: only before and after).
@@ -79,6 +83,8 @@ class GRPO(Algorithm):
         merge: bool = True,
         normalize: Literal["std", "mean"] = "std",
         max_staleness: int = 0,
+        mini_batches: int = 1,
+        epochs: int = 1,
         sampling: dict[str, Any] | None = None,
         val_every: int = 5,
         output_dir: str | Path = "runs/grpo",
@@ -101,6 +107,9 @@ class GRPO(Algorithm):
         self.adapter = TransitionAdapter(credit, agent_match=agent_match, merge=merge)
         self.normalize = normalize
         self.max_staleness = max_staleness
+        if mini_batches < 1 or epochs < 1:
+            raise ValueError(f"mini_batches and epochs must be >= 1, got {mini_batches} and {epochs}")
+        self.mini_batches, self.epochs = mini_batches, epochs
         self.sampling = {"temperature": 1.0, **(sampling or {})}
         self.val_every = val_every
         self.output_dir = Path(output_dir)
@@ -273,7 +282,8 @@ class GRPO(Algorithm):
                 train_seconds = 0.0
                 if kept:
                     t0 = time.monotonic()
-                    step_metrics = trainer.ppo_step([Sample.from_transition(t) for t in kept])
+                    step_metrics = trainer.ppo_step([Sample.from_transition(t) for t in kept],
+                                                    mini_batches=self.mini_batches, epochs=self.epochs)
                     published = publisher.publish(trainer)
                     self.versions.append(published.version)
                     model_name = published.model or model_name
@@ -283,6 +293,7 @@ class GRPO(Algorithm):
                     values.update({
                         "loss": step_metrics.loss, "entropy": step_metrics.entropy, "kl": step_metrics.kl,
                         "clip_fraction": step_metrics.clip_fraction, "grad_norm": step_metrics.grad_norm,
+                        "updates": step_metrics.updates,
                         "tokens": step_metrics.tokens, "tokens_per_second": step_metrics.tokens_per_second,
                         "train_seconds": train_seconds,
                     })

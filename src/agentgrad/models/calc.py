@@ -172,6 +172,11 @@ def final_answer_text(answer: int | float | str) -> str:
     return f"The answer is {answer}."
 
 
+def in_words(question: str) -> bool:
+    """True when the question spells its operator ("37 times 12") rather than writing it."""
+    return any(f" {word} " in question for word in _WORDS.values())
+
+
 def expression_of(question: str) -> str:
     """The calculator expression a correct policy writes for ``question`` (words → symbols)."""
     body = re.sub(r"^(What is|Calculate|Compute|What do you get for|How much is) ", "", question)

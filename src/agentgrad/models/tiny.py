@@ -2,8 +2,14 @@
 
 It makes the whole project run — and visibly learn — on a 2-core machine with no downloads:
 a byte-level BPE tokenizer trained on the calculator task's text, a Qwen2.5-style chat template
-with tools, and a 0.9M-parameter Qwen2 model warmed up by SFT on the calculator task until it
-is *partially* competent (about 40% greedy success), leaving room for RL to show.
+with tools, and a 0.9M-parameter Qwen2 model warmed up by SFT on the calculator task.
+
+The warm-up gives the model a realistic bad habit for RL to cure: many of its conversations
+answer straight away ("The answer is 799.") instead of calling the calculator — most of those
+whose question spells the operator out ("47 times 17"), a few of the others. The model learns
+to use the tool competently but, greedy, skips it for questions in words and guesses badly:
+about 40–50% greedy success overall, far better with the tool. Learning from rewards removes
+exactly this kind of mistake (see docs/models.md).
 
 The output is an ordinary Hugging Face model directory; it is loaded through
 ``AutoTokenizer``/``AutoModelForCausalLM`` exactly like a user's own model.
@@ -48,9 +54,16 @@ MODEL_CONFIG: dict[str, Any] = {
 QWEN2_PRETOKENIZE_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-BUILD_FORMAT = 2  # bump when the recipe changes, so cached models are rebuilt
-DEFAULT_WARMUP_STEPS = 1500
-DEFAULT_TARGET_SUCCESS = 0.42
+BUILD_FORMAT = 3  # bump when the recipe changes, so cached models are rebuilt
+DEFAULT_WARMUP_STEPS = 1100
+#: The warm-up's last steps, where the learning rate decays and direct answers are mixed in.
+#: Before them the model sees only tool-using conversations at a constant rate: copying numbers
+#: into the call and back is an abrupt, fragile skill for a model this small (it appears around
+#: step 450–750), and mixing direct answers in from the start delayed it past 1,000 steps.
+DEFAULT_HABIT_STEPS = 400
+#: Share of warm-up conversations that answer without the calculator (the habit RL removes),
+#: for questions that spell the operator out and for those that write it as a symbol.
+DIRECT_ANSWER_RATE = {"words": 0.75, "symbols": 0.25}
 
 
 def default_model_dir() -> Path:
@@ -90,12 +103,15 @@ def _corpus(n: int, seed: int) -> list[str]:
     return texts
 
 
-def _conversation(problem: dict[str, Any], expression: str) -> list[dict[str, Any]]:
-    """The messages an openai-client agent sends in the calculator loop, final answer included."""
+def _conversation(problem: dict[str, Any], expression: str, direct: bool = False) -> list[dict[str, Any]]:
+    """The messages an openai-client agent sends in the calculator loop, final answer included
+    (``direct``: the model answers at once, without the tool)."""
     arguments = json.dumps({"expression": expression})
+    question = [{"role": "system", "content": calc.SYSTEM_PROMPT}, {"role": "user", "content": problem["question"]}]
+    if direct:
+        return [*question, {"role": "assistant", "content": calc.final_answer_text(problem["answer"])}]
     return [
-        {"role": "system", "content": calc.SYSTEM_PROMPT},
-        {"role": "user", "content": problem["question"]},
+        *question,
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "call_0", "type": "function", "function": {"name": "calculator", "arguments": json.loads(arguments)}}
         ]},
@@ -177,42 +193,52 @@ def random_tiny_model(output_dir: str | Path, *, seed: int = 0) -> Path:
     return out
 
 
-def encode_sample(tokenizer: Any, problem: dict[str, Any]) -> tuple[list[int], list[int]]:
+def encode_sample(tokenizer: Any, problem: dict[str, Any], direct: bool = False) -> tuple[list[int], list[int]]:
     """(token ids, loss mask) of one calculator conversation, rendered by the chat template.
 
     The sequence is built turn by turn — prompt as the server tokenizes it, then the completion
     the model would generate, ending in ``<|im_end|>`` — so the warm-up teaches exactly the
     token sequences an openai-client agent meets through the server.
     """
-    messages = _conversation(problem, calc.expression_of(problem["question"]))
+    messages = _conversation(problem, calc.expression_of(problem["question"]), direct)
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     ids: list[int] = []
     mask: list[int] = []
-    for turn in (2, 4):
+    for turn in range(2, len(messages), 2):
         prompt = tokenizer.encode(_render(messages[:turn], tools=True, add_generation_prompt=True),
                                   add_special_tokens=False)
         if prompt[: len(ids)] != ids:
             raise AssertionError("chat template re-tokenization is not prefix-stable")
         ids, mask = ids + prompt[len(ids):], mask + [0] * (len(prompt) - len(ids))
         message = messages[turn]
-        text = message["content"] if turn == 4 else calc.tool_call_text(calc.expression_of(problem["question"]))
+        text = message["content"] if message.get("content") else calc.tool_call_text(calc.expression_of(problem["question"]))
         completion = tokenizer.encode(text, add_special_tokens=False) + [im_end]
         ids, mask = ids + completion, mask + [1] * len(completion)
     return ids, mask
 
 
-def evaluate_greedy(model: Any, tokenizer: Any, problems: list[dict[str, Any]], batch_size: int = 64) -> float:
-    """Greedy task success of the two-turn calculator loop, run in-process with ``generate``.
+def _suffix(tokenizer: Any, problem: dict[str, Any], prefix: list[int], direct: bool) -> tuple[list[int], list[int]]:
+    """A training sample without the shared system turn (run once per batch instead)."""
+    ids, mask = encode_sample(tokenizer, problem, direct=direct)
+    if ids[:len(prefix)] != prefix:
+        raise AssertionError("conversations must start with the shared system turn")
+    return ids[len(prefix):], mask[len(prefix):]
+
+
+def evaluate_greedy(model: Any, tokenizer: Any, problems: list[dict[str, Any]], batch_size: int = 64) -> dict[str, float]:
+    """Greedy behaviour of the calculator loop, run in-process with ``generate``: ``success``
+    (task success), ``tool_use`` (share of problems where the model called the calculator) and
+    ``tool_success`` (success among those).
 
     Mirrors what an agent does through the server (same template, same calculator), so the
-    warm-up can stop at a measured competence instead of a hardware-dependent step count.
+    build can report what RL will start from without starting a server.
     """
     import torch
 
     from agentgrad.inference.toolcalls import parse_tool_calls
 
     padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    successes = 0
+    successes = tool_uses = tool_successes = 0
     model.eval()
     for start in range(0, len(problems), batch_size):
         batch = problems[start:start + batch_size]
@@ -242,9 +268,15 @@ def evaluate_greedy(model: Any, tokenizer: Any, problems: list[dict[str, Any]], 
                                      "content": calc.run_calculator(str(expression))})
                 else:
                     finals[i] = text
-        successes += sum(calc.check_answer(f or "", p["answer"]) for f, p in zip(finals, batch))
+        for conv, final, problem in zip(convs, finals, batch):
+            ok = calc.check_answer(final or "", problem["answer"])
+            used_tool = len(conv) > 2
+            successes += ok
+            tool_uses += used_tool
+            tool_successes += ok and used_tool
     tokenizer.padding_side = padding_side
-    return successes / max(1, len(problems))
+    n = max(1, len(problems))
+    return {"success": successes / n, "tool_use": tool_uses / n, "tool_success": tool_successes / max(1, tool_uses)}
 
 
 def build_tiny_model(
@@ -253,25 +285,31 @@ def build_tiny_model(
     warmup_steps: int = DEFAULT_WARMUP_STEPS,
     seed: int = 0,
     progress: bool = True,
-    target_success: float | None = DEFAULT_TARGET_SUCCESS,
     batch_size: int = 32,
-    eval_every: int = 50,
-    eval_from: int = 250,
+    eval_every: int = 250,
+    habit_steps: int = DEFAULT_HABIT_STEPS,
 ) -> Path:
     """Build the tiny model with its SFT warm-up into ``output_dir`` (default: the cache dir).
 
-    Trains on ``batch_size`` conversations per step for at most ``warmup_steps`` steps, and every
-    ``eval_every`` steps from ``eval_from`` measures greedy success on 128 validation problems,
-    stopping as soon as it reaches ``target_success`` (None: run all steps). Seeds are fixed,
-    so a build is reproducible on a given machine. Written atomically: a half-built model never
+    Trains on ``batch_size`` conversations per step for ``warmup_steps`` steps: tool-using ones
+    at a constant learning rate, then, for the last ``habit_steps``, a mix where some answer
+    without the tool (``DIRECT_ANSWER_RATE``) while the rate decays to a tenth (cosine). Every
+    ``eval_every`` steps and at the end it reports greedy behaviour on 128 validation problems (also written to ``agentgrad_build.json``). Seeds are fixed, so a
+    build is reproducible on a given machine. Written atomically: a half-built model never
     sits in the cache.
     """
+    import math
+
     import torch
 
     out = Path(output_dir) if output_dir is not None else default_model_dir()
     started = time.monotonic()
     random.seed(seed)
     torch.manual_seed(seed)
+    # Matrices this small gain little from a second thread, and torch's spinning thread pool
+    # slows several-fold when another process holds a core: leave half the cores alone.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tiny-build-", dir=out.parent))
     try:
@@ -280,24 +318,28 @@ def build_tiny_model(
         pad = tokenizer.pad_token_id
         train = calc.generate_problems(20_000, seed, "train")
         val = calc.generate_problems(128, seed, "val")
+        rng = random.Random(seed)
         # Every conversation starts with the same system + tools turn: run it once per step and
         # share its KV cache across the batch (≈ 3× faster than padding full sequences).
         prefix = tokenizer.encode(_render([{"role": "system", "content": calc.SYSTEM_PROMPT}], tools=True),
                                   add_special_tokens=False)
-        suffixes = []
+        with_tool, mixed = [], []
         for problem in train:
-            ids, mask = encode_sample(tokenizer, problem)
-            if ids[:len(prefix)] != prefix:
-                raise AssertionError("conversations must start with the shared system turn")
-            suffixes.append((ids[len(prefix):], mask[len(prefix):]))
-        rng = random.Random(seed)
+            rate = DIRECT_ANSWER_RATE["words" if calc.in_words(problem["question"]) else "symbols"]
+            tool_sample = _suffix(tokenizer, problem, prefix, direct=False)
+            with_tool.append(tool_sample)
+            mixed.append(_suffix(tokenizer, problem, prefix, direct=True) if rng.random() < rate else tool_sample)
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01, betas=(0.9, 0.98))
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 50))
-        success, step = 0.0, 0
+        warmup, decay_from = 50, max(0, warmup_steps - habit_steps)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) * (
+            0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, max(0, s - decay_from) / max(1, habit_steps))))))
+        step = 0
+        report: dict[str, float] = {}
         order: list[int] = []
         prefix_ids = torch.tensor([prefix])
         for step in range(1, warmup_steps + 1):
             model.train()
+            suffixes = with_tool if step <= decay_from else mixed
             if len(order) < batch_size:
                 order = list(range(len(suffixes)))
                 rng.shuffle(order)
@@ -319,25 +361,26 @@ def build_tiny_model(
             optimizer.step()
             schedule.step()
             optimizer.zero_grad(set_to_none=True)
-            if step % eval_every == 0 and step >= eval_from:
-                success = evaluate_greedy(model, tokenizer, val)
+            if step % eval_every == 0 or step == warmup_steps:
+                report = evaluate_greedy(model, tokenizer, val)
                 if progress:
-                    print(f"step {step:4d}  loss {loss.item():.3f}  val greedy success {success:.2f}  "
+                    print(f"step {step:4d}  loss {loss.item():.3f}  val greedy: success {report['success']:.2f}, "
+                          f"tool use {report['tool_use']:.2f}, success with the tool {report['tool_success']:.2f}  "
                           f"({time.monotonic() - started:.0f}s)", flush=True)
-                if target_success is not None and success >= target_success:
-                    break
-            elif progress and step % eval_every == 0:
+            elif progress and step % 50 == 0:
                 print(f"step {step:4d}  loss {loss.item():.3f}  ({time.monotonic() - started:.0f}s)", flush=True)
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         (tmp / "agentgrad_build.json").write_text(json.dumps({
-            "name": TINY_NAME, "format": BUILD_FORMAT, "seed": seed, "steps": step, "val_greedy_success": success,
+            "name": TINY_NAME, "format": BUILD_FORMAT, "seed": seed, "steps": step,
+            "habit_steps": habit_steps, "direct_answer_rate": DIRECT_ANSWER_RATE, **{f"val_greedy_{k}": v for k, v in report.items()},
             "build_seconds": round(time.monotonic() - started, 1),
         }, indent=2))
         if out.exists():
             shutil.rmtree(out)
         shutil.move(str(tmp), str(out))
     finally:
+        torch.set_num_threads(threads)
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out

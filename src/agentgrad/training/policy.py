@@ -26,6 +26,7 @@ import math
 import os
 import random
 import shutil
+import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -36,6 +37,9 @@ if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger(__name__)
+
+#: A loss over one laid-out micro-batch: (batch, trained-token count of the update) → (loss, diagnostic sums).
+LossFn = Callable[["_Batch", float], tuple[Any, dict[str, Any]]]
 
 MIN_SHARED_PREFIX = 16  # below this, sharing the prefix KV saves less than it costs
 
@@ -59,6 +63,9 @@ class TrainConfig:
     lr: float = 1e-5
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.99)
+    #: Adam's epsilon. Raising it towards typical gradient magnitudes damps the updates of
+    #: parameters whose gradients are mostly noise (see docs/credit-assignment.md, "tuning").
+    adam_eps: float = 1e-8
     grad_clip: float = 1.0
     #: Padded tokens (rows × longest row) per micro-batch; bounds activation memory.
     micro_batch_tokens: int = 8192
@@ -299,6 +306,11 @@ def nll_loss(logprobs: torch.Tensor, mask: torch.Tensor, normalizer: float) -> t
 
 @dataclass
 class StepMetrics:
+    """What one training step did. ``loss`` and ``grad_norm`` are means over its updates;
+    ``tokens`` counts every trained token each time an update processed it, so
+    ``tokens_per_second`` is processing throughput; the per-token diagnostics average over the
+    same tokens."""
+
     loss: float
     tokens: int
     seconds: float
@@ -308,6 +320,8 @@ class StepMetrics:
     clip_fraction: float = float("nan")
     ratio_mean: float = float("nan")
     micro_batches: int = 0
+    #: optimizer updates in this step (``epochs`` × ``mini_batches``)
+    updates: int = 1
 
     @property
     def tokens_per_second(self) -> float:
@@ -331,7 +345,7 @@ class PolicyTrainer:
         self.device = next(self.model.parameters()).device
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, weight_decay=self.config.weight_decay,
-                                           betas=self.config.betas)
+                                           betas=self.config.betas, eps=self.config.adam_eps)
         self.step = 0
         self._reference: Any = None
 
@@ -354,16 +368,12 @@ class PolicyTrainer:
                 self._reference.eval().requires_grad_(False)
             return token_logprobs(self._reference, batch)[0]
 
-    def _step(self, samples: Sequence[Sample], loss_fn: Callable[[_Batch, float], tuple[Any, dict[str, Any]]]) -> StepMetrics:
+    def _update(self, samples: Sequence[Sample], loss_fn: LossFn, sums: dict[str, float]) -> tuple[float, float, int]:
+        """One optimizer update over ``samples`` (micro-batched); adds the loss function's
+        diagnostics into ``sums`` and returns (loss, grad norm, micro-batches)."""
         import torch
 
-        samples = [s for s in samples if any(s.mask)]  # type: ignore[arg-type]
-        if not samples:
-            raise ValueError("no trainable tokens: every sample's mask is all zeros")
-        started = time.perf_counter()
         total = float(sum(sum(s.mask) for s in samples))  # type: ignore[arg-type]
-        self.model.train()
-        sums: dict[str, float] = {}
         loss_total = 0.0
         batches = micro_batches(samples, self.config.micro_batch_tokens)
         for chunk in batches:
@@ -380,17 +390,45 @@ class PolicyTrainer:
         else:
             log.warning("non-finite gradient norm at step %d: update skipped", self.step + 1)
         self.optimizer.zero_grad(set_to_none=True)
+        return loss_total, grad_norm, len(batches)
+
+    def _step(self, samples: Sequence[Sample], loss_fn: LossFn, *, mini_batches: int = 1, epochs: int = 1) -> StepMetrics:
+        """One training step: ``epochs`` passes over ``samples``, each cut into ``mini_batches``
+        shuffled parts with one optimizer update per part. ``step`` advances by one."""
+        samples = [s for s in samples if any(s.mask)]  # type: ignore[arg-type]
+        if not samples:
+            raise ValueError("no trainable tokens: every sample's mask is all zeros")
+        if mini_batches < 1 or epochs < 1:
+            raise ValueError(f"mini_batches and epochs must be >= 1, got {mini_batches} and {epochs}")
+        started = time.perf_counter()
+        self.model.train()
+        rng = random.Random(f"{self.config.seed}:{self.step}")
+        parts = min(mini_batches, len(samples))
+        sums: dict[str, float] = {}
+        losses, norms, chunks = [], [], 0
+        for _epoch in range(epochs):
+            order = list(samples)
+            if parts > 1:
+                rng.shuffle(order)
+            for part in range(parts):
+                loss, norm, n = self._update(order[part::parts], loss_fn, sums)
+                losses.append(loss)
+                norms.append(norm)
+                chunks += n
         self.step += 1
-        tokens = sums.get("tokens", total)
+        tokens = sums.get("tokens", float(sum(sum(s.mask) for s in samples)))  # type: ignore[arg-type]
         per_token = lambda k: sums[k] / max(tokens, 1.0) if k in sums else float("nan")  # noqa: E731
         return StepMetrics(
-            loss=loss_total, tokens=int(total), seconds=time.perf_counter() - started, grad_norm=grad_norm,
-            entropy=per_token("entropy"), kl=per_token("kl"), clip_fraction=per_token("clipped"),
-            ratio_mean=per_token("ratio"), micro_batches=len(batches),
+            loss=statistics.fmean(losses), tokens=int(tokens), seconds=time.perf_counter() - started,
+            grad_norm=statistics.fmean(norms), entropy=per_token("entropy"), kl=per_token("kl"),
+            clip_fraction=per_token("clipped"), ratio_mean=per_token("ratio"), micro_batches=chunks,
+            updates=len(losses),
         )
 
-    def ppo_step(self, samples: Sequence[Sample]) -> StepMetrics:
-        """One PPO-clip optimizer step over ``samples`` (advantages and old logprobs set)."""
+    def ppo_step(self, samples: Sequence[Sample], *, mini_batches: int = 1, epochs: int = 1) -> StepMetrics:
+        """One PPO-clip training step over ``samples`` (advantages and old logprobs set): one
+        optimizer update by default, or ``epochs`` × ``mini_batches`` updates — the later ones
+        are off-policy, which the importance ratio and its clipping account for."""
         config = self.config
 
         def loss_fn(batch: _Batch, total: float) -> tuple[Any, dict[str, Any]]:
@@ -404,7 +442,7 @@ class PolicyTrainer:
             diag["entropy"] = (entropy.detach() * batch.mask).sum()
             return loss, diag
 
-        return self._step(samples, loss_fn)
+        return self._step(samples, loss_fn, mini_batches=mini_batches, epochs=epochs)
 
     def nll_step(self, samples: Sequence[Sample]) -> StepMetrics:
         """One supervised (NLL) optimizer step over ``samples``' masked response tokens."""
