@@ -76,6 +76,30 @@ def test_ppo_steps_raise_rewarded_completions_likelihood(model_dir):
     assert trainer.step == 4
 
 
+def test_epochs_and_mini_batches_make_several_clipped_updates_in_one_step(model_dir):
+    good, bad = _samples()
+    old = PolicyTrainer(model_dir, TrainConfig(lr=3e-3))
+    for s in good + bad:  # sampled by the initial policy
+        s.old_logprobs = [float(x) for x in _response_logprobs(old, s)]
+    single = PolicyTrainer(model_dir, TrainConfig(lr=3e-3)).ppo_step(good + bad)
+    trainer = PolicyTrainer(model_dir, TrainConfig(lr=3e-3, clip_eps_low=0.01, clip_eps_high=0.01))
+    metrics = trainer.ppo_step(good + bad, mini_batches=3, epochs=2)
+    assert trainer.step == 1 and metrics.updates == 6 and single.updates == 1
+    assert metrics.tokens == 2 * single.tokens  # each epoch trains every token once
+    assert single.clip_fraction == 0.0 < metrics.clip_fraction  # later updates are off-policy
+    with pytest.raises(ValueError, match="mini_batches and epochs"):
+        trainer.ppo_step(good + bad, epochs=0)
+
+
+def _response_logprobs(trainer, sample):
+    from agentgrad.training.policy import _layout, token_logprobs
+
+    batch = _layout([sample], trainer.device)
+    with torch.no_grad():
+        logprobs, _ = token_logprobs(trainer.model, batch)
+    return logprobs[batch.mask.bool()].tolist()
+
+
 def test_micro_batching_and_prefix_sharing_do_not_change_the_update(model_dir):
     good, bad = _samples()
     results = []
