@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 FRAMEWORKS := $(VENV)/.frameworks
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast test-slow install frameworks browser bench clean
+.PHONY: demo test test-fast test-slow install frameworks browser model bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,20 +28,24 @@ frameworks: $(FRAMEWORKS)
 browser: $(STAMP)
 	scripts/setup_browser.sh $(VENV) || echo "chromium not installed: browser tests will skip"
 
+# The tiny model is built (once, cached) before the suite: a build takes longer than one test may.
+model: $(STAMP)
+	$(PY) -m agentgrad models build-tiny --if-missing
+
 demo: $(STAMP)
 	$(PY) -m agentgrad demo
 
 # The whole suite: every framework, browser, PostgreSQL and real-model test. Tests marked slow
 # (whole learning runs, minutes each) are skipped here and run by `make test-slow`.
-test: $(STAMP) $(FRAMEWORKS) browser
+test: $(STAMP) $(FRAMEWORKS) browser model
 	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
 
 # Without the framework and browser installs (they skip with a reason).
-test-fast: $(STAMP)
+test-fast: $(STAMP) model
 	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
 
 # The slow learning runs: tiny-model build band, SFT and the full RL demo.
-test-slow: $(STAMP) $(FRAMEWORKS)
+test-slow: $(STAMP) $(FRAMEWORKS) model
 	$(PY) -m pytest -p no:cacheprovider -m slow $(PYTEST_ARGS)
 
 bench: $(STAMP)

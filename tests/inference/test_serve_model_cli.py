@@ -44,6 +44,25 @@ def test_build_tiny_arguments_reach_the_builder(monkeypatch: pytest.MonkeyPatch,
     assert capsys.readouterr().out.strip() == str(tmp_path)
 
 
+def test_build_tiny_if_missing_keeps_a_current_cached_model(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from agentgrad.models import tiny
+
+    monkeypatch.setenv("AGENTGRAD_CACHE_DIR", str(tmp_path))
+    cached = tiny.default_model_dir()
+    cached.mkdir(parents=True)
+    (cached / "agentgrad_build.json").write_text(json.dumps({"format": tiny.BUILD_FORMAT}))
+    monkeypatch.setattr("agentgrad.models.tiny.build_tiny_model", lambda *a, **kw: pytest.fail("rebuilt"))
+    args = _parser().parse_args(["models", "build-tiny", "--if-missing"])
+    assert args.func(args) == 0
+    assert capsys.readouterr().out.strip() == str(cached)
+    with pytest.raises(SystemExit, match="default model only"):
+        args = _parser().parse_args(["models", "build-tiny", "--if-missing", "--steps", "5"])
+        args.func(args)
+
+
 def test_serve_model_defaults() -> None:
     args = _parser().parse_args(["serve-model", "tiny"])
     assert (args.host, args.engine, args.device, args.model) == ("127.0.0.1", "hf", "cpu", "tiny")

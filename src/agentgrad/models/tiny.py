@@ -79,7 +79,7 @@ def default_model_dir() -> Path:
 
 
 def ensure_tiny_model() -> Path:
-    """The default tiny model's directory, building it first (≈ 2–3 min on 2 cores) if missing
+    """The default tiny model's directory, building it first (≈ 4–6 min on 2 cores) if missing
     or built by an older recipe (``BUILD_FORMAT`` in ``agentgrad_build.json``)."""
     path = default_model_dir()
     manifest = path / "agentgrad_build.json"
