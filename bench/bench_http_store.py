@@ -1,9 +1,13 @@
 """HTTP store throughput and latency: StoreClient → store service (separate process) → SQLite.
 
-Prints one JSON object: ops/s and p50/p99 latency (ms) per operation with 1 and 4 clients,
-batched span throughput, and claim latency/double claims with 4 concurrent claimers.
+Prints one JSON object: calls/s, p50/p99 latency (ms) and CPU time per call (server and client)
+per operation with 1 and 4 clients, batched span throughput, and claim latency/double claims with
+4 concurrent claimers.
 
     python bench/bench_http_store.py [--backend sqlite|memory] [--ops 2000]
+
+The code measured is this checkout's ``src``, or the first PYTHONPATH entry when one is set (to
+compare a baseline copy with the working tree back to back: machine load varies minute to minute).
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+SRC = os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] or str(Path(__file__).resolve().parents[1] / "src")
+sys.path.insert(0, SRC)
 
 from agentgrad.store.client import StoreClient  # noqa: E402
 from agentgrad.types import Span  # noqa: E402
@@ -46,7 +51,7 @@ def run_threads(worker, n: int) -> float:
 
 
 def start_server(store_url: str) -> tuple[subprocess.Popen, str]:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    env = {**os.environ, "PYTHONPATH": SRC}
     proc = subprocess.Popen([sys.executable, "-c", SERVER, store_url], stderr=subprocess.PIPE, text=True, env=env)
     for line in proc.stderr:
         found = re.search(r"listening on (http://\S+)", line)
@@ -61,8 +66,18 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
-def run(clients: list[StoreClient], ops_per_client: int, op: Callable[[StoreClient, int], int]) -> dict:
-    """Run ``op`` ops_per_client times on every client concurrently; op returns items handled."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux ``/proc``). Unlike wall time it barely moves
+    with the load of a shared machine, so it compares versions measured minutes apart."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run(clients: list[StoreClient], ops_per_client: int, op: Callable[[StoreClient, int], int],
+        server_pid: int, calls_per_op: int = 1) -> dict:
+    """Run ``op`` ops_per_client times on every client concurrently; op returns items handled and
+    makes ``calls_per_op`` store calls. Reports calls/s, items/s, latency per op, and the server's
+    and this process's CPU time per call."""
     latencies: list[list[float]] = [[] for _ in clients]
     items = [0] * len(clients)
 
@@ -72,17 +87,21 @@ def run(clients: list[StoreClient], ops_per_client: int, op: Callable[[StoreClie
             items[k] += op(clients[k], i)
             latencies[k].append(time.perf_counter() - t)
 
+    server_cpu, client_cpu = cpu_seconds(server_pid), time.process_time()
     elapsed = run_threads(worker, len(clients))
+    server_cpu, client_cpu = cpu_seconds(server_pid) - server_cpu, time.process_time() - client_cpu
     flat = [x for lat in latencies for x in lat]
-    return {"ops_per_s": round(len(flat) / elapsed), "items_per_s": round(sum(items) / elapsed),
-            "p50_ms": round(pct(flat, 0.5), 3), "p99_ms": round(pct(flat, 0.99), 3)}
+    calls = len(flat) * calls_per_op
+    return {"ops_per_s": round(calls / elapsed), "items_per_s": round(sum(items) / elapsed),
+            "p50_ms": round(pct(flat, 0.5), 3), "p99_ms": round(pct(flat, 0.99), 3),
+            "server_cpu_us_per_call": round(server_cpu / calls * 1e6), "client_cpu_us_per_call": round(client_cpu / calls * 1e6)}
 
 
-def bench(url: str, n_clients: int, ops: int, batch: int) -> dict:
+def bench(url: str, server_pid: int, n_clients: int, ops: int, batch: int) -> dict:
     clients = [StoreClient(url) for _ in range(n_clients)]
     per = ops // n_clients
     out: dict[str, dict] = {}
-    out["enqueue"] = run(clients, per, lambda c, i: len([c.enqueue_rollout({"i": i})]))
+    out["enqueue"] = run(clients, per, lambda c, i: len([c.enqueue_rollout({"i": i})]), server_pid)
     claims: list[list] = [[] for _ in clients]
     index = {id(c): k for k, c in enumerate(clients)}
 
@@ -92,15 +111,17 @@ def bench(url: str, n_clients: int, ops: int, batch: int) -> dict:
         claims[index[id(c)]].append(got)
         return 1
 
-    out["dequeue+start"] = run(clients, per, dequeue_start)
-    out["dequeue+start"]["ops_per_s"] *= 2  # two calls per iteration
-    out["add_span"] = run(clients, per, lambda c, i: len(c.add_spans([_span(claims[index[id(c)]][i % len(claims[0])])])))
+    out["dequeue+start"] = run(clients, per, dequeue_start, server_pid, calls_per_op=2)
+    out["add_span"] = run(clients, per, lambda c, i: len(c.add_spans([_span(claims[index[id(c)]][i % len(claims[0])])])),
+                          server_pid)
     out[f"add_spans_batch{batch}"] = run(
-        clients, max(1, per // 20), lambda c, i: len(c.add_spans([_span(claims[index[id(c)]][i]) for _ in range(batch)])))
+        clients, max(1, per // 20), lambda c, i: len(c.add_spans([_span(claims[index[id(c)]][i]) for _ in range(batch)])),
+        server_pid)
     out["update_attempt"] = run(clients, per, lambda c, i: (c.update_attempt(
-        claims[index[id(c)]][i].rollout.rollout_id, claims[index[id(c)]][i].attempt.attempt_id, "succeeded"), 1)[1])
+        claims[index[id(c)]][i].rollout.rollout_id, claims[index[id(c)]][i].attempt.attempt_id, "succeeded"), 1)[1],
+        server_pid)
     out["enqueue_batch100"] = run(clients, max(1, per // 20),
-                                  lambda c, i: len(c.enqueue_rollouts([{"input": j} for j in range(100)])))
+                                  lambda c, i: len(c.enqueue_rollouts([{"input": j} for j in range(100)])), server_pid)
     for c in clients:
         c.close()
     return out
@@ -147,15 +168,19 @@ def main() -> None:
         for n_clients in (1, 4):
             proc, url = start_server(store_url if args.backend == "memory" else f"sqlite:///{tmp}/bench{n_clients}.db")
             try:
-                results[f"clients_{n_clients}"] = bench(url, n_clients, args.ops, args.batch)
+                results[f"clients_{n_clients}"] = bench(url, proc.pid, n_clients, args.ops, args.batch)
                 if n_clients == 4:
                     results["claim_race"] = claim_race(url)
             finally:
                 proc.terminate()
                 proc.wait(10)
-        unbatched = [v["ops_per_s"] for k, v in results["clients_1"].items() if "batch" not in k]
-        results["summary"] = {"unbatched_ops_per_s_1_client_median": statistics.median(unbatched),
-                              "batched_spans_per_s_1_client": results["clients_1"][f"add_spans_batch{args.batch}"]["items_per_s"]}
+        unbatched = [v for k, v in results["clients_1"].items() if "batch" not in k]
+        results["summary"] = {
+            "unbatched_ops_per_s_1_client_median": statistics.median(v["ops_per_s"] for v in unbatched),
+            "unbatched_cpu_us_per_call_1_client_median": statistics.median(
+                v["server_cpu_us_per_call"] + v["client_cpu_us_per_call"] for v in unbatched),
+            "batched_spans_per_s_1_client": results["clients_1"][f"add_spans_batch{args.batch}"]["items_per_s"],
+        }
     print(json.dumps(results, indent=2))
 
 

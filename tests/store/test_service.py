@@ -297,9 +297,9 @@ def test_wait_for_rollouts_wakes_on_completion(served, client):
 
 
 def test_server_caps_one_long_poll(served, http):
-    from agentgrad.store.server import _Service
+    from agentgrad.store.routes import Context
 
-    assert _Service(served.store, 60.0, 1, None).wait_limit(3600) == 60.0  # type: ignore[arg-type]
+    assert Context(served.store, 60.0, lambda n: None).wait_limit(3600) == 60.0
     started = time.monotonic()
     assert http.post("/v1/rollouts/dequeue", json={"timeout": 0.2}).json() == {"claimed": []}
     assert time.monotonic() - started >= 0.15
@@ -308,3 +308,122 @@ def test_server_caps_one_long_poll(served, http):
 def test_error_bodies_are_json_everywhere(http):
     response = http.put("/v1/spans", content=b"x")
     assert response.status_code == 405 and json.loads(response.text)["error"] == "method_not_allowed"
+
+
+# ---- the store API's own request path ---------------------------------------------------------------
+
+
+def test_store_api_refuses_unreadable_requests_with_4xx(http):
+    response = http.put("/v1/rollouts/enqueue", content=b"{}")
+    assert _error(response, 405)["error"] == "method_not_allowed" and response.headers["allow"] == "POST"
+    assert "Content-Type" in _error(http.post("/v1/rollouts/count", content=b"{}",
+                                              headers={"Content-Type": "text/plain"}), 422)["message"]
+    assert "empty" in _error(http.post("/v1/rollouts/count"), 422)["message"]
+    assert "limit" in _error(http.get("/v1/spans", params={"rollout_id": "r", "limit": "many"}), 422)["message"]
+
+
+class _Recording(MemoryStore):
+    """Records the thread each call ran on, and can fail unexpectedly."""
+
+    def __init__(self) -> None:
+        super().__init__(watchdog_interval=None)
+        self.threads: list[str] = []
+
+    def get_latest_resources(self):
+        self.threads.append(threading.current_thread().name)
+        return super().get_latest_resources()
+
+    def dequeue_rollouts(self, limit, worker_id=None, timeout=0.0):
+        self.threads.append(threading.current_thread().name)
+        return super().dequeue_rollouts(limit, worker_id=worker_id, timeout=timeout)
+
+    def query_workers(self):
+        raise RuntimeError("a bug in the store")
+
+
+@pytest.mark.parametrize("inline", [None, False])
+def test_quick_calls_run_inline_only_for_locked_stores_and_long_polls_never(inline):
+    store = _Recording()
+    with StoreServer(store, owns_store=True, inline_calls=inline) as server:
+        client = StoreClient(server.url)
+        client.get_latest_resources()
+        client.dequeue_rollout(timeout=0.05)
+        client.close()
+    quick, long_poll = store.threads
+    assert quick.startswith("agentgrad-store-server") is (inline is None), "memory store: on the event loop"
+    assert not long_poll.startswith("agentgrad-store-server"), "a long poll never holds the event loop"
+
+
+def test_unexpected_store_error_is_a_json_500():
+    with StoreServer(_Recording(), owns_store=True) as server:
+        response = httpx.get(f"{server.url}/v1/workers")
+    assert response.status_code == 500
+    assert response.json()["error"] == "internal_error" and "a bug in the store" in response.json()["message"]
+
+
+def test_client_uses_the_lean_pool_only_for_plain_http(monkeypatch):
+    from agentgrad.store.client import _HttpxSender, _sender
+    from agentgrad.store.http1 import ConnectionPool
+
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    assert isinstance(_sender("http://127.0.0.1:1", {}, 1.0, None), ConnectionPool)
+    assert isinstance(_sender("https://store.test", {}, 1.0, None), _HttpxSender)
+    assert isinstance(_sender("http://127.0.0.1:1", {}, 1.0, httpx.HTTPTransport()), _HttpxSender)
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.test:3128")
+    assert isinstance(_sender("http://127.0.0.1:1", {}, 1.0, None), _HttpxSender)
+
+
+def test_client_encodes_models_exactly_as_model_dump_would():
+    from pydantic import BaseModel, field_serializer
+
+    from agentgrad.store.client import _encode
+    from agentgrad.types import SpanEvent
+
+    class Shouting(BaseModel):
+        word: str
+
+        @field_serializer("word")
+        def loud(self, word: str) -> str:
+            return word.upper()
+
+    span = Span(rollout_id="r", attempt_id="a", name="s", attributes={"t": (1, 2), "m": Shouting(word="hi")},
+                events=[SpanEvent(name="e")])
+    payload = {"spans": [span], "extra": Shouting(word="hey")}
+    expected = json.dumps(payload, default=lambda m: m.model_dump(), separators=(",", ":")).encode()
+    assert _encode(payload) == expected and b'"HEY"' in expected
+
+
+def test_coalescing_transport_sends_one_step_of_writes_at_once():
+    import asyncio
+
+    from agentgrad.store.coalesce import _CoalescingTransport
+
+    class Transport:
+        def __init__(self) -> None:
+            self.sent: list[list[bytes]] = []
+            self.closed = False
+
+        def writelines(self, data: list[bytes]) -> None:
+            self.sent.append(list(data))
+
+        def is_closing(self) -> bool:
+            return self.closed
+
+        def close(self) -> None:
+            self.closed = True
+
+    async def scenario() -> Transport:
+        inner = Transport()
+        transport = _CoalescingTransport(inner, asyncio.get_running_loop())  # type: ignore[arg-type]
+        transport.write(b"head")
+        transport.write(b"body")
+        assert inner.sent == [], "held until the step ends"
+        await asyncio.sleep(0)
+        transport.write(b"last")
+        transport.close()
+        await asyncio.sleep(0)
+        return inner
+
+    inner = asyncio.run(scenario())
+    assert inner.sent == [[b"head", b"body"], [b"last"]] and inner.closed

@@ -1,5 +1,5 @@
 """The JSON shapes of the store service, shared by the server (validation, OpenAPI) and the client
-(response parsing), so the two cannot drift apart.
+(response parsing), so the two cannot drift apart: request bodies, query strings, responses.
 
 Ids travel in bodies and query strings, never in URL paths: rollout and resources ids are free
 text chosen by users, and a ``/`` or ``%2F`` in a path segment would be decoded by the server
@@ -56,6 +56,30 @@ KIND_OF_ERROR: dict[type[AgentGradError], str] = {
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class _Query(BaseModel):
+    """Query-string parameters; unknown ones are ignored, as web frameworks do."""
+
+
+class RolloutQuery(_Query):
+    rollout_id: str
+
+
+class SpanQuery(_Query):
+    rollout_id: str
+    attempt_id: str | None = Field(None, description='an attempt id, or "latest"')
+    name: str | None = None
+    after_sequence_id: int = 0
+    limit: int | None = Field(None, ge=0)
+
+
+class ResourcesQuery(_Query):
+    resources_id: str
+
+
+class MetricQuery(_Query):
+    run_id: str | None = None
 
 
 class ErrorBody(BaseModel):
