@@ -12,12 +12,18 @@ Measured, per side:
 * ``greedy_success``: success on 64 held-out questions after ``--seconds`` of wall-clock training.
 
 Usage: ``python bench/bench_grpo_vs_trl.py [--seconds 180] [--model-dir DIR]``. TRL is imported
-lazily; without it the TRL side is skipped with a message.
+lazily; without it the TRL side is skipped with a message (``pip install trl``: it is not a
+dependency of the project).
+
+Measured on 2 CPU cores (tiny model recipe 3, one torch thread, 180 s per side, 8 tasks × 8):
+ours 3,649 optimizer tokens/s and greedy success 0.47 → 1.00; TRL 1.16 695 tokens/s and
+0.47 → 0.95 — 5.25× the tokens/s, and no worse success after equal wall time.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -183,7 +189,8 @@ def main() -> None:
         AutoModelForCausalLM.from_pretrained(str(args.model_dir)), AutoTokenizer.from_pretrained(str(args.model_dir)), val)
     for name, fn in (("ours", run_ours), ("trl", run_trl)):
         if args.only in (None, name):
-            report[name] = fn(args.model_dir, train, val, args)
+            with contextlib.redirect_stdout(sys.stderr):  # TRL prints its logs: stdout stays pure JSON
+                report[name] = fn(args.model_dir, train, val, args)
             print(f"{name}: {report[name]}", file=sys.stderr, flush=True)
     ours, trl = report.get("ours", {}), report.get("trl", {})
     if "optimizer_tokens_per_second" in ours and "optimizer_tokens_per_second" in trl:
