@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import uuid
 from pathlib import Path
@@ -23,8 +24,9 @@ from agentgrad.types import Span  # noqa: E402
 def bench(url: str, schema: str, n_threads: int, ops: int) -> dict:
     stores = [PostgresStore(url, schema=schema, watchdog_interval=None, pool_size=2) for _ in range(n_threads)]
     per = ops // n_threads
+    me = os.getpid()  # the store runs in this process: its "server" CPU is ours
     claims: dict[int, list] = {id(s): [] for s in stores}
-    out = {"enqueue": run(stores, per, lambda s, i: len([s.enqueue_rollout({"i": i})]))}
+    out = {"enqueue": run(stores, per, lambda s, i: len([s.enqueue_rollout({"i": i})]), me)}
 
     def dequeue_start(s: PostgresStore, i: int) -> int:
         got = s.dequeue_rollout()
@@ -32,17 +34,17 @@ def bench(url: str, schema: str, n_threads: int, ops: int) -> dict:
         claims[id(s)].append(got)
         return 1
 
-    out["dequeue+start"] = run(stores, per, dequeue_start)
+    out["dequeue+start"] = run(stores, per, dequeue_start, me, calls_per_op=2)
 
     def span(s: PostgresStore, i: int) -> Span:
         c = claims[id(s)][i % len(claims[id(s)])]
         return Span(rollout_id=c.rollout.rollout_id, attempt_id=c.attempt.attempt_id, name="step",
                     attributes={"tokens": list(range(64))})
 
-    out["add_span"] = run(stores, per, lambda s, i: len(s.add_spans([span(s, i)])))
+    out["add_span"] = run(stores, per, lambda s, i: len(s.add_spans([span(s, i)])), me)
     out["add_spans_batch200"] = run(stores, max(1, per // 20), lambda s, i: len(s.add_spans([span(s, i)] * 1 + [
-        span(s, i).model_copy(update={"span_id": uuid.uuid4().hex[:16]}) for _ in range(199)])))
-    out["get_rollout"] = run(stores, per, lambda s, i: (s.get_rollout(claims[id(s)][i].rollout.rollout_id), 1)[1])
+        span(s, i).model_copy(update={"span_id": uuid.uuid4().hex[:16]}) for _ in range(199)])), me)
+    out["get_rollout"] = run(stores, per, lambda s, i: (s.get_rollout(claims[id(s)][i].rollout.rollout_id), 1)[1], me)
     for s in stores:
         s.close()
     return out

@@ -9,13 +9,18 @@ spans one by one (add_span), spans batched 10 per call (one call per rollout) an
 update status (succeeded), query spans (all spans of each rollout). "mixed_unbatched" is every
 unbatched call of the lifecycle (enqueue, dequeue, start, 10 x add_span, succeed, query) over
 their total time. SQLite is a file in WAL mode with the default synchronous=NORMAL (durable
-against process crashes) and its background watchdog on, as in a real run.
+against process crashes) and its background watchdog on, as in a real run. Each phase starts
+after a full garbage collection, so no phase pays for sweeping the inputs built before it.
 Prints one JSON object.
+
+The code measured is this checkout's ``src``, or the first PYTHONPATH entry when one is set (to
+compare a baseline copy with the working tree back to back: machine load varies minute to minute).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -27,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] or str(ROOT / "src"))
 
 SPANS_PER_ROLLOUT = 10
 
@@ -57,6 +62,10 @@ def run_backend(backend: str, n: int) -> dict[str, Any]:
     seconds: dict[str, float] = {}
 
     def phase(name: str, count: int, fn: Any) -> Any:
+        # Settle the garbage collector first: the inputs built just before (up to 50k span
+        # objects) would otherwise trigger a full collection inside the timed block, charging a
+        # random phase with sweeping the harness's own objects.
+        gc.collect()
         start = time.perf_counter()
         out = fn()
         elapsed = time.perf_counter() - start
@@ -66,7 +75,7 @@ def run_backend(backend: str, n: int) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory() as tmp:
         store = _open(backend, tmp)
-        rollouts = phase("enqueue", n, lambda: [store.enqueue_rollout({"task": i}) for i in range(n)])
+        phase("enqueue", n, lambda: [store.enqueue_rollout({"task": i}) for i in range(n)])
 
         def dequeue_start() -> list[Any]:
             claimed = []

@@ -8,6 +8,7 @@ of the code can trust its inputs.
 from __future__ import annotations
 
 import enum
+import os
 import re
 import string
 import time
@@ -25,8 +26,9 @@ def now() -> float:
 
 
 def new_id(prefix: str) -> str:
-    """A short, unique, sortable-enough identifier such as ``ro-1f3a…``."""
-    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+    """A short, unique, sortable-enough identifier such as ``ro-1f3a…``: 64 random bits from
+    the OS (a third of the cost of a whole ``uuid4``, whose version bits would be wasted here)."""
+    return f"{prefix}-{os.urandom(8).hex()}"
 
 
 class RolloutStatus(str, enum.Enum):
@@ -38,16 +40,19 @@ class RolloutStatus(str, enum.Enum):
     FAILED = "failed"
     CANCELLED = "cancelled"
 
+    # The status properties compare identities with module constants: the store asks them on
+    # every call, and enum class lookups and enum hashing are slow Python code.
     @property
     def is_terminal(self) -> bool:
-        return self in _TERMINAL_ROLLOUT
+        return self is _SUCCEEDED or self is _FAILED or self is _CANCELLED
 
     @property
     def is_queued(self) -> bool:
-        return self in (RolloutStatus.QUEUING, RolloutStatus.REQUEUING)
+        return self is _QUEUING or self is _REQUEUING
 
 
-_TERMINAL_ROLLOUT = frozenset({RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.CANCELLED})
+_QUEUING, _REQUEUING = RolloutStatus.QUEUING, RolloutStatus.REQUEUING
+_SUCCEEDED, _FAILED, _CANCELLED = RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.CANCELLED
 
 
 class AttemptStatus(str, enum.Enum):
@@ -60,7 +65,10 @@ class AttemptStatus(str, enum.Enum):
 
     @property
     def is_terminal(self) -> bool:
-        return self not in (AttemptStatus.PREPARING, AttemptStatus.RUNNING)
+        return self is not _PREPARING and self is not _RUNNING  # identities, as in RolloutStatus
+
+
+_PREPARING, _RUNNING = AttemptStatus.PREPARING, AttemptStatus.RUNNING
 
 
 RetryReason = Literal["failed", "timeout", "unresponsive"]

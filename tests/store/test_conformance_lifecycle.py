@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from agentgrad.types import AttemptError, RolloutConfig
+from agentgrad.types import AttemptError, AttemptStatus, RolloutConfig, RolloutStatus
 
 
 def test_enqueue_creates_queuing_rollout(store):
@@ -294,3 +294,27 @@ def test_returned_objects_are_copies(store, kit):
     assert fetched.input == {"k": [1]}
     fetched.metadata["x"] = 1
     assert store.get_rollout(rollout.rollout_id).metadata == {"m": 1}
+
+
+def test_objects_returned_by_changes_are_copies(store, kit):
+    """Claims, status changes and heartbeats hand out records the caller may change freely."""
+    claimed = kit.claim(store, {"k": [1]}, metadata={"m": [1]}, config=RolloutConfig(max_attempts=2))
+    rid, aid = claimed.rollout.rollout_id, claimed.attempt.attempt_id
+    claimed.rollout.input["k"].append(2)
+    claimed.rollout.metadata["m"].append(2)
+    claimed.rollout.config.retry_on.clear()
+    claimed.rollout.config.max_attempts = 9
+    running = store.update_attempt(rid, aid, "running")
+    running.status = AttemptStatus.SUCCEEDED
+    store.heartbeat(rid, aid).last_heartbeat_time = 0.0
+    failed = store.update_attempt(rid, aid, "failed", error=AttemptError(type="E", message="boom"))
+    failed.error.message = "changed"
+    store.update_attempt(rid, aid, "failed").error.type = "changed"  # no change: still a copy
+    fetched = store.get_rollout(rid)
+    assert fetched.input == {"k": [1]}
+    assert fetched.metadata == {"m": [1]}
+    assert fetched.config == RolloutConfig(max_attempts=2)
+    assert fetched.status == RolloutStatus.REQUEUING  # the retry the stored config allows
+    attempt = store.get_latest_attempt(rid)
+    assert (attempt.status, attempt.error.type, attempt.error.message) == (AttemptStatus.FAILED, "E", "boom")
+    assert attempt.last_heartbeat_time > 0.0

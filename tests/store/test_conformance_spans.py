@@ -333,6 +333,25 @@ def test_stored_span_is_a_copy(store, kit):
     assert store.query_spans(rid)[0].attributes == {"list": [1]}
 
 
+@pytest.mark.parametrize(
+    ("field", "fields"),
+    [
+        ("start_time", {"start_time": float("nan")}),
+        ("end_time", {"end_time": float("inf")}),
+        ("events[0].timestamp", {"events": [SpanEvent(name="ev", timestamp=-float("inf"))]}),
+    ],
+    ids=["start-nan", "end-inf", "event-inf"],
+)
+def test_non_finite_span_time_is_refused(store, kit, field, fields):
+    """JSON has no NaN: such a time would come back as null, or not at all, so it is refused."""
+    started = kit.start(store)
+    rid, aid = started.rollout.rollout_id, started.attempt.attempt_id
+    with pytest.raises(InvalidInputError) as info:
+        store.add_spans([kit.span(rid, aid, "good"), kit.span(rid, aid, "bad", **fields)])
+    assert field in str(info.value)
+    assert store.query_spans(rid) == []
+
+
 def test_non_json_event_attribute_is_refused(store, kit):
     started = kit.start(store)
     rid, aid = started.rollout.rollout_id, started.attempt.attempt_id

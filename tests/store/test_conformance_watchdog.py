@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 
-from agentgrad.types import RolloutConfig
+from agentgrad.types import AttemptError, RolloutConfig
 
 
 def test_timeout_after_timeout_seconds(store, kit):
@@ -26,6 +26,20 @@ def test_timeout_after_timeout_seconds(store, kit):
     rollout = store.get_rollout(rid)
     assert rollout.status == "failed"
     assert rollout.end_time is not None
+
+
+def test_timeout_whatever_text_the_records_hold(store, kit):
+    """Strings JSON escapes (a NUL, a literal backslash-u) must not keep the watchdog from reading
+    attempts' clocks; PostgreSQL's JSON functions, for one, refuse the \\u0000 escape."""
+    odd = {"nul": "a\x00b", "escaped": "\\u0000", "timeout_seconds": "not this one"}
+    started = kit.start(store, odd, metadata=odd, config=RolloutConfig(timeout_seconds=0.2))
+    rid, aid = started.rollout.rollout_id, started.attempt.attempt_id
+    store.update_attempt(rid, aid, "failed", error=AttemptError(type="E", message="a\x00b"))
+    other = kit.start(store, odd, config=RolloutConfig(timeout_seconds=0.2))
+    time.sleep(0.3)
+    changed = store.check_watchdog()
+    assert [(a.rollout_id, a.status) for a in changed] == [(other.rollout.rollout_id, "timeout")]
+    assert store.get_rollout(other.rollout.rollout_id).input == odd
 
 
 def test_heartbeats_do_not_extend_timeout(store, kit):

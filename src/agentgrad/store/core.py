@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import functools
 import logging
 import math
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any, Literal, Protocol
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal, NamedTuple, Protocol, TypeVar
 
 from pydantic import BaseModel
 
@@ -45,15 +46,99 @@ from agentgrad.types import (
 
 log = logging.getLogger(__name__)
 
+_Model = TypeVar("_Model", bound=BaseModel)
+_new_object = object.__new__
+# Setters of BaseModel's slots, called directly: cheaper than ``object.__setattr__`` by name.
+_set_dict, _set_fields_set, _set_extra, _set_private = (
+    BaseModel.__dict__[slot].__set__
+    for slot in ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
+)
+
+
+def assembled(model: type[_Model], fields: dict[str, Any], fields_set: set[str]) -> _Model:
+    """A ``model`` over ``fields`` without validating them, the way pydantic's own ``__copy__``
+    builds one.
+
+    For records the store validated or built itself, and their copies: ``model_copy`` and
+    ``model_construct`` do the same several times slower, which shows on every span insert and
+    every read of the memory backend. Store records have neither extra fields nor private
+    attributes.
+    """
+    instance = _new_object(model)
+    _set_dict(instance, fields)
+    _set_fields_set(instance, fields_set)
+    _set_extra(instance, None)
+    _set_private(instance, None)
+    return instance
+
+
+def trusted(model: type[_Model], **fields: Any) -> _Model:
+    """A ``model`` the store built itself from checked values, without validating them again.
+
+    ``fields`` must name every field, in declaration order (as validation would fill them).
+    """
+    assert tuple(fields) == _field_names(model), f"{model.__name__}: name every field, in order"
+    return assembled(model, fields, set(fields))
+
+
+@functools.cache
+def _field_names(model: type[BaseModel]) -> tuple[str, ...]:
+    return tuple(model.model_fields)
+
+
+def to_json(record: BaseModel) -> bytes:
+    """``record.model_dump_json()`` as UTF-8, calling the serializer directly: pydantic's wrapper
+    spends a third of the call forwarding its keyword arguments."""
+    return record.__pydantic_serializer__.to_json(record)
+
+
+def from_json(model: type[_Model], text: str | bytes) -> _Model:
+    """``model.model_validate_json(text)`` without the wrapper, which costs as much as the
+    validation of a small record."""
+    return model.__pydantic_validator__.validate_json(text)
+
+
+def from_json_many(model: type[_Model], texts: Iterable[str | bytes]) -> list[_Model]:
+    """:func:`from_json` over many texts (the reads that return lists: spans above all)."""
+    validate = model.__pydantic_validator__.validate_json
+    return [validate(text) for text in texts]
+
+
+def evolved(model: _Model, **changes: Any) -> _Model:
+    """A shallow copy of ``model`` with ``changes`` (trusted values), as ``model_copy(update=…)``
+    makes it, at a fraction of the cost."""
+    return assembled(type(model), {**model.__dict__, **changes}, model.__pydantic_fields_set__ | changes.keys())
+
+
+class AttemptClock(NamedTuple):
+    """What the watchdog needs to know of one active attempt: its times and its rollout's limits.
+
+    Backends read these few numbers without building whole records, so a sweep over thousands
+    of healthy attempts stays cheap (it runs every half second, inside a write transaction).
+    """
+
+    rollout_id: str
+    attempt_id: str
+    start_time: float
+    last_heartbeat_time: float | None
+    timeout_seconds: float | None
+    unresponsive_seconds: float | None
+
 
 class StoreTx(Protocol):
     """Storage primitives a backend offers inside one transaction.
 
     Objects passed in and returned are owned by the caller: backends must not keep references
-    to them (memory copies, SQL serializes).
+    to them (memory copies, SQL serializes). The ``peek_*`` reads are the one exception, for
+    the hottest paths: they may return the backend's own record, which the core must neither
+    change nor hand out. A copy of a view made with :func:`evolved` shares the view's nested
+    values; it may be handed out once saved, since saving replaces the record the view was.
     """
 
     def get_rollout(self, rollout_id: str) -> Rollout | None: ...
+    def peek_rollout(self, rollout_id: str) -> Rollout | None:
+        """The rollout as a read-only view: the core must neither change it nor hand it out."""
+        ...
     def insert_rollouts(self, rollouts: Sequence[Rollout]) -> None: ...
     def save_rollout(self, rollout: Rollout) -> None: ...
     def push_queue(self, rollout_ids: Sequence[str]) -> None: ...
@@ -63,10 +148,16 @@ class StoreTx(Protocol):
     def count_rollouts(self, filter: RolloutFilter) -> int: ...
 
     def get_attempt(self, rollout_id: str, attempt_id: str) -> Attempt | None: ...
+    def peek_attempt(self, rollout_id: str, attempt_id: str) -> Attempt | None:
+        """The attempt as a read-only view, like :meth:`peek_rollout`."""
+        ...
     def get_attempts(self, rollout_id: str) -> list[Attempt]: ...
     def insert_attempt(self, attempt: Attempt) -> None: ...
     def save_attempt(self, attempt: Attempt) -> None: ...
-    def active_attempts(self) -> list[Attempt]: ...
+    def attempt_clocks(self) -> list[AttemptClock]:
+        """One clock per attempt in ``preparing`` or ``running`` (those of rollouts that set no
+        time limit may be left out: they can never be overdue)."""
+        ...
 
     def insert_spans(self, rollout_id: str, spans: Sequence[Span]) -> list[tuple[Span, bool]]:
         """Insert spans of one rollout; returns (stored copy, newly inserted) per span.
@@ -108,6 +199,45 @@ def _checked_metadata(metadata: dict[str, Any], where: str = "") -> dict[str, An
     if group_id is not None and not isinstance(group_id, str):
         raise InvalidInputError(f"{where}field 'metadata.group_id' must be a string, got {type(group_id).__name__}")
     return metadata
+
+
+def _normalize_field(model: BaseModel, field: str, label: str, where: str = "") -> Any:
+    """Normalize one JSON field of ``model`` in place (see :func:`normalize_json`).
+
+    Assigns only when normalizing changed the value: pydantic's ``__setattr__`` costs more
+    than the check, on every span.
+    """
+    value = getattr(model, field)
+    normalized = normalize_json(value, label, where)
+    if normalized is not value:
+        setattr(model, field, normalized)
+    return normalized
+
+
+def _normalize_span(span: Span, index: int | None) -> None:
+    """Normalize a span's JSON fields in place and refuse non-finite times.
+
+    A NaN or infinite time would be stored as JSON ``null``, which no longer reads back as a
+    span; refusing it here keeps one bad span from poisoning every later read of its rollout.
+    """
+    try:
+        _normalize_field(span, "attributes", "attributes")
+        if span.resource:  # the usual empty default needs no walk
+            _normalize_field(span, "resource", "resource")
+        if not (math.isfinite(span.start_time) and (span.end_time is None or math.isfinite(span.end_time))):
+            _check_finite(span.start_time, "start_time")
+            _check_finite(span.end_time, "end_time")
+        for number, event in enumerate(span.events):
+            _normalize_field(event, "attributes", f"events[{number}].attributes")
+            _check_finite(event.timestamp, f"events[{number}].timestamp")
+    except InvalidInputError as exc:  # name the span only when something is wrong
+        where = f"span {index} ({span.name}): " if index is not None else f"span {span.name!r}: "
+        raise InvalidInputError(f"{where}{exc}") from None
+
+
+def _check_finite(value: float | None, field: str) -> None:
+    if value is not None and not math.isfinite(value):
+        raise InvalidInputError(f"field {field!r} must be a finite number, got {value}")
 
 
 def _number(value: Any) -> float | None:
@@ -182,18 +312,25 @@ class TransactionalStore(Store):
         parsed = [r if isinstance(r, RolloutRequest) else RolloutRequest.model_validate(r) for r in requests]
         for index, request in enumerate(parsed):
             where = f"rollout {index}: " if len(parsed) > 1 else ""
-            request.input = normalize_json(request.input, "input", where)
-            request.metadata = _checked_metadata(normalize_json(request.metadata, "metadata", where), where)
+            _normalize_field(request, "input", "input", where)
+            _checked_metadata(_normalize_field(request, "metadata", "metadata", where), where)
         stamp = now()
         rollouts = [
-            Rollout(
+            trusted(
+                Rollout,
                 rollout_id=request.rollout_id or new_id("ro"),
                 input=request.input,
                 mode=request.mode,
                 resources_id=request.resources_id,
+                status=RolloutStatus.QUEUING,
                 config=request.config,
                 metadata=request.metadata,
                 enqueue_time=stamp,
+                start_time=None,
+                end_time=None,
+                num_attempts=0,
+                reward=None,
+                llm_calls=0,
             )
             for request in parsed
         ]
@@ -202,7 +339,7 @@ class TransactionalStore(Store):
             raise AlreadyExistsError("a batch names the same rollout_id twice")
         with self._transaction() as tx:
             for rollout_id in ids:
-                if tx.get_rollout(rollout_id) is not None:
+                if tx.peek_rollout(rollout_id) is not None:
                     raise AlreadyExistsError(f"rollout {rollout_id!r} already exists")
             tx.insert_rollouts(rollouts)
             tx.push_queue(ids)
@@ -221,26 +358,29 @@ class TransactionalStore(Store):
         claimed: list[AttemptedRollout] = []
         with self._transaction() as tx:
             for rollout_id in tx.pop_queue(limit):
-                rollout = tx.get_rollout(rollout_id)
-                if rollout is None or not rollout.status.is_queued:
+                view = tx.peek_rollout(rollout_id)
+                if view is None or not view.status.is_queued:
                     continue
                 stamp = now()
-                attempt = Attempt(
+                attempt = trusted(
+                    Attempt,
                     rollout_id=rollout_id,
                     attempt_id=new_id("at"),
-                    sequence_id=rollout.num_attempts + 1,
+                    sequence_id=view.num_attempts + 1,
                     worker_id=worker_id,
+                    status=AttemptStatus.PREPARING,
                     start_time=stamp,
+                    end_time=None,
                     last_heartbeat_time=stamp,
+                    error=None,
                 )
-                rollout.status = RolloutStatus.PREPARING
-                rollout.num_attempts = attempt.sequence_id
-                rollout.start_time = rollout.start_time or stamp
-                rollout.reward = None
-                rollout.llm_calls = 0
+                rollout = evolved(
+                    view, status=RolloutStatus.PREPARING, num_attempts=attempt.sequence_id,
+                    start_time=view.start_time or stamp, reward=None, llm_calls=0,
+                )
                 tx.insert_attempt(attempt)
                 tx.save_rollout(rollout)
-                claimed.append(AttemptedRollout(rollout=rollout, attempt=attempt))
+                claimed.append(trusted(AttemptedRollout, rollout=rollout, attempt=attempt))
         return claimed
 
     def get_rollout(self, rollout_id: str) -> Rollout:
@@ -288,7 +428,7 @@ class TransactionalStore(Store):
         ids = list(rollout_ids)
         with self._transaction() as tx:
             for rollout_id in ids:
-                self._require_rollout(tx, rollout_id)
+                self._require_rollout(tx, rollout_id, view=True)
         done: list[Rollout] = []
 
         def all_done() -> bool:
@@ -304,7 +444,7 @@ class TransactionalStore(Store):
     # ---- attempts -------------------------------------------------------------------------------
     def get_attempts(self, rollout_id: str) -> list[Attempt]:
         with self._transaction() as tx:
-            self._require_rollout(tx, rollout_id)
+            self._require_rollout(tx, rollout_id, view=True)
             return tx.get_attempts(rollout_id)
 
     def update_attempt(
@@ -320,79 +460,82 @@ class TransactionalStore(Store):
             allowed = ", ".join(s.value for s in AttemptStatus)
             raise InvalidInputError(f"unknown attempt status {status!r} (allowed: {allowed})") from None
         with self._transaction() as tx:
-            rollout = self._require_rollout(tx, rollout_id)
-            attempt = self._require_attempt(tx, rollout_id, attempt_id)
-            terminal_rollout = self._transition(tx, rollout, attempt, status, error)
-        if terminal_rollout or status.is_terminal:
+            rollout = self._require_rollout(tx, rollout_id, view=True)
+            attempt = self._require_attempt(tx, rollout_id, attempt_id, view=True)
+            saved, wake = self._transition(tx, rollout, attempt, status, error)
+            if saved is None:  # already in that status: hand out a copy, not the view
+                saved = self._require_attempt(tx, rollout_id, attempt_id)
+        if wake or status.is_terminal:
             self._notify()
-        return attempt
+        return saved
 
     def _transition(
         self, tx: StoreTx, rollout: Rollout, attempt: Attempt, status: AttemptStatus, error: AttemptError | None
-    ) -> bool:
-        """Apply one attempt status change and its effect on the rollout; True if the queue or a
-        rollout's terminal state changed (waiters must wake)."""
+    ) -> tuple[Attempt | None, bool]:
+        """Apply one attempt status change and its effect on the rollout.
+
+        ``rollout`` and ``attempt`` may be read-only views: changes are saved from copies.
+        Returns the saved attempt (None when it already had ``status``) and whether the queue
+        or a rollout's terminal state changed (waiters must wake).
+        """
         if attempt.status == status:
-            return False
+            return None, False
         if attempt.status.is_terminal or status == AttemptStatus.PREPARING:
             raise InvalidTransitionError("attempt", attempt.attempt_id, attempt.status.value, status.value)
         stamp = now()
-        attempt.status = status
         if status.is_terminal:
-            attempt.end_time = stamp
-            attempt.error = error or attempt.error
+            attempt = evolved(attempt, status=status, end_time=stamp, error=error or attempt.error)
         else:
-            attempt.last_heartbeat_time = stamp
+            attempt = evolved(attempt, status=status, last_heartbeat_time=stamp)
         tx.save_attempt(attempt)
 
         is_latest = attempt.sequence_id == rollout.num_attempts
         if not is_latest or rollout.status.is_terminal or rollout.status.is_queued:
-            return False
+            return attempt, False
         if status == AttemptStatus.RUNNING:
-            rollout.status = RolloutStatus.RUNNING
-            tx.save_rollout(rollout)
-            return False
+            tx.save_rollout(evolved(rollout, status=RolloutStatus.RUNNING))
+            return attempt, False
         if status == AttemptStatus.SUCCEEDED:
-            rollout.status = RolloutStatus.SUCCEEDED
+            changes: dict[str, Any] = {"status": RolloutStatus.SUCCEEDED, "end_time": stamp}
         elif _RETRY_REASON[status] in rollout.config.retry_on and rollout.num_attempts < rollout.config.max_attempts:
-            rollout.status = RolloutStatus.REQUEUING
-            rollout.reward, rollout.llm_calls = None, 0  # results of the failed attempt don't carry over
+            # Results of the failed attempt don't carry over.
+            changes = {"status": RolloutStatus.REQUEUING, "reward": None, "llm_calls": 0}
             tx.push_queue([rollout.rollout_id])
         else:
-            rollout.status = RolloutStatus.FAILED
-        if rollout.status.is_terminal:
-            rollout.end_time = stamp
-        tx.save_rollout(rollout)
-        return True
+            changes = {"status": RolloutStatus.FAILED, "end_time": stamp}
+        tx.save_rollout(evolved(rollout, **changes))
+        return attempt, True
 
     def heartbeat(self, rollout_id: str, attempt_id: str) -> Attempt:
         with self._transaction() as tx:
-            self._require_rollout(tx, rollout_id)
-            attempt = self._require_attempt(tx, rollout_id, attempt_id)
-            if not attempt.status.is_terminal:
-                attempt.last_heartbeat_time = now()
-                tx.save_attempt(attempt)
+            self._require_rollout(tx, rollout_id, view=True)
+            attempt = self._require_attempt(tx, rollout_id, attempt_id, view=True)
+            if attempt.status.is_terminal:
+                return self._require_attempt(tx, rollout_id, attempt_id)  # a copy, not the view
+            attempt = evolved(attempt, last_heartbeat_time=now())
+            tx.save_attempt(attempt)
             return attempt
 
     def check_watchdog(self) -> list[Attempt]:
         changed: list[Attempt] = []
         with self._transaction() as tx:
             stamp = now()
-            for attempt in tx.active_attempts():
-                rollout = tx.get_rollout(attempt.rollout_id)
-                if rollout is None:
-                    continue
-                config = rollout.config
-                last_sign = attempt.last_heartbeat_time or attempt.start_time
-                if config.timeout_seconds is not None and stamp - attempt.start_time > config.timeout_seconds:
-                    verdict, why = AttemptStatus.TIMEOUT, f"no result within {config.timeout_seconds} s"
-                elif config.unresponsive_seconds is not None and stamp - last_sign > config.unresponsive_seconds:
-                    verdict, why = AttemptStatus.UNRESPONSIVE, f"no heartbeat for {config.unresponsive_seconds} s"
+            for clock in tx.attempt_clocks():
+                last_sign = clock.last_heartbeat_time or clock.start_time
+                if clock.timeout_seconds is not None and stamp - clock.start_time > clock.timeout_seconds:
+                    verdict, why = AttemptStatus.TIMEOUT, f"no result within {clock.timeout_seconds} s"
+                elif clock.unresponsive_seconds is not None and stamp - last_sign > clock.unresponsive_seconds:
+                    verdict, why = AttemptStatus.UNRESPONSIVE, f"no heartbeat for {clock.unresponsive_seconds} s"
                 else:
                     continue
+                rollout = tx.peek_rollout(clock.rollout_id)
+                attempt = tx.peek_attempt(clock.rollout_id, clock.attempt_id)
+                if rollout is None or attempt is None:
+                    continue
                 error = AttemptError(type=verdict.value.capitalize(), message=f"watchdog: {why}")
-                self._transition(tx, rollout, attempt, verdict, error)
-                changed.append(attempt)
+                saved, _ = self._transition(tx, rollout, attempt, verdict, error)
+                if saved is not None:
+                    changed.append(saved)
         if changed:
             log.info("watchdog ended %d attempt(s)", len(changed))
             self._notify()
@@ -408,62 +551,65 @@ class TransactionalStore(Store):
     # ---- spans ----------------------------------------------------------------------------------
     def add_spans(self, spans: Sequence[Span | dict[str, Any]]) -> list[Span]:
         parsed = [s if isinstance(s, Span) else Span.model_validate(s) for s in spans]
+        positions: dict[str, list[int]] = {}  # rollout_id → indexes into parsed
         for index, span in enumerate(parsed):
-            where = f"span {index} ({span.name}): " if len(parsed) > 1 else f"span {span.name!r}: "
-            span.attributes = normalize_json(span.attributes, "attributes", where)
-            span.resource = normalize_json(span.resource, "resource", where)
-            for number, event in enumerate(span.events):
-                event.attributes = normalize_json(event.attributes, f"events[{number}].attributes", where)
-        by_rollout: dict[str, list[Span]] = {}
-        for span in parsed:
-            by_rollout.setdefault(span.rollout_id, []).append(span)
-        stored_by_key: dict[tuple[str, str, str], Span] = {}
+            _normalize_span(span, index if len(parsed) > 1 else None)
+            positions.setdefault(span.rollout_id, []).append(index)
+        stored = list(parsed)  # each replaced by its stored copy below
         wake = False
         with self._transaction() as tx:
             # Resolve every id before writing anything: a refused batch stores nothing.
-            targets = {
-                rollout_id: (
-                    self._require_rollout(tx, rollout_id),
-                    {aid: self._require_attempt(tx, rollout_id, aid) for aid in {s.attempt_id for s in group}},
-                )
-                for rollout_id, group in by_rollout.items()
-            }
-            for rollout_id, group in by_rollout.items():
-                rollout, attempts = targets[rollout_id]
-                results = tx.insert_spans(rollout_id, group)
-                new_spans = [span for span, is_new in results if is_new]
-                for span, _ in results:
-                    stored_by_key[(span.rollout_id, span.attempt_id, span.span_id)] = span
-                before = (rollout.status, rollout.reward, rollout.llm_calls)
-                wake |= self._absorb_spans(tx, rollout, attempts, new_spans)
-                if (rollout.status, rollout.reward, rollout.llm_calls) != before:
-                    tx.save_rollout(rollout)
+            targets = []
+            for rollout_id, indexes in positions.items():
+                rollout = self._require_rollout(tx, rollout_id, view=True)
+                attempts: dict[str, Attempt] = {}
+                for index in indexes:
+                    attempt_id = parsed[index].attempt_id
+                    if attempt_id not in attempts:
+                        attempts[attempt_id] = self._require_attempt(tx, rollout_id, attempt_id, view=True)
+                targets.append((rollout, attempts, indexes))
+            for rollout, attempts, indexes in targets:
+                results = tx.insert_spans(rollout.rollout_id, [parsed[i] for i in indexes])
+                for index, (span, _) in zip(indexes, results):
+                    stored[index] = span
+                wake |= self._absorb_spans(tx, rollout, attempts, [span for span, is_new in results if is_new])
         if wake:
             self._notify()
-        return [stored_by_key[(s.rollout_id, s.attempt_id, s.span_id)] for s in parsed]
+        return stored
 
     def _absorb_spans(self, tx: StoreTx, rollout: Rollout, attempts: dict[str, Attempt], spans: list[Span]) -> bool:
-        """Spans are heartbeats; reward and LLM-call spans of the latest attempt update the rollout."""
+        """Spans are heartbeats; reward and LLM-call spans of the latest attempt update the rollout.
+
+        ``rollout`` and ``attempts`` are read-only views: changes are saved from copies. Returns
+        True if waiters must wake.
+        """
         wake = False
         stamp = now()
-        for attempt in attempts.values():
-            if attempt.status.is_terminal or not any(s.attempt_id == attempt.attempt_id for s in spans):
+        heard_from = {span.attempt_id for span in spans}
+        latest = None
+        for attempt_id, attempt in attempts.items():
+            if attempt.sequence_id == rollout.num_attempts:
+                latest = attempt_id
+            if attempt_id not in heard_from:
                 continue
-            if attempt.status == AttemptStatus.PREPARING:
-                wake |= self._transition(tx, rollout, attempt, AttemptStatus.RUNNING, None)
-            elif stamp - (attempt.last_heartbeat_time or 0.0) >= HEARTBEAT_RESOLUTION_SECONDS:
-                attempt.last_heartbeat_time = stamp
-                tx.save_attempt(attempt)
-        latest_id = next((a.attempt_id for a in attempts.values() if a.sequence_id == rollout.num_attempts), None)
+            if attempt.status is AttemptStatus.RUNNING:
+                if stamp - (attempt.last_heartbeat_time or 0.0) >= HEARTBEAT_RESOLUTION_SECONDS:
+                    tx.save_attempt(evolved(attempt, last_heartbeat_time=stamp))
+            elif attempt.status is AttemptStatus.PREPARING:
+                wake |= self._transition(tx, rollout, attempt, AttemptStatus.RUNNING, None)[1]
+                rollout = self._require_rollout(tx, rollout.rollout_id, view=True)  # as _transition saved it
+        reward, llm_calls = rollout.reward, rollout.llm_calls
         for span in spans:
-            if span.attempt_id != latest_id:
+            if span.attempt_id != latest:
                 continue
             if span.name == semconv.SPAN_LLM_CALL:
-                rollout.llm_calls += 1
+                llm_calls += 1
             elif span.name == semconv.SPAN_REWARD:
                 value = _number(span.attributes.get(semconv.REWARD_VALUE))
                 if value is not None:
-                    rollout.reward = value
+                    reward = value
+        if llm_calls != rollout.llm_calls or reward != rollout.reward:
+            tx.save_rollout(evolved(rollout, reward=reward, llm_calls=llm_calls))
         return wake
 
     def query_spans(
@@ -475,14 +621,14 @@ class TransactionalStore(Store):
         limit: int | None = None,
     ) -> list[Span]:
         with self._transaction() as tx:
-            self._require_rollout(tx, rollout_id)
+            self._require_rollout(tx, rollout_id, view=True)
             if attempt_id == "latest":
                 attempts = tx.get_attempts(rollout_id)
                 if not attempts:
                     return []
                 attempt_id = attempts[-1].attempt_id
             elif attempt_id is not None:
-                self._require_attempt(tx, rollout_id, attempt_id)
+                self._require_attempt(tx, rollout_id, attempt_id, view=True)
             return tx.query_spans(rollout_id, attempt_id, name, after_sequence_id, limit)
 
     # ---- resources ------------------------------------------------------------------------------
@@ -520,7 +666,7 @@ class TransactionalStore(Store):
     # ---- workers and metrics --------------------------------------------------------------------
     def update_worker(self, worker: Worker | dict[str, Any]) -> Worker:
         worker = worker if isinstance(worker, Worker) else Worker.model_validate(worker)
-        worker.metadata = normalize_json(worker.metadata, "metadata")
+        _normalize_field(worker, "metadata", "metadata")
         with self._transaction() as tx:
             tx.save_worker(worker)
         return worker
@@ -542,15 +688,16 @@ class TransactionalStore(Store):
 
     # ---- helpers --------------------------------------------------------------------------------
     @staticmethod
-    def _require_rollout(tx: StoreTx, rollout_id: str) -> Rollout:
-        rollout = tx.get_rollout(rollout_id)
+    def _require_rollout(tx: StoreTx, rollout_id: str, *, view: bool = False) -> Rollout:
+        """The rollout, or NotFoundError; ``view``: a read-only view (see ``StoreTx.peek_rollout``)."""
+        rollout = tx.peek_rollout(rollout_id) if view else tx.get_rollout(rollout_id)
         if rollout is None:
             raise NotFoundError("rollout", rollout_id)
         return rollout
 
     @staticmethod
-    def _require_attempt(tx: StoreTx, rollout_id: str, attempt_id: str) -> Attempt:
-        attempt = tx.get_attempt(rollout_id, attempt_id)
+    def _require_attempt(tx: StoreTx, rollout_id: str, attempt_id: str, *, view: bool = False) -> Attempt:
+        attempt = tx.peek_attempt(rollout_id, attempt_id) if view else tx.get_attempt(rollout_id, attempt_id)
         if attempt is None:
             raise NotFoundError("attempt", attempt_id, f" of rollout {rollout_id!r}")
         return attempt

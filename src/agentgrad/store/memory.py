@@ -1,24 +1,75 @@
 """MemoryStore: the fastest backend, for tests, notebooks and single-process runs.
 
-Nothing survives the process. Records are copied in and out so callers can never mutate stored
-state by accident.
+Nothing survives the process. Callers can never mutate stored state by accident: rollouts,
+attempts and the other few, often updated records are deep-copied in and out; spans, the bulk of
+the data and never changed once stored, are kept as their JSON text, as the SQL backends keep
+them. Text is compact and invisible to the cyclic garbage collector, whose sweeps over hundreds
+of thousands of live span objects would otherwise cost more than the store's own work.
 """
 
 from __future__ import annotations
 
-import contextlib
+import copy
+import enum
+import functools
 import itertools
 import threading
+import types
+import typing
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pydantic import BaseModel
 
-from agentgrad.store.core import StoreTx, TransactionalStore
+from agentgrad.store.core import (
+    AttemptClock,
+    StoreTx,
+    TransactionalStore,
+    assembled,
+    evolved,
+    from_json,
+    from_json_many,
+    to_json,
+)
 from agentgrad.store.protocol import RolloutFilter
 from agentgrad.store.query import filter_and_page
-from agentgrad.types import Attempt, MetricRecord, Resources, Rollout, Span, Worker
+from agentgrad.types import Attempt, AttemptStatus, MetricRecord, Resources, Rollout, RolloutStatus, Span, Worker
+
+
+class _SpanLog:
+    """One rollout's spans in ``sequence_id`` order, as JSON text with the two fields queries
+    filter on, in parallel lists: only strings and bytes, which the garbage collector ignores."""
+
+    __slots__ = ("attempt_ids", "names", "texts", "positions")
+
+    def __init__(self) -> None:
+        self.attempt_ids: list[str] = []
+        self.names: list[str] = []
+        self.texts: list[bytes] = []
+        #: ``attempt_id NUL span_id`` → index; attempt ids are the store's own, without NULs.
+        self.positions: dict[str, int] = {}
+
+    def find(self, span: Span) -> bytes | None:
+        position = self.positions.get(f"{span.attempt_id}\0{span.span_id}")
+        return None if position is None else self.texts[position]
+
+    def append(self, span: Span, text: bytes) -> None:
+        self.positions[f"{span.attempt_id}\0{span.span_id}"] = len(self.texts)
+        self.attempt_ids.append(span.attempt_id)
+        self.names.append(span.name)
+        self.texts.append(text)
+
+    def select(self, attempt_id: str | None, name: str | None, after_sequence_id: int) -> Iterable[bytes]:
+        start = max(0, after_sequence_id)
+        if attempt_id is None and name is None:
+            return self.texts[start:]
+        return (
+            self.texts[index]
+            for index in range(start, len(self.texts))
+            if (attempt_id is None or self.attempt_ids[index] == attempt_id)
+            and (name is None or self.names[index] == name)
+        )
 
 
 class _MemoryData:
@@ -26,35 +77,58 @@ class _MemoryData:
         self.rollouts: dict[str, Rollout] = {}
         self.queue: OrderedDict[str, None] = OrderedDict()
         self.attempts: dict[str, list[Attempt]] = {}
-        self.spans: dict[str, list[Span]] = {}
-        self.span_keys: dict[tuple[str, str, str], Span] = {}
+        self.spans: dict[str, _SpanLog] = {}
         self.resources: dict[str, Resources] = {}
         self.resources_order: list[str] = []
         self.workers: dict[str, Worker] = {}
         self.metrics: list[MetricRecord] = []
 
 
-_CONTAINERS = (dict, list, BaseModel)
+#: Exact types whose values are immutable, so a copy may share them. Everything else in a
+#: record is a dict, a list or a nested model (JSON values are normalized before they are stored).
+_SHARED = frozenset({str, int, float, bool, type(None), RolloutStatus, AttemptStatus})
 
 
 def _copy(value: Any) -> Any:
-    """A deep copy of a record, several times faster than ``copy.deepcopy``.
+    """A deep copy of a record, several times faster than ``copy.deepcopy`` or ``model_copy``.
 
-    Records hold JSON-shaped data (dicts, lists, scalars) and nested models, so only those
-    containers need copying; scalars and tuples are immutable and are shared.
+    Dispatches on exact types: scalars and enums are shared, dicts, lists and models are
+    rebuilt (models without re-validation, see :func:`assembled`), visiting only the fields whose
+    type allows a container.
     """
-    if isinstance(value, BaseModel):
-        clone = value.__copy__()  # copies __dict__ itself
-        fields = clone.__dict__
-        for key, item in fields.items():
-            if isinstance(item, _CONTAINERS):
+    kind = type(value)
+    if kind is dict:
+        return {k: v if type(v) in _SHARED else _copy(v) for k, v in value.items()} if value else {}
+    if kind is list:
+        return [v if type(v) in _SHARED else _copy(v) for v in value] if value else []
+    if kind in _SHARED:
+        return value
+    if BaseModel in kind.__mro__:
+        fields = value.__dict__.copy()
+        for key in _nested_fields(kind):
+            item = fields[key]
+            if type(item) not in _SHARED:
                 fields[key] = _copy(item)
-        return clone
-    if isinstance(value, dict):
-        return {k: _copy(v) if isinstance(v, _CONTAINERS) else v for k, v in value.items()}
-    if isinstance(value, list):
-        return [_copy(v) if isinstance(v, _CONTAINERS) else v for v in value]
-    return value
+        return assembled(kind, fields, set(value.__pydantic_fields_set__))
+    return copy.deepcopy(value)  # anything else a plain ``Any`` field may hold
+
+
+@functools.cache
+def _nested_fields(model: type[BaseModel]) -> tuple[str, ...]:
+    """The fields of ``model`` whose declared type allows a dict, list or model."""
+    return tuple(name for name, field in model.model_fields.items() if not _is_scalar(field.annotation))
+
+
+def _is_scalar(annotation: Any) -> bool:
+    """Whether every value of the type ``annotation`` is immutable (``str | None``, enums, …)."""
+    if annotation in _SHARED or (isinstance(annotation, type) and issubclass(annotation, enum.Enum)):
+        return True
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return all(type(choice) in _SHARED for choice in typing.get_args(annotation))
+    if origin in (typing.Union, types.UnionType):
+        return all(_is_scalar(member) for member in typing.get_args(annotation))
+    return False
 
 
 class _MemoryTx(StoreTx):
@@ -68,11 +142,14 @@ class _MemoryTx(StoreTx):
         found = self.d.rollouts.get(rollout_id)
         return _copy(found) if found is not None else None
 
+    def peek_rollout(self, rollout_id: str) -> Rollout | None:
+        return self.d.rollouts.get(rollout_id)
+
     def insert_rollouts(self, rollouts: Sequence[Rollout]) -> None:
         for rollout in rollouts:
             self.d.rollouts[rollout.rollout_id] = _copy(rollout)
             self.d.attempts[rollout.rollout_id] = []
-            self.d.spans[rollout.rollout_id] = []
+            self.d.spans[rollout.rollout_id] = _SpanLog()
 
     def save_rollout(self, rollout: Rollout) -> None:
         self.d.rollouts[rollout.rollout_id] = _copy(rollout)
@@ -94,9 +171,13 @@ class _MemoryTx(StoreTx):
         return len(filter_and_page(self.d.rollouts.values(), filter.model_copy(update={"limit": None, "offset": 0})))
 
     def get_attempt(self, rollout_id: str, attempt_id: str) -> Attempt | None:
+        found = self.peek_attempt(rollout_id, attempt_id)
+        return _copy(found) if found is not None else None
+
+    def peek_attempt(self, rollout_id: str, attempt_id: str) -> Attempt | None:
         for attempt in self.d.attempts.get(rollout_id, ()):
             if attempt.attempt_id == attempt_id:
-                return _copy(attempt)
+                return attempt
         return None
 
     def get_attempts(self, rollout_id: str) -> list[Attempt]:
@@ -109,41 +190,41 @@ class _MemoryTx(StoreTx):
         attempts = self.d.attempts[attempt.rollout_id]
         attempts[attempt.sequence_id - 1] = _copy(attempt)
 
-    def active_attempts(self) -> list[Attempt]:
-        active = []
-        for rollout_id, rollout in self.d.rollouts.items():
-            attempts = self.d.attempts[rollout_id]
-            if rollout.status.value in ("preparing", "running") and attempts and not attempts[-1].status.is_terminal:
-                active.append(_copy(attempts[-1]))
-        return active
+    def attempt_clocks(self) -> list[AttemptClock]:
+        clocks = []
+        for rollout_id, attempts in self.d.attempts.items():
+            if not attempts or attempts[-1].status.is_terminal:
+                continue
+            config = self.d.rollouts[rollout_id].config
+            if config.timeout_seconds is not None or config.unresponsive_seconds is not None:
+                latest = attempts[-1]
+                clocks.append(AttemptClock(rollout_id, latest.attempt_id, latest.start_time, latest.last_heartbeat_time,
+                                           config.timeout_seconds, config.unresponsive_seconds))
+        return clocks
 
     def insert_spans(self, rollout_id: str, spans: Sequence[Span]) -> list[tuple[Span, bool]]:
-        stored = self.d.spans[rollout_id]
+        log = self.d.spans[rollout_id]
         results = []
         for span in spans:
-            key = (span.rollout_id, span.attempt_id, span.span_id)
-            existing = self.d.span_keys.get(key)
+            existing = log.find(span)
             if existing is not None:
-                results.append((_copy(existing), False))
+                results.append((from_json(Span, existing), False))
                 continue
-            copy = _copy(span)
-            copy.sequence_id = len(stored) + 1
-            stored.append(copy)
-            self.d.span_keys[key] = copy
-            # The caller's own span (already normalized by the core) with its new sequence id:
-            # the stored copy stays private without a second deep copy.
-            results.append((span.model_copy(update={"sequence_id": copy.sequence_id}), True))
+            # The caller gets its own span (already normalized by the core) numbered; the store
+            # keeps that span's text, which nothing can reach.
+            returned = evolved(span, sequence_id=len(log.texts) + 1)
+            log.append(returned, to_json(returned))
+            results.append((returned, True))
         return results
 
     def query_spans(
         self, rollout_id: str, attempt_id: str | None, name: str | None, after_sequence_id: int, limit: int | None
     ) -> list[Span]:
-        selected = (
-            s
-            for s in itertools.islice(self.d.spans.get(rollout_id, ()), max(0, after_sequence_id), None)
-            if (attempt_id is None or s.attempt_id == attempt_id) and (name is None or s.name == name)
-        )
-        return [_copy(s) for s in itertools.islice(selected, limit)]
+        log = self.d.spans.get(rollout_id)
+        if log is None:
+            return []
+        selected = log.select(attempt_id, name, after_sequence_id)
+        return from_json_many(Span, itertools.islice(selected, limit))
 
     def get_resources(self, resources_id: str) -> Resources | None:
         found = self.d.resources.get(resources_id)
@@ -172,15 +253,30 @@ class _MemoryTx(StoreTx):
         return [_copy(r) for r in self.d.metrics if run_id is None or r.run_id == run_id]
 
 
+class _Locked:
+    """The store's lock as a context manager that yields the transaction: a plain class, as
+    ``contextlib.contextmanager`` would cost more than a whole in-memory span insert."""
+
+    __slots__ = ("_lock", "_tx")
+
+    def __init__(self, lock: threading.RLock, tx: _MemoryTx) -> None:
+        self._lock, self._tx = lock, tx
+
+    def __enter__(self) -> _MemoryTx:
+        self._lock.acquire()
+        return self._tx
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
 class MemoryStore(TransactionalStore):
     """An in-process store backed by dictionaries under one lock."""
 
     def __init__(self, *, watchdog_interval: float | None = 0.5) -> None:
-        self._lock = threading.RLock()
-        self._data = _MemoryData()
+        self._locked = _Locked(threading.RLock(), _MemoryTx(_MemoryData()))
         super().__init__(watchdog_interval=watchdog_interval)
 
-    @contextlib.contextmanager
-    def _transaction(self) -> Iterator[StoreTx]:
-        with self._lock:
-            yield _MemoryTx(self._data)
+    def _transaction(self) -> _Locked:
+        return self._locked
+

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentgrad.store.core import StoreTx
+from agentgrad.store.core import AttemptClock, StoreTx, evolved, from_json, from_json_many, to_json
 from agentgrad.store.protocol import RolloutFilter
 from agentgrad.types import Attempt, MetricRecord, Resources, Rollout, RolloutStatus, Span, Worker
 
@@ -34,6 +34,15 @@ class SqlDialect:
     @functools.lru_cache(maxsize=256)  # noqa: B019 - dialects are a handful of frozen singletons
     def sql(self, statement: str) -> str:
         return statement if self.placeholder == "?" else statement.replace("?", self.placeholder)
+
+    def json_number(self, column: str, *keys: str) -> str:
+        """SQL for the number at ``keys`` inside a JSON text column (NULL where absent)."""
+        if self.name == "sqlite":
+            return f"json_extract({column}, '$.{'.'.join(keys)}')"
+        # PostgreSQL's JSON functions refuse the \u0000 escape, which JSON text may hold: swap it
+        # for another escape first (of a space; "\\u0000" stays valid too, and numbers intact).
+        text = f"replace({column}, E'\\\\u0000', E'\\\\u0020')"
+        return f"CAST(CAST({text} AS json) #>> '{{{','.join(keys)}}}' AS DOUBLE PRECISION)"
 
     def schema(self) -> list[str]:
         f = self.float_type
@@ -83,8 +92,13 @@ def _rollout_columns(r: Rollout) -> tuple[Any, ...]:
         r.end_time,
         r.reward,
         r.llm_calls,
-        r.model_dump_json(),
+        _text(r),
     )
+
+
+def _text(record: Any) -> str:
+    """The JSON text a record is stored as."""
+    return to_json(record).decode()
 
 
 def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]:
@@ -112,7 +126,9 @@ class SqlTx(StoreTx):
     # ---- rollouts
     def get_rollout(self, rollout_id: str) -> Rollout | None:
         rows = self._rows("SELECT data FROM rollouts WHERE rollout_id = ?", (rollout_id,))
-        return Rollout.model_validate_json(rows[0][0]) if rows else None
+        return from_json(Rollout, rows[0][0]) if rows else None
+
+    peek_rollout = get_rollout  # every read is a fresh record already
 
     def insert_rollouts(self, rollouts: Sequence[Rollout]) -> None:
         self.cur.executemany(
@@ -188,7 +204,7 @@ class SqlTx(StoreTx):
             page = " LIMIT -1 OFFSET ?" if self.dialect.name == "sqlite" else " OFFSET ?"
             params.append(filter.offset)
         rows = self._rows("SELECT data FROM rollouts" + where + order + page, params)
-        return [Rollout.model_validate_json(row[0]) for row in rows]
+        return from_json_many(Rollout, (row[0] for row in rows))
 
     def count_rollouts(self, filter: RolloutFilter) -> int:
         where, params = self._where(filter)
@@ -197,40 +213,50 @@ class SqlTx(StoreTx):
     # ---- attempts
     def get_attempt(self, rollout_id: str, attempt_id: str) -> Attempt | None:
         rows = self._rows("SELECT data FROM attempts WHERE rollout_id = ? AND attempt_id = ?", (rollout_id, attempt_id))
-        return Attempt.model_validate_json(rows[0][0]) if rows else None
+        return from_json(Attempt, rows[0][0]) if rows else None
+
+    peek_attempt = get_attempt
 
     def get_attempts(self, rollout_id: str) -> list[Attempt]:
         rows = self._rows("SELECT data FROM attempts WHERE rollout_id = ? ORDER BY sequence_id", (rollout_id,))
-        return [Attempt.model_validate_json(row[0]) for row in rows]
+        return from_json_many(Attempt, (row[0] for row in rows))
 
     def insert_attempt(self, attempt: Attempt) -> None:
         self._exec(
             "INSERT INTO attempts (rollout_id, attempt_id, sequence_id, status, data) VALUES (?, ?, ?, ?, ?)",
-            (attempt.rollout_id, attempt.attempt_id, attempt.sequence_id, attempt.status.value,
-             attempt.model_dump_json()),
+            (attempt.rollout_id, attempt.attempt_id, attempt.sequence_id, attempt.status.value, _text(attempt)),
         )
 
     def save_attempt(self, attempt: Attempt) -> None:
         self._exec(
             "UPDATE attempts SET status = ?, data = ? WHERE rollout_id = ? AND attempt_id = ?",
-            (attempt.status.value, attempt.model_dump_json(), attempt.rollout_id, attempt.attempt_id),
+            (attempt.status.value, _text(attempt), attempt.rollout_id, attempt.attempt_id),
         )
 
-    def active_attempts(self) -> list[Attempt]:
-        rows = self._rows("SELECT data FROM attempts WHERE status IN ('preparing', 'running')")
-        return [Attempt.model_validate_json(row[0]) for row in rows]
+    def attempt_clocks(self) -> list[AttemptClock]:
+        number = self.dialect.json_number
+        rows = self._rows(
+            f"SELECT a.rollout_id, a.attempt_id, {number('a.data', 'start_time')}, "
+            f"{number('a.data', 'last_heartbeat_time')}, {number('r.data', 'config', 'timeout_seconds')}, "
+            f"{number('r.data', 'config', 'unresponsive_seconds')} "
+            "FROM attempts a JOIN rollouts r ON r.rollout_id = a.rollout_id WHERE a.status IN ('preparing', 'running')"
+        )
+        return [AttemptClock(*row) for row in rows]
 
     # ---- spans
     def insert_spans(self, rollout_id: str, spans: Sequence[Span]) -> list[tuple[Span, bool]]:
-        existing: dict[tuple[str, str], Span] = {}
-        keys = sorted({(s.attempt_id, s.span_id) for s in spans})
-        for chunk in _chunks([span_id for _, span_id in keys]):
-            for (data,) in self._rows(
-                f"SELECT data FROM spans WHERE rollout_id = ? AND span_id IN ({self._marks(len(chunk))})",
-                (rollout_id, *chunk),
-            ):
-                found = Span.model_validate_json(data)
-                existing[(found.attempt_id, found.span_id)] = found
+        span_ids: dict[str, set[str]] = {}  # per attempt, so lookups use the whole primary key
+        for span in spans:
+            span_ids.setdefault(span.attempt_id, set()).add(span.span_id)
+        existing: dict[tuple[str, str], str] = {}
+        for attempt_id, ids in span_ids.items():
+            for chunk in _chunks(sorted(ids)):
+                for span_id, data in self._rows(
+                    "SELECT span_id, data FROM spans WHERE rollout_id = ? AND attempt_id = ? "
+                    f"AND span_id IN ({self._marks(len(chunk))})",
+                    (rollout_id, attempt_id, *chunk),
+                ):
+                    existing[(attempt_id, span_id)] = data
         fresh: dict[tuple[str, str], Span] = {}
         for span in spans:
             key = (span.attempt_id, span.span_id)
@@ -242,22 +268,20 @@ class SqlTx(StoreTx):
                 (len(fresh), rollout_id),
             )[0]
             first = top - len(fresh) + 1
-            for offset, key in enumerate(fresh):
-                fresh[key] = fresh[key].model_copy(update={"sequence_id": first + offset})
+            fresh = {key: evolved(span, sequence_id=first + offset) for offset, (key, span) in enumerate(fresh.items())}
             self.cur.executemany(
                 self.dialect.sql(
                     "INSERT INTO spans (rollout_id, attempt_id, span_id, sequence_id, name, data) "
                     "VALUES (?, ?, ?, ?, ?, ?)"
                 ),
-                [(rollout_id, s.attempt_id, s.span_id, s.sequence_id, s.name, s.model_dump_json())
-                 for s in fresh.values()],
+                [(rollout_id, s.attempt_id, s.span_id, s.sequence_id, s.name, _text(s)) for s in fresh.values()],
             )
         results: list[tuple[Span, bool]] = []
         reported: set[tuple[str, str]] = set()
         for span in spans:
             key = (span.attempt_id, span.span_id)
             if key in existing:
-                results.append((existing[key], False))
+                results.append((from_json(Span, existing[key]), False))
             else:
                 results.append((fresh[key], key not in reported))
                 reported.add(key)
@@ -278,40 +302,42 @@ class SqlTx(StoreTx):
         if limit is not None:
             statement += " LIMIT ?"
             params.append(limit)
-        return [Span.model_validate_json(row[0]) for row in self._rows(statement, params)]
+        return from_json_many(Span, (row[0] for row in self._rows(statement, params)))
 
     # ---- resources
     def get_resources(self, resources_id: str) -> Resources | None:
         rows = self._rows("SELECT data FROM resources WHERE resources_id = ?", (resources_id,))
-        return Resources.model_validate_json(rows[0][0]) if rows else None
+        return from_json(Resources, rows[0][0]) if rows else None
 
     def latest_resources(self) -> Resources | None:
         rows = self._rows("SELECT data FROM resources ORDER BY version DESC LIMIT 1")
-        return Resources.model_validate_json(rows[0][0]) if rows else None
+        return from_json(Resources, rows[0][0]) if rows else None
 
     def insert_resources(self, resources: Resources) -> None:
         self._exec(
             "INSERT INTO resources (resources_id, version, data) VALUES (?, ?, ?)",
-            (resources.resources_id, resources.version, resources.model_dump_json()),
+            (resources.resources_id, resources.version, _text(resources)),
         )
 
     def all_resources(self) -> list[Resources]:
-        return [Resources.model_validate_json(row[0]) for row in self._rows("SELECT data FROM resources ORDER BY version")]
+        rows = self._rows("SELECT data FROM resources ORDER BY version")
+        return from_json_many(Resources, (row[0] for row in rows))
 
     # ---- workers and metrics
     def save_worker(self, worker: Worker) -> None:
         self._exec(
             "INSERT INTO workers (worker_id, data) VALUES (?, ?) ON CONFLICT (worker_id) DO UPDATE SET data = excluded.data",
-            (worker.worker_id, worker.model_dump_json()),
+            (worker.worker_id, _text(worker)),
         )
 
     def all_workers(self) -> list[Worker]:
-        return [Worker.model_validate_json(row[0]) for row in self._rows("SELECT data FROM workers ORDER BY worker_id")]
+        rows = self._rows("SELECT data FROM workers ORDER BY worker_id")
+        return from_json_many(Worker, (row[0] for row in rows))
 
     def insert_metrics(self, records: Sequence[MetricRecord]) -> None:
         self.cur.executemany(
             self.dialect.sql("INSERT INTO metrics (run_id, step, data) VALUES (?, ?, ?)"),
-            [(r.run_id, r.step, r.model_dump_json()) for r in records],
+            [(r.run_id, r.step, _text(r)) for r in records],
         )
 
     def query_metrics(self, run_id: str | None) -> list[MetricRecord]:
@@ -319,4 +345,4 @@ class SqlTx(StoreTx):
             rows = self._rows("SELECT data FROM metrics ORDER BY id")
         else:
             rows = self._rows("SELECT data FROM metrics WHERE run_id = ? ORDER BY id", (run_id,))
-        return [MetricRecord.model_validate_json(row[0]) for row in rows]
+        return from_json_many(MetricRecord, (row[0] for row in rows))
