@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 
 #: Settings measured on 2 CPU cores (see examples/calc/README.md).
 DEMO_SETTINGS: dict[str, Any] = {
-    "batch_size": 16, "group_size": 8, "lr": 5e-4, "temperature": 1.0, "mini_batches": 1, "epochs": 1, "val_size": 128, "val_every": 5,
+    "batch_size": 16, "group_size": 8, "lr": 5e-4, "temperature": 1.0, "mini_batches": 1, "epochs": 1,
+    "val_size": 128, "val_every": 5,
 }
 
 
@@ -104,7 +105,8 @@ def run_demo(*, steps: int = 30, minutes: float = 8.0, output_dir: str | Path = 
         console.print(f"store [bold]{out / 'store.sqlite'}[/] · model server {upstream} · proxy {proxy.base_url}")
         grpo = GRPO(
             model_dir, steps=steps, max_seconds=minutes * 60, batch_size=opts["batch_size"],
-            group_size=opts["group_size"], mini_batches=opts["mini_batches"], epochs=opts["epochs"], sampling={"temperature": opts["temperature"]},
+            group_size=opts["group_size"], mini_batches=opts["mini_batches"], epochs=opts["epochs"],
+            sampling={"temperature": opts["temperature"]},
             train_config=TrainConfig(lr=opts["lr"], betas=(0.9, 0.99), grad_clip=1.0),
             val_every=opts["val_every"], output_dir=out, run_id="demo", checkpoint_every=10, resume=resume,
             rollout_config=RolloutConfig(timeout_seconds=120, max_attempts=1),
@@ -144,8 +146,8 @@ def _fmt(value: float | None) -> str:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    overrides = {key: getattr(args, key) for key in ("lr", "batch_size", "group_size", "temperature", "mini_batches", "epochs")
-                 if getattr(args, key) is not None}
+    tunable = ("lr", "batch_size", "group_size", "temperature", "mini_batches", "epochs")
+    overrides = {key: getattr(args, key) for key in tunable if getattr(args, key) is not None}
     run_demo(steps=args.steps, minutes=args.minutes, output_dir=args.output_dir, n_runners=args.n_runners,
              store_url=args.store, resume=args.resume, threads=args.threads, settings=overrides)
     return 0

@@ -200,7 +200,8 @@ def encode_sample(tokenizer: Any, problem: dict[str, Any], direct: bool = False)
     the model would generate, ending in ``<|im_end|>`` — so the warm-up teaches exactly the
     token sequences an openai-client agent meets through the server.
     """
-    messages = _conversation(problem, calc.expression_of(problem["question"]), direct)
+    expression = calc.expression_of(problem["question"])
+    messages = _conversation(problem, expression, direct)
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     ids: list[int] = []
     mask: list[int] = []
@@ -211,7 +212,7 @@ def encode_sample(tokenizer: Any, problem: dict[str, Any], direct: bool = False)
             raise AssertionError("chat template re-tokenization is not prefix-stable")
         ids, mask = ids + prompt[len(ids):], mask + [0] * (len(prompt) - len(ids))
         message = messages[turn]
-        text = message["content"] if message.get("content") else calc.tool_call_text(calc.expression_of(problem["question"]))
+        text = message["content"] or calc.tool_call_text(expression)
         completion = tokenizer.encode(text, add_special_tokens=False) + [im_end]
         ids, mask = ids + completion, mask + [1] * len(completion)
     return ids, mask
@@ -294,8 +295,9 @@ def build_tiny_model(
     Trains on ``batch_size`` conversations per step for ``warmup_steps`` steps: tool-using ones
     at a constant learning rate, then, for the last ``habit_steps``, a mix where some answer
     without the tool (``DIRECT_ANSWER_RATE``) while the rate decays to a tenth (cosine). Every
-    ``eval_every`` steps and at the end it reports greedy behaviour on 128 validation problems (also written to ``agentgrad_build.json``). Seeds are fixed, so a
-    build is reproducible on a given machine. Written atomically: a half-built model never
+    ``eval_every`` steps and at the end it reports greedy behaviour on 128 validation problems
+    (also written to ``agentgrad_build.json``). Seeds are fixed, so a build is reproducible on a
+    given machine. Written atomically: a half-built model never
     sits in the cache.
     """
     import math
@@ -373,7 +375,8 @@ def build_tiny_model(
         tokenizer.save_pretrained(str(tmp))
         (tmp / "agentgrad_build.json").write_text(json.dumps({
             "name": TINY_NAME, "format": BUILD_FORMAT, "seed": seed, "steps": step,
-            "habit_steps": habit_steps, "direct_answer_rate": DIRECT_ANSWER_RATE, **{f"val_greedy_{k}": v for k, v in report.items()},
+            "habit_steps": habit_steps, "direct_answer_rate": DIRECT_ANSWER_RATE,
+            **{f"val_greedy_{k}": v for k, v in report.items()},
             "build_seconds": round(time.monotonic() - started, 1),
         }, indent=2))
         if out.exists():

@@ -333,8 +333,9 @@ class StepMetrics:
 
 class PolicyTrainer:
     """A policy, its optimizer and a step counter: ``ppo_step`` and ``nll_step`` each make one
-    optimizer step over all the samples given (micro-batched); checkpoints save all three plus
-    a caller-defined data ``cursor``."""
+    training step over all the samples given (micro-batched; one optimizer update, or several
+    with ``ppo_step(mini_batches=, epochs=)``); checkpoints save all three plus a caller-defined
+    data ``cursor``."""
 
     def __init__(self, model_dir: str | Path, config: TrainConfig | None = None) -> None:
         import torch
