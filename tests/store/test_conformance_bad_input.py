@@ -325,3 +325,36 @@ def test_garbled_store_file_is_refused(backend, tmp_path):
         backend.open_file(path)
     assert path.name in str(info.value)
     assert _digest(path) == digest
+
+
+@pytest.mark.parametrize(
+    "attributes",
+    [
+        {"ids": list(range(40)), "pair": (1, 2)},
+        {"logprobs": [-0.5] * 30 + [1], "flags": [True, False] * 10},
+        {"keys": {str(i): i for i in range(20)} | {7: "int key"}},
+        {"mixed": list(range(20)) + [(1, "a")]},
+        {"big": [2 ** 80] * 20, "huge_floats": [1e308] * 20},
+    ],
+    ids=["long-list-and-tuple", "numbers", "int-key-in-long-dict", "tuple-in-long-list", "overflowing-sums"],
+)
+def test_span_comes_back_as_json_would(store, kit, attributes):
+    """The span add_spans returns, and every later read, hold what a JSON round trip gives; the
+    HTTP client builds its answer from its own normalized span, so both must agree."""
+    started = kit.start(store)
+    rid, aid = started.rollout.rollout_id, started.attempt.attempt_id
+    expected = json.loads(json.dumps(attributes))
+    returned = store.add_spans([kit.span(rid, aid, attributes=attributes), kit.span(rid, aid)])[0]
+    assert returned.attributes == expected
+    assert store.query_spans(rid)[0].attributes == expected
+    assert json.dumps(returned.attributes) == json.dumps(expected)  # types too: lists, string keys
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_non_finite_number_in_long_list_is_refused(store, kit, bad):
+    started = kit.start(store)
+    rid, aid = started.rollout.rollout_id, started.attempt.attempt_id
+    with pytest.raises(InvalidInputError) as info:
+        store.add_span(kit.span(rid, aid, attributes={"logprobs": [-0.25] * 30 + [bad]}))
+    assert "logprobs[30]" in str(info.value)
+    assert store.query_spans(rid) == []

@@ -80,7 +80,24 @@ def test_metrics_in_prometheus_text(client, http):
     assert 'agentgrad_rollouts{status="running"} 1' in text
     assert "agentgrad_queue_depth 2" in text
     assert "agentgrad_spans_stored_total 1" in text
-    assert 'agentgrad_http_request_duration_seconds_count{method="POST",route="/v1/spans"} 1' in text
+    assert 'agentgrad_http_request_duration_seconds_count{method="POST",route="/v1/spans/receipt"} 1' in text
+
+
+def test_span_receipt_sends_back_only_what_differs(client, http):
+    """The bulk endpoint answers with sequence ids; a repeat whose stored copy differs from what
+    was sent comes back whole, by its index in the batch."""
+    client.enqueue_rollout("t")
+    claimed = client.dequeue_rollout()
+    ids = {"rollout_id": claimed.rollout.rollout_id, "attempt_id": claimed.attempt.attempt_id}
+    first = {**ids, "span_id": "s1", "name": "call", "start_time": 5.0, "trace_id": "t1",
+             "attributes": {"v": 1}}
+    assert http.post("/v1/spans/receipt", json={"spans": [first]}).json() == {"sequence_ids": [1], "stored": {}}
+    changed = {**first, "attributes": {"v": 2}}
+    fresh = {**ids, "span_id": "s2", "name": "call"}
+    answer = http.post("/v1/spans/receipt", json={"spans": [first, changed, fresh]}).json()
+    assert answer["sequence_ids"] == [1, 1, 2]
+    assert list(answer["stored"]) == ["1"] and answer["stored"]["1"]["attributes"] == {"v": 1}
+    assert "rollout_id" in _error(http.post("/v1/spans/receipt", json={"spans": [{"name": "x"}]}), 422)["message"]
 
 
 def test_cors_is_off_unless_configured(http, served):

@@ -29,12 +29,13 @@ from collections.abc import Sequence
 from typing import Any, Literal, Protocol, TypeVar
 
 import httpx
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
 from agentgrad.errors import AgentGradError, InvalidInputError
 from agentgrad.store import wire
 from agentgrad.store.http1 import ConnectionPool
-from agentgrad.store.jsoncheck import normalize_json
+from agentgrad.store.core import evolved
+from agentgrad.store.jsoncheck import normalize_json, normalize_span
 from agentgrad.store.protocol import RolloutFilter, RolloutRequest, Store
 from agentgrad.types import (
     Attempt,
@@ -50,6 +51,7 @@ from agentgrad.types import (
 )
 
 M = TypeVar("M", bound=BaseModel)
+_SPAN_LIST = TypeAdapter(list[Span])
 
 
 class StoreServiceError(AgentGradError):
@@ -196,7 +198,7 @@ class StoreClient(Store):
         self,
         method: str,
         path: str,
-        payload: dict[str, Any] | None = None,
+        payload: dict[str, Any] | bytes | None = None,
         *,
         params: dict[str, Any] | None = None,
         once: bool = False,
@@ -204,10 +206,12 @@ class StoreClient(Store):
     ) -> bytes:
         """Send one request with retries; returns the body of a 2xx answer, raises otherwise.
 
+        ``payload`` is the JSON body, as values to encode or already encoded.
+
         ``once`` marks a non-idempotent write: it carries an Idempotency-Key that stays the same
         across retries, so the server runs it at most once.
         """
-        content = _encode(payload) if payload is not None else None
+        content = payload if payload is None or isinstance(payload, bytes) else _encode(payload)
         headers = {wire.IDEMPOTENCY_HEADER: uuid.uuid4().hex} if once else None
         target = path
         if params:
@@ -250,7 +254,7 @@ class StoreClient(Store):
         _, cls = known
         return _rebuild(cls, body.message, body.fields if cls is not InvalidInputError else {})
 
-    def _call(self, model: type[M], method: str, path: str, payload: dict[str, Any] | None = None,
+    def _call(self, model: type[M], method: str, path: str, payload: dict[str, Any] | bytes | None = None,
               **options: Any) -> M:
         return model.model_validate_json(self._request(method, path, payload, **options))
 
@@ -322,10 +326,18 @@ class StoreClient(Store):
 
     # ---- spans ----------------------------------------------------------------------------------
     def add_spans(self, spans: Sequence[Span | dict[str, Any]]) -> list[Span]:
+        """Normalized here exactly as a local store does it, so the JSON sent (written by
+        pydantic's serializer: nothing left in the spans needs checking) round-trips to these
+        very spans, and the service answers with sequence ids only (see ``wire.SpanReceipt``)."""
         parsed = [s if isinstance(s, Span) else Span.model_validate(s) for s in spans]
         if not parsed:
             return []
-        return self._call(wire.SpanList, "POST", "/v1/spans", {"spans": parsed}).spans
+        for index, span in enumerate(parsed):
+            normalize_span(span, index if len(parsed) > 1 else None)
+        body = b'{"spans":' + _SPAN_LIST.dump_json(parsed) + b"}"
+        receipt = self._call(wire.SpanReceipt, "POST", "/v1/spans/receipt", body)
+        return [receipt.stored.get(index) or evolved(span, sequence_id=sequence_id)
+                for index, (span, sequence_id) in enumerate(zip(parsed, receipt.sequence_ids))]
 
     def query_spans(
         self,

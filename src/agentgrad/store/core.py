@@ -27,7 +27,7 @@ from agentgrad.errors import (
     InvalidTransitionError,
     NotFoundError,
 )
-from agentgrad.store.jsoncheck import normalize_json
+from agentgrad.store.jsoncheck import normalize_field, normalize_json, normalize_span
 from agentgrad.store.protocol import RolloutFilter, RolloutRequest, Store
 from agentgrad.types import (
     Attempt,
@@ -201,43 +201,13 @@ def _checked_metadata(metadata: dict[str, Any], where: str = "") -> dict[str, An
     return metadata
 
 
-def _normalize_field(model: BaseModel, field: str, label: str, where: str = "") -> Any:
-    """Normalize one JSON field of ``model`` in place (see :func:`normalize_json`).
-
-    Assigns only when normalizing changed the value: pydantic's ``__setattr__`` costs more
-    than the check, on every span.
-    """
-    value = getattr(model, field)
-    normalized = normalize_json(value, label, where)
-    if normalized is not value:
-        setattr(model, field, normalized)
-    return normalized
+_RUNNING, _PREPARING = AttemptStatus.RUNNING, AttemptStatus.PREPARING
+_LLM_CALL, _REWARD = semconv.SPAN_LLM_CALL, semconv.SPAN_REWARD
 
 
-def _normalize_span(span: Span, index: int | None) -> None:
-    """Normalize a span's JSON fields in place and refuse non-finite times.
-
-    A NaN or infinite time would be stored as JSON ``null``, which no longer reads back as a
-    span; refusing it here keeps one bad span from poisoning every later read of its rollout.
-    """
-    try:
-        _normalize_field(span, "attributes", "attributes")
-        if span.resource:  # the usual empty default needs no walk
-            _normalize_field(span, "resource", "resource")
-        if not (math.isfinite(span.start_time) and (span.end_time is None or math.isfinite(span.end_time))):
-            _check_finite(span.start_time, "start_time")
-            _check_finite(span.end_time, "end_time")
-        for number, event in enumerate(span.events):
-            _normalize_field(event, "attributes", f"events[{number}].attributes")
-            _check_finite(event.timestamp, f"events[{number}].timestamp")
-    except InvalidInputError as exc:  # name the span only when something is wrong
-        where = f"span {index} ({span.name}): " if index is not None else f"span {span.name!r}: "
-        raise InvalidInputError(f"{where}{exc}") from None
-
-
-def _check_finite(value: float | None, field: str) -> None:
-    if value is not None and not math.isfinite(value):
-        raise InvalidInputError(f"field {field!r} must be a finite number, got {value}")
+def _heard_from(attempt_id: str, attempts: dict[str, Attempt], spans: list[Span]) -> bool:
+    """Whether one of ``spans`` (all of them of the named ``attempts``) is of ``attempt_id``."""
+    return len(attempts) == 1 or any(span.attempt_id == attempt_id for span in spans)
 
 
 def _number(value: Any) -> float | None:
@@ -312,8 +282,8 @@ class TransactionalStore(Store):
         parsed = [r if isinstance(r, RolloutRequest) else RolloutRequest.model_validate(r) for r in requests]
         for index, request in enumerate(parsed):
             where = f"rollout {index}: " if len(parsed) > 1 else ""
-            _normalize_field(request, "input", "input", where)
-            _checked_metadata(_normalize_field(request, "metadata", "metadata", where), where)
+            normalize_field(request, "input", "input", where)
+            _checked_metadata(normalize_field(request, "metadata", "metadata", where), where)
         stamp = now()
         rollouts = [
             trusted(
@@ -549,11 +519,26 @@ class TransactionalStore(Store):
                 log.exception("watchdog sweep failed")
 
     # ---- spans ----------------------------------------------------------------------------------
+    def add_span(self, span: Span | dict[str, Any]) -> Span:
+        """One span, the way emitters and runners send them: the batch path's work without its
+        grouping, which costs a fifth of a single in-memory insert."""
+        span = span if isinstance(span, Span) else Span.model_validate(span)
+        normalize_span(span, None)
+        rollout_id, attempt_id = span.rollout_id, span.attempt_id
+        with self._transaction() as tx:
+            rollout = self._require_rollout(tx, rollout_id, view=True)
+            attempt = self._require_attempt(tx, rollout_id, attempt_id, view=True)
+            ((stored, is_new),) = tx.insert_spans(rollout_id, (span,))
+            wake = is_new and self._absorb_spans(tx, rollout, {attempt_id: attempt}, [stored])
+        if wake:
+            self._notify()
+        return stored
+
     def add_spans(self, spans: Sequence[Span | dict[str, Any]]) -> list[Span]:
         parsed = [s if isinstance(s, Span) else Span.model_validate(s) for s in spans]
         positions: dict[str, list[int]] = {}  # rollout_id → indexes into parsed
         for index, span in enumerate(parsed):
-            _normalize_span(span, index if len(parsed) > 1 else None)
+            normalize_span(span, index if len(parsed) > 1 else None)
             positions.setdefault(span.rollout_id, []).append(index)
         stored = list(parsed)  # each replaced by its stored copy below
         wake = False
@@ -578,36 +563,38 @@ class TransactionalStore(Store):
         return stored
 
     def _absorb_spans(self, tx: StoreTx, rollout: Rollout, attempts: dict[str, Attempt], spans: list[Span]) -> bool:
-        """Spans are heartbeats; reward and LLM-call spans of the latest attempt update the rollout.
+        """New spans are heartbeats; reward and LLM-call spans of the latest attempt update the
+        rollout. (Runs on every span insert: status checks compare identities with constants.)
 
-        ``rollout`` and ``attempts`` are read-only views: changes are saved from copies. Returns
-        True if waiters must wake.
+        ``rollout`` and ``attempts`` are read-only views (of every attempt the batch named):
+        changes are saved from copies. Returns True if waiters must wake.
         """
+        if not spans:
+            return False
         wake = False
         stamp = now()
-        heard_from = {span.attempt_id for span in spans}
         latest = None
         for attempt_id, attempt in attempts.items():
             if attempt.sequence_id == rollout.num_attempts:
                 latest = attempt_id
-            if attempt_id not in heard_from:
-                continue
-            if attempt.status is AttemptStatus.RUNNING:
-                if stamp - (attempt.last_heartbeat_time or 0.0) >= HEARTBEAT_RESOLUTION_SECONDS:
+            status = attempt.status
+            if status is _RUNNING:
+                if stamp - (attempt.last_heartbeat_time or 0.0) >= HEARTBEAT_RESOLUTION_SECONDS \
+                        and _heard_from(attempt_id, attempts, spans):
                     tx.save_attempt(evolved(attempt, last_heartbeat_time=stamp))
-            elif attempt.status is AttemptStatus.PREPARING:
-                wake |= self._transition(tx, rollout, attempt, AttemptStatus.RUNNING, None)[1]
+            elif status is _PREPARING and _heard_from(attempt_id, attempts, spans):
+                wake |= self._transition(tx, rollout, attempt, _RUNNING, None)[1]
                 rollout = self._require_rollout(tx, rollout.rollout_id, view=True)  # as _transition saved it
         reward, llm_calls = rollout.reward, rollout.llm_calls
         for span in spans:
-            if span.attempt_id != latest:
-                continue
-            if span.name == semconv.SPAN_LLM_CALL:
-                llm_calls += 1
-            elif span.name == semconv.SPAN_REWARD:
-                value = _number(span.attributes.get(semconv.REWARD_VALUE))
-                if value is not None:
-                    reward = value
+            if span.attempt_id == latest:
+                name = span.name
+                if name == _LLM_CALL:
+                    llm_calls += 1
+                elif name == _REWARD:
+                    value = _number(span.attributes.get(semconv.REWARD_VALUE))
+                    if value is not None:
+                        reward = value
         if llm_calls != rollout.llm_calls or reward != rollout.reward:
             tx.save_rollout(evolved(rollout, reward=reward, llm_calls=llm_calls))
         return wake
@@ -666,7 +653,7 @@ class TransactionalStore(Store):
     # ---- workers and metrics --------------------------------------------------------------------
     def update_worker(self, worker: Worker | dict[str, Any]) -> Worker:
         worker = worker if isinstance(worker, Worker) else Worker.model_validate(worker)
-        _normalize_field(worker, "metadata", "metadata")
+        normalize_field(worker, "metadata", "metadata")
         with self._transaction() as tx:
             tx.save_worker(worker)
         return worker

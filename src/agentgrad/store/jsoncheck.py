@@ -1,4 +1,5 @@
-"""Refuse values that cannot be stored as JSON, naming the exact field that is wrong."""
+"""Refuse values that cannot be stored as JSON, naming the exact field that is wrong, and
+normalize the rest to what a JSON round trip gives."""
 
 from __future__ import annotations
 
@@ -6,11 +7,18 @@ import json
 import math
 from typing import Any
 
+from pydantic import BaseModel
+
 from agentgrad.errors import InvalidInputError
+from agentgrad.types import Span
 
 #: Exact types that JSON hands back unchanged. Subclasses (enums, ``OrderedDict``…) are not
 #: here on purpose: JSON turns them into their base type, so they take the conversion path.
 _UNCHANGED = frozenset({str, int, bool, type(None)})
+#: Exact types of a flat list of numbers (token ids, logprobs): checked without a Python loop.
+_NUMBERS = frozenset({int, float, bool})
+#: Containers shorter than this are walked directly: below it the C check costs more than it saves.
+_FLAT_CHECK_MIN = 16
 #: Below this depth the walk recurses in Python; deeper values (or cycles) are left to the C
 #: encoder, which checks circularity and recursion limits itself.
 _MAX_WALK_DEPTH = 100
@@ -39,6 +47,50 @@ def normalize_json(value: Any, field: str, where: str = "") -> Any:
     raise InvalidInputError(f"{where}field {path!r} is not JSON-serializable: {problem}")
 
 
+def normalize_field(model: BaseModel, field: str, label: str, where: str = "") -> Any:
+    """Normalize one JSON field of ``model`` in place (see :func:`normalize_json`).
+
+    Assigns only when normalizing changed the value: pydantic's ``__setattr__`` costs more
+    than the check, on every span.
+    """
+    value = getattr(model, field)
+    normalized = normalize_json(value, label, where)
+    if normalized is not value:
+        setattr(model, field, normalized)
+    return normalized
+
+
+def normalize_span(span: Span, index: int | None) -> None:
+    """Normalize a span's JSON fields in place and refuse non-finite times; ``index`` is its
+    place in a batch, for the error message.
+
+    Every store runs this on the spans it is given, and the HTTP client runs it before sending:
+    a normalized span is exactly what its JSON round trip would be, so the client can answer
+    with its own span and the service need not send the span back.
+
+    A NaN or infinite time would be stored as JSON ``null``, which no longer reads back as a
+    span; refusing it here keeps one bad span from poisoning every later read of its rollout.
+    """
+    try:
+        normalize_field(span, "attributes", "attributes")
+        if span.resource:  # the usual empty default needs no walk
+            normalize_field(span, "resource", "resource")
+        if not (math.isfinite(span.start_time) and (span.end_time is None or math.isfinite(span.end_time))):
+            _check_finite(span.start_time, "start_time")
+            _check_finite(span.end_time, "end_time")
+        for number, event in enumerate(span.events):
+            normalize_field(event, "attributes", f"events[{number}].attributes")
+            _check_finite(event.timestamp, f"events[{number}].timestamp")
+    except InvalidInputError as exc:  # name the span only when something is wrong
+        where = f"span {index} ({span.name}): " if index is not None else f"span {span.name!r}: "
+        raise InvalidInputError(f"{where}{exc}") from None
+
+
+def _check_finite(value: float | None, field: str) -> None:
+    if value is not None and not math.isfinite(value):
+        raise InvalidInputError(f"field {field!r} must be a finite number, got {value}")
+
+
 def _normalized(value: Any, depth: int) -> Any:
     """``value`` itself when JSON hands it back unchanged, else a converted copy of the parts
     that change; raises on values JSON refuses."""
@@ -50,6 +102,9 @@ def _normalized(value: Any, depth: int) -> Any:
             return value
         raise _NotJson
     if depth < _MAX_WALK_DEPTH and (kind is dict or kind is list):
+        if len(value) >= _FLAT_CHECK_MIN and _is_flat_json(value if kind is list else value.values()) \
+                and (kind is list or _has_str_keys(value)):
+            return value
         copy: Any = None
         for key, item in value.items() if kind is dict else enumerate(value):
             if kind is dict and type(key) is not str:
@@ -64,6 +119,27 @@ def _normalized(value: Any, depth: int) -> Any:
         else:
             return value if copy is None else copy
     return json.loads(json.dumps(value, allow_nan=False))
+
+
+def _is_flat_json(items: Any) -> bool:
+    """Whether ``items`` are all scalars JSON hands back unchanged, checked in C: long flat lists
+    (token ids, logprobs) are what spans of LLM calls carry, and a Python loop over them was
+    most of the store service's time per span. False only means "walk it"."""
+    kinds = set(map(type, items))
+    if kinds <= _UNCHANGED:
+        return True
+    if kinds <= _NUMBERS:
+        # A sum of finite floats is finite or raises OverflowError; any NaN or infinity makes
+        # it non-finite (or raises ValueError for inf - inf).
+        try:
+            return math.isfinite(math.fsum(items))
+        except (OverflowError, ValueError):
+            return False
+    return False
+
+
+def _has_str_keys(value: dict[Any, Any]) -> bool:
+    return set(map(type, value)) <= {str}
 
 
 def _first_problem(value: Any, path: str, depth: int = 0) -> tuple[str, str]:

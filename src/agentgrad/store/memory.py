@@ -50,12 +50,9 @@ class _SpanLog:
         #: ``attempt_id NUL span_id`` → index; attempt ids are the store's own, without NULs.
         self.positions: dict[str, int] = {}
 
-    def find(self, span: Span) -> bytes | None:
-        position = self.positions.get(f"{span.attempt_id}\0{span.span_id}")
-        return None if position is None else self.texts[position]
-
-    def append(self, span: Span, text: bytes) -> None:
-        self.positions[f"{span.attempt_id}\0{span.span_id}"] = len(self.texts)
+    def append(self, key: str, span: Span, text: bytes) -> None:
+        """Store ``span``'s ``text`` under ``key``, its ``attempt_id NUL span_id``."""
+        self.positions[key] = len(self.texts)
         self.attempt_ids.append(span.attempt_id)
         self.names.append(span.name)
         self.texts.append(text)
@@ -206,14 +203,15 @@ class _MemoryTx(StoreTx):
         log = self.d.spans[rollout_id]
         results = []
         for span in spans:
-            existing = log.find(span)
-            if existing is not None:
-                results.append((from_json(Span, existing), False))
+            key = f"{span.attempt_id}\0{span.span_id}"
+            position = log.positions.get(key)
+            if position is not None:
+                results.append((from_json(Span, log.texts[position]), False))
                 continue
             # The caller gets its own span (already normalized by the core) numbered; the store
             # keeps that span's text, which nothing can reach.
             returned = evolved(span, sequence_id=len(log.texts) + 1)
-            log.append(returned, to_json(returned))
+            log.append(key, returned, to_json(returned))
             results.append((returned, True))
         return results
 

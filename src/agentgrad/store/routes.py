@@ -136,6 +136,16 @@ def add_spans(ctx: Context, body: wire.SpanList) -> wire.SpanList:
     return wire.SpanList(spans=stored)
 
 
+def add_spans_receipt(ctx: Context, body: wire.SpanList) -> wire.SpanReceipt:
+    """Store spans like ``POST /v1/spans``, answering with their sequence ids instead of whole
+    spans (what ``StoreClient`` uses: the bulk path)."""
+    stored = ctx.store.add_spans(body.spans)
+    ctx.count_spans(len(stored))
+    differing = {index: copy for index, (sent, copy) in enumerate(zip(body.spans, stored))
+                 if copy.__dict__ != {**sent.__dict__, "sequence_id": copy.sequence_id}}
+    return wire.SpanReceipt(sequence_ids=[copy.sequence_id for copy in stored], stored=differing)
+
+
 def query_spans(ctx: Context, query: wire.SpanQuery) -> wire.SpanList:
     """Spans of a rollout (one attempt, or ``latest``), in sequence order."""
     return wire.SpanList(spans=ctx.store.query_spans(query.rollout_id, query.attempt_id, query.name,
@@ -208,6 +218,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("POST", "/v1/attempts/heartbeat", "attempts", heartbeat, body=wire.AttemptRef, response=Attempt),
     Endpoint("POST", "/v1/watchdog/check", "attempts", check_watchdog, response=wire.AttemptList),
     Endpoint("POST", "/v1/spans", "spans", add_spans, body=wire.SpanList, response=wire.SpanList),
+    Endpoint("POST", "/v1/spans/receipt", "spans", add_spans_receipt, body=wire.SpanList, response=wire.SpanReceipt),
     Endpoint("GET", "/v1/spans", "spans", query_spans, query=wire.SpanQuery, response=wire.SpanList),
     Endpoint("POST", "/v1/resources", "resources", add_resources, body=wire.ResourcesBody, response=Resources,
              replayable=True),

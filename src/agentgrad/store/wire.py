@@ -148,6 +148,19 @@ class SpanList(BaseModel):
     spans: list[Span]
 
 
+class SpanReceipt(BaseModel):
+    """The answer of the bulk span endpoint: what the client needs to rebuild the stored copies
+    without the service sending every span back (most of a batch's bytes and decoding time).
+
+    A new span's stored copy is the span as sent, numbered; only repeats whose first stored copy
+    differs from what was sent come back whole.
+    """
+
+    sequence_ids: list[int]
+    stored: dict[int, Span] = Field(default_factory=dict, description="by index in the batch: stored "
+                                    "copies that differ from the span sent (repeats of an earlier span)")
+
+
 class ResourcesBody(_Body):
     items: dict[str, Any]
     resources_id: str | None = None
