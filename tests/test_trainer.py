@@ -11,7 +11,7 @@ import agents_for_tests
 from agentgrad.algorithms.base import Algorithm, AlgorithmContext
 from agentgrad.store.memory import MemoryStore
 from agentgrad.store.sqlite import SqliteStore
-from agentgrad.trainer import Trainer, store_url
+from agentgrad.trainer import Trainer
 from agentgrad.types import LLM, RolloutStatus
 
 FAST = {"poll_timeout": 0.05, "heartbeat_interval": 0.2}
@@ -66,7 +66,7 @@ def test_dev_timeout_cancels_unfinished_rollouts():
 def test_dev_with_two_runner_processes_over_sqlite(tmp_path):
     path = tmp_path / "dev.db"
     store = SqliteStore(path)
-    assert store_url(store) == f"sqlite://{path.resolve()}"
+    assert store.shared_url == f"sqlite://{path.resolve()}"
     trainer = Trainer(store, n_runners=2, runner_options=FAST, console=console())
     report = trainer.dev(agents_for_tests.reward_agent, [{"x": x} for x in range(8)], timeout=60)
     assert report.total == report.succeeded == 8
@@ -80,9 +80,37 @@ def test_dev_with_two_runner_processes_over_sqlite(tmp_path):
     store.close()
 
 
-def test_store_url_of_private_stores_is_none():
-    assert store_url(MemoryStore(watchdog_interval=None)) is None
-    assert store_url(SqliteStore(":memory:", watchdog_interval=None)) is None
+def test_shared_url_of_private_stores_is_none():
+    assert MemoryStore(watchdog_interval=None).shared_url is None
+    assert SqliteStore(":memory:", watchdog_interval=None).shared_url is None
+
+
+def test_dev_with_runner_processes_over_a_protected_store_service(tmp_path, monkeypatch):
+    """Runner processes reach a token-protected service with the trainer's token, which never
+    travels in the URL; a client without it is refused."""
+    from agentgrad.store.client import StoreClient, StoreServiceError
+    from agentgrad.store.server import StoreServer
+
+    monkeypatch.delenv("AGENTGRAD_STORE_TOKEN", raising=False)
+    with StoreServer(SqliteStore(tmp_path / "served.db"), token="t0k3n", owns_store=True) as server:
+        with pytest.raises(StoreServiceError):
+            StoreClient(server.url, retries=0).count_rollouts()
+        client = StoreClient(server.url, token="t0k3n")
+        assert client.shared_url == server.url
+        trainer = Trainer(client, n_runners=2, runner_options=FAST, console=console())
+        report = trainer.dev(agents_for_tests.reward_agent, [{"x": x} for x in range(4)], timeout=60)
+        assert report.total == report.succeeded == 4
+        client.close()
+
+
+def test_store_client_takes_its_token_from_the_environment(tmp_path, monkeypatch):
+    from agentgrad.store import open_store
+    from agentgrad.store.server import StoreServer
+
+    with StoreServer(MemoryStore(watchdog_interval=None), token="env-token", owns_store=True) as server:
+        monkeypatch.setenv("AGENTGRAD_STORE_TOKEN", "env-token")
+        with open_store(server.url) as store:
+            assert store.count_rollouts() == 0
 
 
 def test_dev_without_tasks_is_an_error():

@@ -382,10 +382,12 @@ class _Superseded(Exception):
 
 # ---- process pool -----------------------------------------------------------------------------
 
-def _runner_process(agent: Agent, store_url: str, options: dict[str, Any]) -> None:
-    from agentgrad.store import open_store
+def _runner_process(agent: Agent, store_url: str, options: dict[str, Any], store_token: str | None) -> None:
+    from agentgrad.store import TOKEN_ENV, open_store
 
     logging.basicConfig(level=os.environ.get("AGENTGRAD_LOG_LEVEL", "WARNING"))
+    if store_token:
+        os.environ[TOKEN_ENV] = store_token  # this process's own environment: it is the runner's
     store = open_store(store_url, watchdog=False)
     runner = Runner(agent, store, **options)
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -401,15 +403,17 @@ class RunnerPool:
 
     Processes are started with the ``spawn`` method (safe next to threads and torch) and open
     the store by URL (``sqlite:///…``, ``postgresql://…`` or the store service's
-    ``http://…``). The agent is pickled: define it at module level.
+    ``http://…``; ``store_token`` is its bearer token, passed outside the URL). The agent is
+    pickled: define it at module level.
     """
 
     def __init__(self, agent: Agent | Callable[..., Any], store_url: str, *, n_runners: int = 1,
-                 **runner_options: Any) -> None:
+                 store_token: str | None = None, **runner_options: Any) -> None:
         if n_runners < 1:
             raise ValueError(f"n_runners must be ≥ 1, got {n_runners}")
         self.agent = as_agent(agent)
         self.store_url = store_url
+        self.store_token = store_token
         self.n_runners = n_runners
         self.runner_options = runner_options
         self.processes: list[multiprocessing.process.BaseProcess] = []
@@ -419,7 +423,7 @@ class RunnerPool:
         for index in range(self.n_runners):
             options = {**self.runner_options}
             options.setdefault("worker_id", f"runner-{index}-{new_id('w')[2:8]}")
-            process = ctx.Process(target=_runner_process, args=(self.agent, self.store_url, options),
+            process = ctx.Process(target=_runner_process, args=(self.agent, self.store_url, options, self.store_token),
                                   name=f"agentgrad-runner-{index}", daemon=True)
             process.start()
             self.processes.append(process)

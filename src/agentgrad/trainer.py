@@ -15,7 +15,6 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -29,14 +28,6 @@ from agentgrad.store.protocol import Store
 from agentgrad.types import RolloutConfig, RolloutMode
 
 log = logging.getLogger(__name__)
-
-
-def store_url(store: Store) -> str | None:
-    """A URL other processes can open the same store with, or None (process-private store)."""
-    path = getattr(store, "path", None)
-    if path and path != ":memory:":
-        return "sqlite://" + str(Path(path).resolve())
-    return getattr(store, "url", None)
 
 
 class Trainer:
@@ -126,12 +117,19 @@ class Trainer:
             with _thread_runner(agent, self.store, options):
                 yield
             return
-        with self._shared_store_url() as url, RunnerPool(agent, url, n_runners=self.n_runners, **options):
+        with self._shared_store_url() as url, RunnerPool(agent, url, n_runners=self.n_runners,
+                                                         store_token=self._store_token(), **options):
             yield
+
+    def _store_token(self) -> str | None:
+        """The bearer token runner processes need to reach a protected store service."""
+        from agentgrad.store.client import StoreClient  # lazy: httpx only for pools
+
+        return self.store.token if isinstance(self.store, StoreClient) else None
 
     @contextlib.contextmanager
     def _shared_store_url(self) -> Iterator[str]:
-        url = store_url(self.store)
+        url = self.store.shared_url
         if url is not None:
             yield url
             return

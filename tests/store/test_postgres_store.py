@@ -106,6 +106,24 @@ def test_concurrent_openers_create_the_schema_once(schema):
         s.close()
 
 
+def test_schema_travels_in_the_shared_url(schema):
+    """Runner processes open the store by its shared URL: they must land in the same schema."""
+    from agentgrad.store import open_store
+
+    store = _open(schema)
+    rollout = store.enqueue_rollout("x")
+    url = store.shared_url
+    assert f"schema={schema}" in url and PG_URL in url
+    with open_store(url, watchdog=False) as reopened:
+        assert reopened.schema == schema
+        assert reopened.get_rollout(rollout.rollout_id).input == "x"
+    with open_store(PG_URL + "?connect_timeout=5&schema=" + schema, watchdog=False) as with_options:
+        assert with_options.url == PG_URL + "?connect_timeout=5" and with_options.count_rollouts() == 1
+    with pytest.raises(ValueError, match="name one"):
+        open_store(url, schema="other")
+    store.close()
+
+
 def test_password_is_not_shown_in_errors():
     from agentgrad.store.postgres import PostgresStore
 

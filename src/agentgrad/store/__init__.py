@@ -1,8 +1,9 @@
 """Stores: where tasks, attempts, spans and resources live.
 
 ``open_store(url)`` turns a URL into a backend, so every CLI command and runner takes the same
-``--store`` argument: ``memory``, ``sqlite:///path/to/file.db``, ``postgresql://…`` or
-``http://host:port`` (the store service).
+``--store`` argument: ``memory``, ``sqlite:///path/to/file.db``, ``postgresql://…`` (with
+``?schema=name`` for tables in a schema of their own) or ``http://host:port`` (the store
+service; its token comes from ``$AGENTGRAD_STORE_TOKEN``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,12 @@ from typing import Any
 
 from agentgrad.store.protocol import RolloutFilter, RolloutRequest, Store
 
-__all__ = ["Store", "RolloutFilter", "RolloutRequest", "open_store", "MemoryStore", "SqliteStore"]
+__all__ = ["Store", "RolloutFilter", "RolloutRequest", "open_store", "MemoryStore", "SqliteStore", "TOKEN_ENV"]
+
+#: The store service's bearer token, when none is passed: ``agentgrad store serve`` and every
+#: ``StoreClient`` read it, so runners join a protected service without the token on their
+#: command line (where ``ps`` would show it) and runner processes inherit it.
+TOKEN_ENV = "AGENTGRAD_STORE_TOKEN"
 
 
 def open_store(url: str, *, watchdog: bool = True, **options: Any) -> Store:

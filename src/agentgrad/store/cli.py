@@ -11,7 +11,7 @@ import argparse
 import logging
 import os
 
-TOKEN_ENV = "AGENTGRAD_STORE_TOKEN"
+from agentgrad.store import TOKEN_ENV
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:

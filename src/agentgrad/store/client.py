@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import random
 import time
 import urllib.parse
@@ -32,7 +33,7 @@ import httpx
 from pydantic import BaseModel, TypeAdapter
 
 from agentgrad.errors import AgentGradError, InvalidInputError
-from agentgrad.store import wire
+from agentgrad.store import TOKEN_ENV, wire
 from agentgrad.store.http1 import ConnectionPool
 from agentgrad.store.core import evolved
 from agentgrad.store.jsoncheck import normalize_json, normalize_span
@@ -164,7 +165,7 @@ class StoreClient(Store):
 
     Args:
         url: the service's base URL, e.g. ``http://127.0.0.1:8765``.
-        token: bearer token (the server's ``--token``).
+        token: bearer token (the server's ``--token``); default: ``$AGENTGRAD_STORE_TOKEN``.
         timeout: seconds for one request (long polls get their wait on top).
         retries: extra tries after a connection error, timeout or 5xx (0 = none).
         backoff: first retry delay in seconds; doubles per try (with jitter), capped at 2 s.
@@ -184,13 +185,14 @@ class StoreClient(Store):
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        self.token = token if token is not None else os.environ.get(TOKEN_ENV) or None
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
         self.long_poll = min(long_poll, wire.MAX_WAIT_SECONDS)
         headers = {"Content-Type": "application/json"}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
         self._sender = _sender(self.url, headers, timeout, transport)
 
     # ---- transport ------------------------------------------------------------------------------
@@ -383,6 +385,10 @@ class StoreClient(Store):
         return self._call(wire.MetricList, "GET", "/v1/metrics", params={"run_id": run_id}).records
 
     # ---- lifecycle ------------------------------------------------------------------------------
+    @property
+    def shared_url(self) -> str:
+        return self.url
+
     def close(self) -> None:
         self._sender.close()
 

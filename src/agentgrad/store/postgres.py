@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import urllib.parse
 import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -27,6 +28,21 @@ from psycopg import sql
 from agentgrad.errors import StoreFileError
 from agentgrad.store.core import StoreTx, TransactionalStore
 from agentgrad.store.sql import POSTGRES, SCHEMA_VERSION, SqlTx
+
+#: The query parameter of a store URL that names the schema (``postgresql://…/db?schema=run7``).
+#: It is AgentGrad's, not libpq's: :func:`split_schema` takes it out before connecting.
+SCHEMA_PARAMETER = "schema"
+
+
+def split_schema(url: str) -> tuple[str, str | None]:
+    """``postgresql://…?schema=s&sslmode=require`` → (``postgresql://…?sslmode=require``, ``"s"``)."""
+    parts = urllib.parse.urlsplit(url)
+    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    schemas = [value for key, value in query if key == SCHEMA_PARAMETER]
+    if not schemas:
+        return url, None
+    rest = urllib.parse.urlencode([(key, value) for key, value in query if key != SCHEMA_PARAMETER])
+    return urllib.parse.urlunsplit(parts._replace(query=rest)), schemas[-1]
 
 
 class _Pool:
@@ -69,8 +85,9 @@ class PostgresStore(TransactionalStore):
     """A store in a PostgreSQL database (optionally in its own ``schema``, created if missing).
 
     Args:
-        url: a libpq URL, ``postgresql://user@host:5432/db``.
-        schema: keep the tables in this schema instead of the connection's default one.
+        url: a libpq URL, ``postgresql://user@host:5432/db``, optionally with ``?schema=name``.
+        schema: keep the tables in this schema instead of the connection's default one (the
+            same as the URL's ``schema=``; naming two different ones is an error).
         pool_size: most connections this object opens at once.
     """
 
@@ -84,8 +101,11 @@ class PostgresStore(TransactionalStore):
         pool_size: int = 8,
         connect_timeout: float = 10.0,
     ) -> None:
+        url, named = split_schema(url)
+        if named is not None and schema is not None and named != schema:
+            raise ValueError(f"the URL names schema {named!r} and the schema argument {schema!r}: name one")
         self.url = url
-        self.schema = schema
+        self.schema = schema = schema if schema is not None else named
         self._connect_timeout = connect_timeout
         self._lock_key = zlib.crc32(f"agentgrad:{schema or ''}".encode())
         self._local = threading.local()
@@ -148,6 +168,13 @@ class PostgresStore(TransactionalStore):
 
     def __repr__(self) -> str:
         return f"PostgresStore({_redact(self.url)!r}, schema={self.schema!r})"
+
+    @property
+    def shared_url(self) -> str:
+        """The URL, with ``schema=`` added when a schema is set (``open_store`` reads it back)."""
+        if self.schema is None:
+            return self.url
+        return f"{self.url}{'&' if '?' in self.url else '?'}{urllib.parse.urlencode({SCHEMA_PARAMETER: self.schema})}"
 
 
 def _redact(url: str) -> str:

@@ -235,6 +235,14 @@ class Store(abc.ABC):
         """Metrics in insertion order, optionally of one run."""
 
     # ---- lifecycle ------------------------------------------------------------------------
+    @property
+    def shared_url(self) -> str | None:
+        """A URL that opens this same store in another process (:func:`open_store`), or None
+        for a store private to this process. The Trainer hands it to runner processes; a
+        private store is served to them over HTTP instead. Holds no secret (see the token
+        of :class:`~agentgrad.store.client.StoreClient`)."""
+        return None
+
     def close(self) -> None:
         """Release connections and stop background threads."""
 

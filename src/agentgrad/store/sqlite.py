@@ -94,6 +94,10 @@ class SqliteStore(TransactionalStore):
         with self._lock:
             self._conn.close()
 
+    @property
+    def shared_url(self) -> str | None:
+        return None if self.path == ":memory:" else "sqlite://" + str(Path(self.path).expanduser().resolve())
+
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r})"
 
