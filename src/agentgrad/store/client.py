@@ -339,7 +339,7 @@ class StoreClient(Store):
         body = b'{"spans":' + _SPAN_LIST.dump_json(parsed) + b"}"
         receipt = self._call(wire.SpanReceipt, "POST", "/v1/spans/receipt", body)
         return [receipt.stored.get(index) or evolved(span, sequence_id=sequence_id)
-                for index, (span, sequence_id) in enumerate(zip(parsed, receipt.sequence_ids))]
+                for index, (span, sequence_id) in enumerate(zip(parsed, receipt.sequence_ids, strict=True))]
 
     def query_spans(
         self,

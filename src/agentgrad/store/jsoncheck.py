@@ -123,8 +123,8 @@ def _normalized(value: Any, depth: int) -> Any:
 
 def _is_flat_json(items: Any) -> bool:
     """Whether ``items`` are all scalars JSON hands back unchanged, checked in C: long flat lists
-    (token ids, logprobs) are what spans of LLM calls carry, and a Python loop over them was
-    most of the store service's time per span. False only means "walk it"."""
+    (token ids, logprobs) are what spans of LLM calls carry, and a Python loop over them was a
+    large share of the store service's time per span. False only means "walk it"."""
     kinds = set(map(type, items))
     if kinds <= _UNCHANGED:
         return True
