@@ -54,13 +54,20 @@ MODEL_CONFIG: dict[str, Any] = {
 QWEN2_PRETOKENIZE_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-BUILD_FORMAT = 3  # bump when the recipe changes, so cached models are rebuilt
+BUILD_FORMAT = 4  # bump when the recipe changes, so cached models are rebuilt
 DEFAULT_WARMUP_STEPS = 1100
 #: The warm-up's last steps, where the learning rate decays and direct answers are mixed in.
 #: Before them the model sees only tool-using conversations at a constant rate: copying numbers
 #: into the call and back is an abrupt, fragile skill for a model this small (it appears around
 #: step 450–750), and mixing direct answers in from the start delayed it past 1,000 steps.
 DEFAULT_HABIT_STEPS = 400
+#: The tool-only phase goes on past ``warmup_steps - habit_steps`` until greedy calls on the
+#: validation problems succeed this often (probed every ``SKILL_PROBE_EVERY`` steps), at most
+#: ``MAX_EXTRA_TOOL_STEPS`` more: when the skill appears varies with library versions' numerics
+#: (one build had it by step 700, another not by 750), and the habit phase needs it formed.
+SKILL_THRESHOLD = 0.9
+SKILL_PROBE_EVERY = 50
+MAX_EXTRA_TOOL_STEPS = 800
 #: Share of warm-up conversations that answer without the calculator (the habit RL removes),
 #: for questions that spell the operator out and for those that write it as a symbol.
 DIRECT_ANSWER_RATE = {"words": 0.75, "symbols": 0.25}
@@ -280,6 +287,23 @@ def evaluate_greedy(model: Any, tokenizer: Any, problems: list[dict[str, Any]], 
     return {"success": successes / n, "tool_use": tool_uses / n, "tool_success": tool_successes / max(1, tool_uses)}
 
 
+def _habit_start(model: Any, tokenizer: Any, val: list[dict[str, Any]], step: int, planned: int,
+                 progress: bool) -> int | None:
+    """``step`` if the tool-only phase may end there (the skill has formed, or the extension is
+    used up), else None: keep training on tool calls and ask again ``SKILL_PROBE_EVERY`` later."""
+    if planned == 0 or step >= planned + MAX_EXTRA_TOOL_STEPS:
+        return step
+    if (step - planned) % SKILL_PROBE_EVERY:
+        return None
+    skill = evaluate_greedy(model, tokenizer, val)["tool_success"]
+    if skill >= SKILL_THRESHOLD:
+        return step
+    if progress:
+        print(f"step {step:4d}  greedy tool calls succeed {skill:.2f} < {SKILL_THRESHOLD}: "
+              "more tool-only steps", flush=True)
+    return None
+
+
 def build_tiny_model(
     output_dir: str | Path | None = None,
     *,
@@ -294,7 +318,9 @@ def build_tiny_model(
 
     Trains on ``batch_size`` conversations per step for ``warmup_steps`` steps: tool-using ones
     at a constant learning rate, then, for the last ``habit_steps``, a mix where some answer
-    without the tool (``DIRECT_ANSWER_RATE``) while the rate decays to a tenth (cosine). Every
+    without the tool (``DIRECT_ANSWER_RATE``) while the rate decays to a tenth (cosine). The
+    tool-only phase is extended until the calculator skill has formed (``SKILL_THRESHOLD``), so
+    the total can exceed ``warmup_steps`` by up to ``MAX_EXTRA_TOOL_STEPS``. Every
     ``eval_every`` steps and at the end it reports greedy behaviour on 128 validation problems
     (also written to ``agentgrad_build.json``). Seeds are fixed, so a build is reproducible on a
     given machine. Written atomically: a half-built model never
@@ -332,16 +358,24 @@ def build_tiny_model(
             with_tool.append(tool_sample)
             mixed.append(_suffix(tokenizer, problem, prefix, direct=True) if rng.random() < rate else tool_sample)
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01, betas=(0.9, 0.98))
-        warmup, decay_from = 50, max(0, warmup_steps - habit_steps)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) * (
-            0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, max(0, s - decay_from) / max(1, habit_steps))))))
+        warmup, tool_steps = 50, max(0, warmup_steps - habit_steps)
+        decay_from: int | None = None  # the step the habit phase starts at, once it is decided
+
+        def lr_factor(s: int) -> float:
+            progress = 0.0 if decay_from is None else min(1.0, max(0, s - decay_from) / max(1, habit_steps))
+            return min(1.0, (s + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
         step = 0
         report: dict[str, float] = {}
         order: list[int] = []
         prefix_ids = torch.tensor([prefix])
-        for step in range(1, warmup_steps + 1):
+        while decay_from is None or step < decay_from + habit_steps:
+            step += 1
+            if decay_from is None and step > tool_steps:
+                decay_from = _habit_start(model, tokenizer, val, step - 1, tool_steps, progress)
             model.train()
-            suffixes = with_tool if step <= decay_from else mixed
+            suffixes = with_tool if decay_from is None else mixed
             if len(order) < batch_size:
                 order = list(range(len(suffixes)))
                 rng.shuffle(order)
@@ -363,7 +397,7 @@ def build_tiny_model(
             optimizer.step()
             schedule.step()
             optimizer.zero_grad(set_to_none=True)
-            if step % eval_every == 0 or step == warmup_steps:
+            if step % eval_every == 0 or (decay_from is not None and step == decay_from + habit_steps):
                 report = evaluate_greedy(model, tokenizer, val)
                 if progress:
                     print(f"step {step:4d}  loss {loss.item():.3f}  val greedy: success {report['success']:.2f}, "
@@ -375,7 +409,7 @@ def build_tiny_model(
         tokenizer.save_pretrained(str(tmp))
         (tmp / "agentgrad_build.json").write_text(json.dumps({
             "name": TINY_NAME, "format": BUILD_FORMAT, "seed": seed, "steps": step,
-            "habit_steps": habit_steps, "direct_answer_rate": DIRECT_ANSWER_RATE,
+            "tool_steps": decay_from, "habit_steps": habit_steps, "direct_answer_rate": DIRECT_ANSWER_RATE,
             **{f"val_greedy_{k}": v for k, v in report.items()},
             "build_seconds": round(time.monotonic() - started, 1),
         }, indent=2))
