@@ -67,7 +67,7 @@ DEFAULT_HABIT_STEPS = 400
 #: (one build had it by step 700, another not by 750), and the habit phase needs it formed.
 SKILL_THRESHOLD = 0.9
 SKILL_PROBE_EVERY = 50
-MAX_EXTRA_TOOL_STEPS = 800
+MAX_EXTRA_TOOL_STEPS = 400
 #: Share of warm-up conversations that answer without the calculator (the habit RL removes),
 #: for questions that spell the operator out and for those that write it as a symbol.
 DIRECT_ANSWER_RATE = {"words": 0.75, "symbols": 0.25}
