@@ -54,7 +54,7 @@ MODEL_CONFIG: dict[str, Any] = {
 QWEN2_PRETOKENIZE_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-BUILD_FORMAT = 4  # bump when the recipe changes, so cached models are rebuilt
+BUILD_FORMAT = 5  # bump when the recipe changes, so cached models are rebuilt
 DEFAULT_WARMUP_STEPS = 1100
 #: The warm-up's last steps, where the learning rate decays and direct answers are mixed in.
 #: Before them the model sees only tool-using conversations at a constant rate: copying numbers
