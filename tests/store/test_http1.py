@@ -88,6 +88,16 @@ def test_content_length_body_and_keep_alive(serve):
     assert b"Authorization: Bearer t" in server.heads[0] and b"Content-Length: 7" in server.heads[0]
 
 
+def test_a_header_with_a_line_break_is_refused_before_sending(serve):
+    server = serve(_answer(b"HTTP/1.1 204 No Content\r\n\r\n"))
+    with pytest.raises(ValueError, match="line break"):
+        ConnectionPool("127.0.0.1", server.port, headers={"Authorization": "Bearer t\r\nX-Evil: 1"})
+    pool = ConnectionPool("127.0.0.1", server.port)
+    with pytest.raises(ValueError, match="line break"):
+        pool.request("POST", "/m", b"{}", headers={"Idempotency-Key": "k\nX-Evil: 1"})
+    assert server.connections == 0, "nothing was sent"
+
+
 def test_chunked_body_and_a_204(serve):
     server = serve(_answer(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
                            b"5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: 1\r\n\r\n"))

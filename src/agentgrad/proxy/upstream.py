@@ -18,6 +18,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from agentgrad.netutil import header_lines
+
 #: Body bytes buffered for a stream that is read slower than the upstream writes it; reading from
 #: the socket pauses above this, so a slow client cannot make the proxy buffer a whole answer.
 _HIGH_WATER = 1 << 20
@@ -238,15 +240,10 @@ class Upstream:
             connection.close()
 
     def _head(self, method: str, path: str, body: bytes, headers: dict[str, str] | None) -> bytes:
-        lines = [f"{method} {self.prefix}{path} HTTP/1.1", f"host: {self.authority}"]
-        for name, value in (headers or {}).items():
-            if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
-                raise ValueError(f"header {name!r} contains a line break")
-            lines.append(f"{name}: {value}")
+        head = f"{method} {self.prefix}{path} HTTP/1.1\r\nhost: {self.authority}\r\n" + header_lines(headers or {})
         if method != "GET" or body:
-            lines.append(f"content-length: {len(body)}")
-        lines.append("\r\n")
-        return "\r\n".join(lines).encode("latin-1")
+            head += f"content-length: {len(body)}\r\n"
+        return (head + "\r\n").encode("latin-1")
 
     async def request(self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
                       ) -> UpstreamResponse:

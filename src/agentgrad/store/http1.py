@@ -20,6 +20,7 @@ import time
 from collections import deque
 
 from agentgrad import __version__
+from agentgrad.netutil import header_lines
 
 _MAX_HEAD = 64 * 1024
 _NO_BODY_STATUS = (204, 304)
@@ -166,7 +167,7 @@ class ConnectionPool:
         self.prefix = prefix
         authority = f"[{host}]" if ":" in host else host
         fixed = {"Host": f"{authority}:{port}", "User-Agent": f"agentgrad-store-client/{__version__}", **(headers or {})}
-        self._fixed = "".join(f"{k}: {v}\r\n" for k, v in fixed.items())
+        self._fixed = header_lines(fixed)
         self.max_idle = max_idle
         self.idle_expiry = idle_expiry
         self._idle: deque[_Connection] = deque()  # append/pop are atomic: no lock needed
@@ -179,7 +180,7 @@ class ConnectionPool:
         if body is not None or method in ("POST", "PUT", "PATCH"):
             head += f"Content-Length: {len(body or b'')}\r\n"
         if headers:
-            head += "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+            head += header_lines(headers)
         request = (head + "\r\n").encode("latin-1") + (body or b"")
         head_only = method == "HEAD"
         idle = self._idle_connection()
