@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from agentgrad.store import wire
 from agentgrad.store.protocol import RolloutFilter, Store
-from agentgrad.types import Attempt, Resources, Rollout, Worker
+from agentgrad.types import Attempt, Resources, Rollout, Span, Worker
 
 
 @dataclass(frozen=True)
@@ -129,18 +129,21 @@ def check_watchdog(ctx: Context, _: None) -> wire.AttemptList:
 # ---- spans --------------------------------------------------------------------------------------
 
 
-def add_spans(ctx: Context, body: wire.SpanList) -> wire.SpanList:
-    """Store spans idempotently on (rollout_id, attempt_id, span_id); returns stored copies."""
+def _store_spans(ctx: Context, body: wire.SpanList) -> list[Span]:
     stored = ctx.store.add_spans(body.spans)
     ctx.count_spans(len(stored))
-    return wire.SpanList(spans=stored)
+    return stored
+
+
+def add_spans(ctx: Context, body: wire.SpanList) -> wire.SpanList:
+    """Store spans idempotently on (rollout_id, attempt_id, span_id); returns stored copies."""
+    return wire.SpanList(spans=_store_spans(ctx, body))
 
 
 def add_spans_receipt(ctx: Context, body: wire.SpanList) -> wire.SpanReceipt:
     """Store spans like ``POST /v1/spans``, answering with their sequence ids instead of whole
     spans (what ``StoreClient`` uses: the bulk path)."""
-    stored = ctx.store.add_spans(body.spans)
-    ctx.count_spans(len(stored))
+    stored = _store_spans(ctx, body)
     differing = {index: copy for index, (sent, copy) in enumerate(zip(body.spans, stored))
                  if copy.__dict__ != {**sent.__dict__, "sequence_id": copy.sequence_id}}
     return wire.SpanReceipt(sequence_ids=[copy.sequence_id for copy in stored], stored=differing)
