@@ -80,6 +80,15 @@ def test_dev_with_two_runner_processes_over_sqlite(tmp_path):
     store.close()
 
 
+def test_shared_url_of_a_home_relative_sqlite_file_names_the_file_opened(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    store = SqliteStore("~/runs/store.db", watchdog_interval=None)
+    store.enqueue_rollout("x")
+    assert (tmp_path / "runs" / "store.db").exists()
+    assert store.shared_url == f"sqlite://{(tmp_path / 'runs' / 'store.db').resolve()}"
+    store.close()
+
+
 def test_shared_url_of_private_stores_is_none():
     assert MemoryStore(watchdog_interval=None).shared_url is None
     assert SqliteStore(":memory:", watchdog_interval=None).shared_url is None

@@ -40,9 +40,11 @@ class SqliteStore(TransactionalStore):
     ) -> None:
         if sqlite3.sqlite_version_info < _MIN_SQLITE:
             raise StoreFileError(f"SQLite ≥ 3.35 is required, this Python has {sqlite3.sqlite_version}")
-        self.path = str(path)
+        # ``~`` is expanded once, here: the directory made, the file opened and ``shared_url``
+        # must all name the same place.
+        self.path = str(path) if str(path) == ":memory:" else str(Path(path).expanduser())
         if self.path != ":memory:":
-            Path(self.path).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
+            Path(self.path).resolve().parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
         self._conn = self._open(busy_timeout_seconds, synchronous)
         super().__init__(watchdog_interval=watchdog_interval, external_poll_interval=external_poll_interval)
@@ -96,7 +98,7 @@ class SqliteStore(TransactionalStore):
 
     @property
     def shared_url(self) -> str | None:
-        return None if self.path == ":memory:" else "sqlite://" + str(Path(self.path).expanduser().resolve())
+        return None if self.path == ":memory:" else "sqlite://" + str(Path(self.path).resolve())
 
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r})"
