@@ -288,14 +288,15 @@ def evaluate_greedy(model: Any, tokenizer: Any, problems: list[dict[str, Any]], 
 
 
 def _habit_start(model: Any, tokenizer: Any, val: list[dict[str, Any]], step: int, planned: int,
-                 progress: bool) -> int | None:
+                 progress: bool, evaluated: dict[str, float] | None) -> int | None:
     """``step`` if the tool-only phase may end there (the skill has formed, or the extension is
-    used up), else None: keep training on tool calls and ask again ``SKILL_PROBE_EVERY`` later."""
+    used up), else None: keep training on tool calls and ask again ``SKILL_PROBE_EVERY`` later.
+    ``evaluated``: the periodic evaluation of this very step, if there was one."""
     if planned == 0 or step >= planned + MAX_EXTRA_TOOL_STEPS:
         return step
     if (step - planned) % SKILL_PROBE_EVERY:
         return None
-    skill = evaluate_greedy(model, tokenizer, val)["tool_success"]
+    skill = (evaluated or evaluate_greedy(model, tokenizer, val))["tool_success"]
     if skill >= SKILL_THRESHOLD:
         return step
     if progress:
@@ -375,7 +376,8 @@ def build_tiny_model(
         while decay_from is None or step < decay_from + habit_steps:
             step += 1
             if decay_from is None and step > tool_steps:
-                decay_from = _habit_start(model, tokenizer, val, step - 1, tool_steps, progress)
+                decay_from = _habit_start(model, tokenizer, val, step - 1, tool_steps, progress,
+                                          report if (step - 1) % eval_every == 0 else None)
             model.train()
             suffixes = with_tool if decay_from is None else mixed
             if len(order) < batch_size:
