@@ -37,8 +37,13 @@ demo: $(STAMP)
 
 # The whole suite: every framework, browser, PostgreSQL and real-model test. Tests marked slow
 # (whole learning runs, minutes each) are skipped here and run by `make test-slow`.
-test: $(STAMP) $(FRAMEWORKS) browser model
-	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
+# The tiny model (if not cached) builds in the background while the frameworks install and the
+# tests that do not need it run; those that do (marker tiny_model) run last and wait for it.
+test: $(STAMP)
+	$(PY) -m agentgrad models build-tiny --if-missing > $(VENV)/tiny-build.log 2>&1 &
+	$(MAKE) --no-print-directory $(FRAMEWORKS) browser
+	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS); status=$$?; \
+	  echo "tiny model build (background): $$(tail -n 2 $(VENV)/tiny-build.log | tr '\n' ' ')"; exit $$status
 
 # Without the framework and browser installs (they skip with a reason).
 test-fast: $(STAMP) model

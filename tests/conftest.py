@@ -1,12 +1,30 @@
-"""Suite-wide policy: tests marked ``slow`` (whole learning runs, minutes each) run only when
-asked for — ``pytest -m slow`` or ``AGENTGRAD_SLOW=1`` (``make test-slow``)."""
+"""Suite-wide policy.
 
+* Tests marked ``slow`` (whole learning runs, minutes each) run only when asked for —
+  ``pytest -m slow`` or ``AGENTGRAD_SLOW=1`` (``make test-slow``).
+* Tests marked ``tiny_model`` (they need the built tiny model) run last, so a model build started
+  in the background (``make test``) overlaps the rest of the suite; they wait for it on
+  ``ensure_tiny_model``'s lock before their clock (pytest-timeout's) starts.
+"""
+
+import importlib.util
 import os
+from collections.abc import Iterator
 
 import pytest
 
 
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    if "tiny_model" in item.keywords and importlib.util.find_spec("torch") is not None:
+        from agentgrad.models.tiny import ensure_tiny_model
+
+        ensure_tiny_model()
+    yield
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: "tiny_model" in item.keywords)  # stable: file order otherwise kept
     if "slow" in (config.getoption("-m") or "") or os.environ.get("AGENTGRAD_SLOW") == "1":
         return
     skip = pytest.mark.skip(reason="slow: run with -m slow or AGENTGRAD_SLOW=1 (make test-slow)")

@@ -25,6 +25,8 @@ from examples.calc.agent import calc_agent
 
 pytest.importorskip("torch")
 
+pytestmark = pytest.mark.tiny_model  # runs last: see tests/conftest.py
+
 
 @pytest.fixture(scope="module")
 def tiny_model_dir():

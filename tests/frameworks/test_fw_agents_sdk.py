@@ -22,6 +22,8 @@ from openai import AsyncOpenAI  # noqa: E402
 from agentgrad.models.calc import SYSTEM_PROMPT  # noqa: E402
 from agentgrad.types import LLM  # noqa: E402
 
+pytestmark = pytest.mark.tiny_model  # runs last: see tests/conftest.py
+
 set_tracing_disabled(True)  # the SDK would export traces to OpenAI with our fake key
 calculator_tool = function_tool(calculator)
 

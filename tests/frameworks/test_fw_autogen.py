@@ -13,6 +13,8 @@ from autogen_ext.models.openai import OpenAIChatCompletionClient  # noqa: E402
 from agentgrad.models.calc import SYSTEM_PROMPT  # noqa: E402
 from agentgrad.types import LLM  # noqa: E402
 
+pytestmark = pytest.mark.tiny_model  # runs last: see tests/conftest.py
+
 #: Required by AutoGen for any model name it does not know.
 MODEL_INFO = {"vision": False, "function_calling": True, "json_output": False, "family": "unknown",
               "structured_output": False}

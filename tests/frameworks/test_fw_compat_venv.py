@@ -13,6 +13,8 @@ import pytest
 
 from capture_check import ENGINE_URL_ENV, MODEL_DIR_ENV, Capture
 
+pytestmark = pytest.mark.tiny_model  # runs last: see tests/conftest.py
+
 REPO = Path(__file__).resolve().parents[2]
 COMPAT_PYTHON = REPO / ".venv-compat" / "bin" / "python"
 

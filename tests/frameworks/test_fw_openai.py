@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from capture_check import Capture, run_and_check
 from openai_agent import openai_agent, openai_streaming_agent
+
+pytestmark = pytest.mark.tiny_model  # runs last: see tests/conftest.py
 
 
 def test_openai_sync_tool_loop(capture: Capture) -> None:

@@ -12,6 +12,8 @@ from smolagents import OpenAIServerModel, ToolCallingAgent, tool  # noqa: E402
 from agentgrad.models.calc import SYSTEM_PROMPT  # noqa: E402
 from agentgrad.types import LLM  # noqa: E402
 
+pytestmark = pytest.mark.tiny_model  # runs last: see tests/conftest.py
+
 
 @tool
 def calculator_tool(expression: str) -> str:

@@ -38,9 +38,10 @@ def test_build_tiny_arguments_reach_the_builder(monkeypatch: pytest.MonkeyPatch,
     calls = []
     monkeypatch.setattr("agentgrad.models.tiny.build_tiny_model",
                         lambda output, **kw: calls.append((output, kw)) or Path(output))
-    args = _parser().parse_args(["models", "build-tiny", "--output", str(tmp_path), "--steps", "7", "--seed", "3"])
+    args = _parser().parse_args(["models", "build-tiny", "--output", str(tmp_path), "--steps", "7", "--seed", "3",
+                                 "--threads", "1"])
     assert args.func(args) == 0
-    assert calls == [(str(tmp_path), {"seed": 3, "warmup_steps": 7})]
+    assert calls == [(str(tmp_path), {"seed": 3, "threads": 1, "warmup_steps": 7})]
     assert capsys.readouterr().out.strip() == str(tmp_path)
 
 

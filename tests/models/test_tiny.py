@@ -73,9 +73,52 @@ def test_direct_answer_samples_skip_the_tool(tmp_path: Path) -> None:
     assert with_tool[:len(ids) - sum(mask)] == ids[:len(ids) - sum(mask)]  # same prompt either way
 
 
+
+def test_batch_encoding_matches_one_by_one(tmp_path: Path) -> None:
+    """The build encodes its conversations in batches: a batch mixing tool and direct-answer
+    conversations (different turn counts) yields each one exactly as encoding it alone."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny.random_tiny_model(tmp_path / "m"))
+    problems = calc.generate_problems(12, 3)
+    direct = [i % 3 == 1 for i in range(len(problems))]
+    batch = tiny.encode_samples(tokenizer, problems, direct)
+    assert batch == [tiny.encode_sample(tokenizer, p, d) for p, d in zip(problems, direct)]
+    assert len({len(ids) for ids, _ in batch}) > 1
+
 def test_default_model_dir_honours_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("AGENTGRAD_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert tiny.default_model_dir() == tmp_path / "xdg" / "agentgrad" / "models" / "tiny-calc"
     monkeypatch.setenv("AGENTGRAD_CACHE_DIR", str(tmp_path / "ag"))
     assert tiny.default_model_dir() == tmp_path / "ag" / "models" / "tiny-calc"
+
+
+def test_concurrent_callers_share_one_build(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """ensure_tiny_model's lock: the second caller waits for the first one's build and reuses it.
+    (The builder here only writes the manifest: the lock, not the build, is under test.)"""
+    import json
+    import threading
+    import time
+
+    monkeypatch.setenv("AGENTGRAD_CACHE_DIR", str(tmp_path))
+    builds = []
+
+    def build(path: Path, threads: int | None = None) -> Path:
+        builds.append(path)
+        time.sleep(0.5)
+        path.mkdir(parents=True)
+        (path / "agentgrad_build.json").write_text(json.dumps({"format": tiny.BUILD_FORMAT}))
+        return path
+
+    monkeypatch.setattr(tiny, "build_tiny_model", build)
+    results: list[Path] = []
+    callers = [threading.Thread(target=lambda: results.append(tiny.ensure_tiny_model())) for _ in range(2)]
+    for caller in callers:
+        caller.start()
+        time.sleep(0.1)
+    for caller in callers:
+        caller.join(10)
+    assert results == [tiny.default_model_dir()] * 2 and len(builds) == 1
+    assert "waiting for another process building the tiny model" in capsys.readouterr().out

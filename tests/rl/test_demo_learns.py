@@ -11,6 +11,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("openai")
 
+pytestmark = pytest.mark.tiny_model  # runs last: see tests/conftest.py
+
 
 @pytest.mark.timeout(1500)
 def test_a_few_demo_steps_raise_greedy_success(tmp_path):

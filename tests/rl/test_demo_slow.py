@@ -6,6 +6,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("openai")
 
+pytestmark = pytest.mark.tiny_model  # runs last: see tests/conftest.py
+
 
 @pytest.mark.slow
 def test_demo_reaches_the_success_target(tmp_path):
