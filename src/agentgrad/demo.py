@@ -92,7 +92,7 @@ def run_demo(*, steps: int = 30, minutes: float = 8.0, output_dir: str | Path = 
             (out / stale).unlink(missing_ok=True)
     agent_module = _import_calc_agent()
     if model_dir is None:
-        with console.status("building the tiny model (first run only, ≈ 4–6 min)…"):
+        with console.status("building the tiny model (first run only, ≈ 5–11 min)…"):
             model_dir = ensure_tiny_model()
     store = open_store(store_url or f"sqlite://{out / 'store.sqlite'}")
     engine = Engine(model_dir, max_batch_size=64)

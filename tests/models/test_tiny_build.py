@@ -1,4 +1,4 @@
-"""The full tiny-model build (≈ 4–6 min on 2 cores) reaches partial competence.
+"""The full tiny-model build (≈ 5–11 min on 2 cores) reaches partial competence.
 
 Measured the way an agent would: greedy, through the HTTP server, with the real ``openai``
 client, on held-out test problems.
