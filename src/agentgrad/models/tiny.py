@@ -8,8 +8,8 @@ The warm-up gives the model a realistic bad habit for RL to cure: many of its co
 answer straight away ("The answer is 799.") instead of calling the calculator — most of those
 whose question spells the operator out ("47 times 17"), a few of the others. The model learns
 to use the tool competently but, greedy, skips it for questions in words and guesses badly:
-about 40–50% greedy success overall, far better with the tool. Learning from rewards removes
-exactly this kind of mistake (see docs/models.md).
+38–48% greedy success overall (it varies with library versions), far better with the tool.
+Learning from rewards removes exactly this kind of mistake (see docs/models.md).
 
 The output is an ordinary Hugging Face model directory; it is loaded through
 ``AutoTokenizer``/``AutoModelForCausalLM`` exactly like a user's own model.
