@@ -249,8 +249,8 @@ def encode_sample(tokenizer: Any, problem: dict[str, Any], direct: bool = False)
 def encode_samples(tokenizer: Any, problems: list[dict[str, Any]],
                    direct: list[bool]) -> list[tuple[list[int], list[int]]]:
     """``encode_sample`` for many conversations: every text is rendered first and tokenized in one
-    batch call (parallel in the tokenizers library), ≈ 4× faster than one call per text — the
-    build encodes ≈ 30k conversations."""
+    batch call (parallel in the tokenizers library): 1.45 instead of 2.3 ms a conversation with
+    the second core busy, and the build encodes ≈ 30k of them."""
     expressions = [calc.expression_of(p["question"]) for p in problems]
     conversations = [_conversation(p, e, d) for p, e, d in zip(problems, expressions, direct, strict=True)]
     turns = [(i, turn) for i, messages in enumerate(conversations) for turn in range(2, len(messages), 2)]
