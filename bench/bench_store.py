@@ -2,19 +2,27 @@
 
     python bench/bench_store.py            # N=5000 rollouts x 10 spans, memory and sqlite
     python bench/bench_store.py --n 500 --backends sqlite
+    python bench/bench_store.py --reference-python /tmp/agl/bin/python   # + Agent Lightning, same run
 
-Each backend runs in a fresh child process (so peak RSS is its own). Phases, in order, on one
-store: enqueue (one call per rollout), dequeue+start (dequeue_rollout + update_attempt running),
-spans one by one (add_span), spans batched 10 per call (one call per rollout) and 1000 per call,
-update status (succeeded), query spans (all spans of each rollout). "mixed_unbatched" is every
-unbatched call of the lifecycle (enqueue, dequeue, start, 10 x add_span, succeed, query) over
-their total time. SQLite is a file in WAL mode with the default synchronous=NORMAL (durable
-against process crashes) and its background watchdog on, as in a real run. Prints one JSON
-object.
+Each backend runs in a fresh child process (so peak RSS is its own), on N rollouts of 10 spans
+each, as the issue states the workload. The lifecycle phases, in order: enqueue (one call per
+rollout), dequeue+start (dequeue_rollout + update_attempt running), spans one by one (add_span,
+10 per rollout), update status (succeeded), query spans (the 10 spans of each rollout).
+"mixed_unbatched" is every call of that lifecycle over their total time. The batched phases
+write to N other rollouts (claimed and started untimed): 10 spans per rollout in one call each,
+then 10 more per rollout in calls of 1000 — so that every phase measures just what it names, and
+a query reads a rollout of the workload's size. SQLite is a file in WAL mode with the default
+synchronous=NORMAL (durable against process crashes) and its background watchdog on, as in a
+real run. Prints one JSON object.
+
+``--reference-python PY`` also runs the same workload on the reference system's in-memory store
+(``reference_store_workload.py``, under an interpreter that has ``agentlightning``) in the same
+run and reports our figures as multiples of its own: on a shared machine whose speed moves by a
+third from one hour to the next, that ratio is what compares with the issue's reference figures.
 
 Garbage collection: each phase starts after a full collection and ``gc.freeze()``, so the
 collections a phase triggers scan what that phase allocates, not the harness's own inputs (up
-to 150k prebuilt span objects, which no real runner holds; re-scanning them was a fifth of a
+to 100k prebuilt span objects, which no real runner holds; re-scanning them was a fifth of a
 single-span insert) nor what earlier phases left. ``--gc-scan-all`` measures without freezing.
 
 The code measured is this checkout's ``src``, or the first PYTHONPATH entry when one is set (to
@@ -27,7 +35,6 @@ import argparse
 import gc
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -38,7 +45,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] or str(ROOT / "src"))
 
-SPANS_PER_ROLLOUT = 10
+from store_workload import SPANS_PER_ROLLOUT, summarize  # noqa: E402 (bench/ is on sys.path)
 
 
 def _open(backend: str, tmp: str) -> Any:
@@ -59,7 +66,8 @@ def _span(rollout_id: str, attempt_id: str, tag: str, index: int) -> Any:
 
 
 def run_backend(backend: str, n: int, freeze: bool = True) -> dict[str, Any]:
-    from agentgrad.types import AttemptStatus
+    from agentgrad.store.protocol import RolloutFilter
+    from agentgrad.types import AttemptStatus, RolloutStatus
 
     results: dict[str, Any] = {}
     calls: dict[str, int] = {}
@@ -97,39 +105,43 @@ def run_backend(backend: str, n: int, freeze: bool = True) -> dict[str, Any]:
         # Spans are built outside the timed block: the phase measures the store, not pydantic.
         singles = [_span(r, a, "s", i) for r, a in pairs for i in range(SPANS_PER_ROLLOUT)]
         phase("add_span_single", len(singles), lambda: [store.add_span(s) for s in singles])
-        batches10 = [[_span(r, a, "b", i) for i in range(SPANS_PER_ROLLOUT)] for r, a in pairs]
-        phase("add_spans_batch10", n * SPANS_PER_ROLLOUT, lambda: [store.add_spans(b) for b in batches10])
-        flat = [_span(r, a, "k", i) for r, a in pairs for i in range(SPANS_PER_ROLLOUT)]
-        batches1000 = [flat[i:i + 1000] for i in range(0, len(flat), 1000)]
-        phase("add_spans_batch1000", len(flat), lambda: [store.add_spans(b) for b in batches1000])
-        for name in ("add_span_single", "add_spans_batch10", "add_spans_batch1000"):
-            results[name]["spans_per_s"] = results[name]["ops_per_s"]
-            if name != "add_span_single":
-                results[name]["calls_per_s"] = round(
-                    (n if name == "add_spans_batch10" else len(batches1000)) / seconds[name])
-
+        results["add_span_single"]["spans_per_s"] = results["add_span_single"]["ops_per_s"]
         phase("update_succeeded", n,
               lambda: [store.update_attempt(r, a, AttemptStatus.SUCCEEDED) for r, a in pairs])
         counts = phase("query_spans", n, lambda: [len(store.query_spans(r)) for r, _ in pairs])
-        assert all(c == 3 * SPANS_PER_ROLLOUT for c in counts), "lost spans"
-        assert all(r.status.value == "succeeded" for r in store.query_rollouts()), "unfinished rollouts"
+        assert all(c == SPANS_PER_ROLLOUT for c in counts), "lost spans"
+
+        # The batched phases: N more rollouts, claimed and started outside the timed blocks.
+        batch_pairs = []
+        for start in range(0, n, 500):
+            store.enqueue_rollouts([{"input": {"task": i}} for i in range(start, min(n, start + 500))])
+            for c in store.dequeue_rollouts(500, "bench"):
+                store.update_attempt(c.rollout.rollout_id, c.attempt.attempt_id, AttemptStatus.RUNNING)
+                batch_pairs.append((c.rollout.rollout_id, c.attempt.attempt_id))
+        batches10 = [[_span(r, a, "b", i) for i in range(SPANS_PER_ROLLOUT)] for r, a in batch_pairs]
+        phase("add_spans_batch10", n * SPANS_PER_ROLLOUT, lambda: [store.add_spans(b) for b in batches10])
+        flat = [_span(r, a, "k", i) for r, a in batch_pairs for i in range(SPANS_PER_ROLLOUT)]
+        batches1000 = [flat[i:i + 1000] for i in range(0, len(flat), 1000)]
+        phase("add_spans_batch1000", len(flat), lambda: [store.add_spans(b) for b in batches1000])
+        for name, calls_made in (("add_spans_batch10", n), ("add_spans_batch1000", len(batches1000))):
+            results[name]["spans_per_s"] = results[name]["ops_per_s"]
+            results[name]["calls_per_s"] = round(calls_made / seconds[name])
+        assert all(len(store.query_spans(r)) == 2 * SPANS_PER_ROLLOUT for r, _ in batch_pairs[:50]), "lost spans"
+        assert store.count_rollouts(RolloutFilter(status=[RolloutStatus.SUCCEEDED])) == n, "unfinished rollouts"
         store.close()
 
-    unbatched = ("enqueue", "dequeue_start", "add_span_single", "update_succeeded", "query_spans")
-    total_calls = sum(calls[p] for p in unbatched)
-    total_seconds = sum(seconds[p] for p in unbatched)
-    results["mixed_unbatched"] = {"ops": total_calls, "seconds": round(total_seconds, 3),
-                                  "ops_per_s": round(total_calls / total_seconds)}
-    results["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    summarize(results, calls, seconds)
     return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=5000, help="rollouts (each gets 3 x 10 spans)")
+    parser.add_argument("--n", type=int, default=5000, help="rollouts of the lifecycle (and as many for the batches)")
     parser.add_argument("--backends", default="memory,sqlite")
     parser.add_argument("--gc-scan-all", action="store_true",
                         help="do not freeze the objects that exist when a phase starts")
+    parser.add_argument("--reference-python", metavar="PY",
+                        help="an interpreter with agentlightning installed: run the reference too")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -137,7 +149,7 @@ def main() -> None:
         return
     import sqlite3
 
-    report: dict[str, Any] = {"n_rollouts": args.n, "spans_per_rollout_per_phase": SPANS_PER_ROLLOUT,
+    report: dict[str, Any] = {"n_rollouts": args.n, "spans_per_rollout": SPANS_PER_ROLLOUT,
                               "gc": "scan all" if args.gc_scan_all else "frozen at each phase start",
                               "python": sys.version.split()[0], "sqlite": sqlite3.sqlite_version, "backends": {}}
     for backend in args.backends.split(","):
@@ -145,6 +157,15 @@ def main() -> None:
                              + (["--gc-scan-all"] if args.gc_scan_all else []),
                              capture_output=True, text=True, check=True)
         report["backends"][backend] = json.loads(out.stdout)
+    if args.reference_python:
+        out = subprocess.run([args.reference_python, str(Path(__file__).with_name("reference_store_workload.py")),
+                              str(args.n)], capture_output=True, text=True, check=True)
+        reference = report["reference_agentlightning_memory"] = json.loads(out.stdout)
+        report["times_the_reference"] = {
+            backend: {phase: round(figures[phase]["ops_per_s"] / reference[phase]["ops_per_s"], 1)
+                      for phase in ("mixed_unbatched", "add_span_single", "add_spans_batch1000", "query_spans")}
+            for backend, figures in report["backends"].items()
+        }
     targets = {
         "sqlite_batched_span_inserts_per_s>=20000":
             report["backends"].get("sqlite", {}).get("add_spans_batch1000", {}).get("spans_per_s", 0) >= 20000,

@@ -414,7 +414,7 @@ def test_client_encodes_models_exactly_as_model_dump_would():
 def test_coalescing_transport_sends_one_step_of_writes_at_once():
     import asyncio
 
-    from agentgrad.store.coalesce import _CoalescingTransport
+    from agentgrad.store.serving import _CoalescingTransport
 
     class Transport:
         def __init__(self) -> None:

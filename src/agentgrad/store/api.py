@@ -16,7 +16,6 @@ otherwise (PostgreSQL: calls wait on the network and may run side by side).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
@@ -58,18 +57,31 @@ class Replays:
     async def run(self, key: tuple[str, bytes], make: Callable[[], Awaitable[Response]]) -> Response:
         while key in self.running:
             await asyncio.shield(self.running[key])
-        if key in self.done:
-            self.done.move_to_end(key)
-            status, body = self.done[key]
-            return json_response(body, status)
+        answered = self._replay(key)
+        if answered is not None:
+            return answered
         self.running[key] = asyncio.get_running_loop().create_future()
         try:
-            response = await make()
-            if response.status_code < 500:
-                self._remember(key, response.status_code, bytes(response.body))
-            return response
+            return self._keep(key, await make())
         finally:
             self.running.pop(key).set_result(None)
+
+    def answer_now(self, key: tuple[str, bytes], make: Callable[[], Response]) -> Response:
+        """:meth:`run` for an answer made without waiting, when no request with ``key`` runs."""
+        answered = self._replay(key)
+        return answered if answered is not None else self._keep(key, make())
+
+    def _replay(self, key: tuple[str, bytes]) -> Response | None:
+        if key not in self.done:
+            return None
+        self.done.move_to_end(key)
+        status, body = self.done[key]
+        return json_response(body, status)
+
+    def _keep(self, key: tuple[str, bytes], response: Response) -> Response:
+        if response.status_code < 500:
+            self._remember(key, response.status_code, bytes(response.body))
+        return response
 
     def _remember(self, key: tuple[str, bytes], status: int, body: bytes) -> None:
         self.done[key] = (status, body)
@@ -98,50 +110,86 @@ class StoreAPI:
         self.replays = Replays()
         self._waiters: anyio.CapacityLimiter | None = None  # made on first use: needs a running loop
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        methods = self.routes.get(scope["path"]) if scope["type"] == "http" else None
+    def route(self, method: str, path: str) -> Endpoint | Response | None:
+        """The endpoint serving ``method path``, a 405 answer for a known path with another
+        method, or None when the path is not the store API's."""
+        methods = self.routes.get(path)
         if methods is None:
+            return None
+        endpoint = methods.get(method)
+        if endpoint is not None:
+            return endpoint
+        allowed = ", ".join(sorted(methods))
+        return error_response(405, "method_not_allowed", f"{method} is not allowed on {path} (allowed: {allowed})",
+                              headers={"Allow": allowed})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        found = self.route(scope["method"], scope["path"]) if scope["type"] == "http" else None
+        if found is None:
             await self.app(scope, receive, send)
             return
-        endpoint = methods.get(scope["method"])
-        scope["route"] = endpoint or next(iter(methods.values()))  # its path labels the request's metrics
-        if endpoint is None:
-            allowed = ", ".join(sorted(methods))
-            response = error_response(405, "method_not_allowed", f"{scope['method']} is not allowed on "
-                                      f"{scope['path']} (allowed: {allowed})", headers={"Allow": allowed})
+        methods = self.routes[scope["path"]]
+        scope["route"] = methods.get(scope["method"]) or next(iter(methods.values()))  # labels the metrics
+        if isinstance(found, Response):
+            response = found
         else:
             try:
-                response = await self._serve(endpoint, scope, receive)
+                response = await self._serve(found, scope, receive)
             except Exception as exc:  # a bug; answered here, as FastAPI's error handler is behind us
-                log.exception("unexpected error on %s %s", scope["method"], scope["path"])
-                response = error_response(500, "internal_error", f"{type(exc).__name__}: {exc}")
+                response = _internal_error(scope["method"], scope["path"], exc)
         await response(scope, receive, send)
 
-    async def _serve(self, endpoint: Endpoint, scope: Scope, receive: Receive) -> Response:
+    def answer_at_once(self, endpoint: Endpoint, query_string: bytes, headers: list[tuple[bytes, bytes]],
+                       body: bytes) -> Response | None:
+        """The whole answer to a request whose body has arrived, computed on the spot; None when
+        it must be awaited instead (a long poll, a store whose calls run in threads, a retry of
+        a write still running). The HTTP protocol calls this straight from its parser, without
+        the ASGI machinery (see :mod:`agentgrad.store.serving`)."""
+        if not self.inline:
+            return None
         try:
-            arg = await _parse(endpoint, scope, receive)
-        except ValidationError as exc:
-            return validation_error(exc.errors(include_url=False, include_context=False), "request")
+            try:
+                arg = _parse_input(endpoint, query_string, headers, body)
+            except (ValidationError, _Refused) as exc:
+                return _input_error(exc)
+            if endpoint.blocks is not None and endpoint.blocks(self.ctx, arg):
+                return None
+            key = _header(headers, _IDEMPOTENCY) if endpoint.replayable else None
+            if not key:
+                return self._call_now(endpoint, arg)
+            if (endpoint.path, key) in self.replays.running:
+                return None
+            return self.replays.answer_now((endpoint.path, key), lambda: self._call_now(endpoint, arg))
+        except Exception as exc:  # a bug
+            return _internal_error(endpoint.method, endpoint.path, exc)
+
+    async def _serve(self, endpoint: Endpoint, scope: Scope, receive: Receive) -> Response:
+        headers = scope["headers"]
+        try:
+            body = await _read_body(receive) if endpoint.body is not None else b""
+            arg = _parse_input(endpoint, scope["query_string"], headers, body)
+        except (ValidationError, _Refused) as exc:
+            return _input_error(exc)
         except HTTPException as exc:  # the body limit, enforced while reading a chunked body
             return error_response(exc.status_code, HTTP_KINDS.get(exc.status_code, "http_error"), str(exc.detail))
-        except _Refused as exc:
-            return error_response(422, "validation_error", f"invalid request: {exc}")
-        key = _header(scope, _IDEMPOTENCY) if endpoint.replayable else None
+        key = _header(headers, _IDEMPOTENCY) if endpoint.replayable else None
         if key:
             return await self.replays.run((endpoint.path, key), lambda: self._run(endpoint, arg))
         return await self._run(endpoint, arg)
 
     async def _run(self, endpoint: Endpoint, arg: Any) -> Response:
-        call = functools.partial(endpoint.call, self.ctx, arg)
+        if endpoint.blocks is not None and endpoint.blocks(self.ctx, arg):
+            if self._waiters is None:
+                self._waiters = anyio.CapacityLimiter(_MAX_WAITERS)
+            return await anyio.to_thread.run_sync(self._call_now, endpoint, arg, limiter=self._waiters)
+        if self.inline:
+            return self._call_now(endpoint, arg)
+        return await anyio.to_thread.run_sync(self._call_now, endpoint, arg)
+
+    def _call_now(self, endpoint: Endpoint, arg: Any) -> Response:
+        """Call the store in this thread; its answer, or the error it raised, as a response."""
         try:
-            if endpoint.blocks is not None and endpoint.blocks(self.ctx, arg):
-                if self._waiters is None:
-                    self._waiters = anyio.CapacityLimiter(_MAX_WAITERS)
-                result = await anyio.to_thread.run_sync(call, limiter=self._waiters)
-            elif self.inline:
-                result = call()
-            else:
-                result = await anyio.to_thread.run_sync(call)
+            result = endpoint.call(self.ctx, arg)
         except AgentGradError as exc:
             return store_error(exc)
         except ValidationError as exc:  # the store validating what it was given
@@ -151,22 +199,32 @@ class StoreAPI:
         return json_response(result.model_dump_json())
 
 
+def _internal_error(method: str, path: str, exc: Exception) -> Response:
+    log.exception("unexpected error on %s %s", method, path, exc_info=exc)
+    return error_response(500, "internal_error", f"{type(exc).__name__}: {exc}")
+
+
 class _Refused(Exception):
     """A request the endpoint cannot read at all (no body, not JSON)."""
 
 
-async def _parse(endpoint: Endpoint, scope: Scope, receive: Receive) -> BaseModel | None:
+def _input_error(exc: ValidationError | _Refused) -> Response:
+    if isinstance(exc, _Refused):
+        return error_response(422, "validation_error", f"invalid request: {exc}")
+    return validation_error(exc.errors(include_url=False, include_context=False), "request")
+
+
+def _parse_input(endpoint: Endpoint, query_string: bytes, headers: list[tuple[bytes, bytes]],
+                 body: bytes) -> BaseModel | None:
     """The endpoint's input model from the query string or the JSON body (ValidationError when
     it does not fit)."""
     if endpoint.query is not None:
-        return endpoint.query.model_validate(dict(parse_qsl(scope["query_string"].decode("latin-1"),
-                                                             keep_blank_values=True)))
+        return endpoint.query.model_validate(dict(parse_qsl(query_string.decode("latin-1"), keep_blank_values=True)))
     if endpoint.body is None:
         return None
-    body = await _read_body(receive)
     if not body:
         raise _Refused("the body is empty; send a JSON object")
-    if not _is_json(_header(scope, b"content-type") or b""):
+    if not _is_json(_header(headers, b"content-type") or b""):
         # Also what keeps a web page from posting here without a CORS preflight.
         raise _Refused("send the body as JSON with 'Content-Type: application/json'")
     return endpoint.body.model_validate_json(body)
@@ -181,8 +239,8 @@ async def _read_body(receive: Receive) -> bytes:
             return b"".join(chunks)
 
 
-def _header(scope: Scope, name: bytes) -> bytes | None:
-    for key, value in scope["headers"]:
+def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    for key, value in headers:
         if key == name:
             return value
     return None

@@ -140,7 +140,11 @@ class StoreTx(Protocol):
         """The rollout as a read-only view: the core must neither change it nor hand it out."""
         ...
     def insert_rollouts(self, rollouts: Sequence[Rollout]) -> None: ...
-    def save_rollout(self, rollout: Rollout) -> None: ...
+    def save_rollout(self, rollout: Rollout, *, private: bool = False) -> None:
+        """Replace the stored rollout. ``private``: the core made this record for the store alone
+        and nobody else will ever hold it, so a backend that keeps objects may keep it as it is
+        (no copy); it may share nested values with the view it was made from."""
+        ...
     def push_queue(self, rollout_ids: Sequence[str]) -> None: ...
     def pop_queue(self, limit: int) -> list[str]: ...
     def remove_from_queue(self, rollout_id: str) -> None: ...
@@ -153,7 +157,9 @@ class StoreTx(Protocol):
         ...
     def get_attempts(self, rollout_id: str) -> list[Attempt]: ...
     def insert_attempt(self, attempt: Attempt) -> None: ...
-    def save_attempt(self, attempt: Attempt) -> None: ...
+    def save_attempt(self, attempt: Attempt, *, private: bool = False) -> None:
+        """Replace the stored attempt; ``private`` as for :meth:`save_rollout`."""
+        ...
     def attempt_clocks(self) -> list[AttemptClock]:
         """One clock per attempt in ``preparing`` or ``running`` (those of rollouts that set no
         time limit may be left out: they can never be overdue)."""
@@ -202,6 +208,9 @@ def _checked_metadata(metadata: dict[str, Any], where: str = "") -> dict[str, An
 
 
 _RUNNING, _PREPARING = AttemptStatus.RUNNING, AttemptStatus.PREPARING
+#: Statuses by value; members of a ``str`` enum hash and compare as their values, so this finds
+#: both (an enum lookup by value is slow Python code, paid on every status update).
+_ATTEMPT_STATUS = {status.value: status for status in AttemptStatus}
 _LLM_CALL, _REWARD = semconv.SPAN_LLM_CALL, semconv.SPAN_REWARD
 
 
@@ -234,6 +243,7 @@ class TransactionalStore(Store):
     ) -> None:
         self._changed = threading.Condition()
         self._change_count = 0
+        self._waiting = 0  # callers inside _wait_until
         self._external_poll = external_poll_interval
         self._closed = threading.Event()
         self._watchdog_thread: threading.Thread | None = None
@@ -253,29 +263,44 @@ class TransactionalStore(Store):
 
     # ---- change notification -------------------------------------------------------------------
     def _notify(self) -> None:
-        with self._changed:
-            self._change_count += 1
-            self._changed.notify_all()
+        """Wake the waiters after a change has been committed.
+
+        With nobody waiting (the usual case on the write paths) this costs one attribute read:
+        a waiter registers before it first looks at the store, so a change committed before it
+        registered is one its own look will see.
+        """
+        if self._waiting:
+            with self._changed:
+                self._change_count += 1
+                self._changed.notify_all()
 
     def _wait_until(self, check: Any, timeout: float | None) -> Any:
         """Re-run ``check`` after every change until it returns a truthy value or time runs out."""
-        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
-        while True:
+        if timeout is not None and timeout <= 0:
+            return check()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._changed:
+            self._waiting += 1
+        try:
+            while True:
+                with self._changed:
+                    seen = self._change_count
+                result = check()
+                if result:
+                    return result
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return result
+                if self._external_poll is not None:
+                    remaining = self._external_poll if remaining is None else min(remaining, self._external_poll)
+                with self._changed:
+                    if self._change_count == seen and not self._closed.is_set():
+                        self._changed.wait(remaining)
+                if self._closed.is_set():
+                    return check()
+        finally:
             with self._changed:
-                seen = self._change_count
-            result = check()
-            if result:
-                return result
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                return result
-            if self._external_poll is not None:
-                remaining = self._external_poll if remaining is None else min(remaining, self._external_poll)
-            with self._changed:
-                if self._change_count == seen and not self._closed.is_set():
-                    self._changed.wait(remaining)
-            if self._closed.is_set():
-                return check()
+                self._waiting -= 1
 
     # ---- rollouts -------------------------------------------------------------------------------
     def enqueue_rollouts(self, requests: Sequence[RolloutRequest | dict[str, Any]]) -> list[Rollout]:
@@ -424,11 +449,11 @@ class TransactionalStore(Store):
         status: AttemptStatus | str,
         error: AttemptError | None = None,
     ) -> Attempt:
-        try:
-            status = AttemptStatus(status)
-        except ValueError:
-            allowed = ", ".join(s.value for s in AttemptStatus)
-            raise InvalidInputError(f"unknown attempt status {status!r} (allowed: {allowed})") from None
+        known = _ATTEMPT_STATUS.get(status) if isinstance(status, str) else None
+        if known is None:
+            allowed = ", ".join(_ATTEMPT_STATUS)
+            raise InvalidInputError(f"unknown attempt status {status!r} (allowed: {allowed})")
+        status = known
         with self._transaction() as tx:
             rollout = self._require_rollout(tx, rollout_id, view=True)
             attempt = self._require_attempt(tx, rollout_id, attempt_id, view=True)
@@ -463,7 +488,7 @@ class TransactionalStore(Store):
         if not is_latest or rollout.status.is_terminal or rollout.status.is_queued:
             return attempt, False
         if status == AttemptStatus.RUNNING:
-            tx.save_rollout(evolved(rollout, status=RolloutStatus.RUNNING))
+            tx.save_rollout(evolved(rollout, status=RolloutStatus.RUNNING), private=True)
             return attempt, False
         if status == AttemptStatus.SUCCEEDED:
             changes: dict[str, Any] = {"status": RolloutStatus.SUCCEEDED, "end_time": stamp}
@@ -473,7 +498,7 @@ class TransactionalStore(Store):
             tx.push_queue([rollout.rollout_id])
         else:
             changes = {"status": RolloutStatus.FAILED, "end_time": stamp}
-        tx.save_rollout(evolved(rollout, **changes))
+        tx.save_rollout(evolved(rollout, **changes), private=True)
         return attempt, True
 
     def heartbeat(self, rollout_id: str, attempt_id: str) -> Attempt:
@@ -581,7 +606,7 @@ class TransactionalStore(Store):
             if status is _RUNNING:
                 if stamp - (attempt.last_heartbeat_time or 0.0) >= HEARTBEAT_RESOLUTION_SECONDS \
                         and _heard_from(attempt_id, attempts, spans):
-                    tx.save_attempt(evolved(attempt, last_heartbeat_time=stamp))
+                    tx.save_attempt(evolved(attempt, last_heartbeat_time=stamp), private=True)
             elif status is _PREPARING and _heard_from(attempt_id, attempts, spans):
                 wake |= self._transition(tx, rollout, attempt, _RUNNING, None)[1]
                 rollout = self._require_rollout(tx, rollout.rollout_id, view=True)  # as _transition saved it
@@ -596,7 +621,7 @@ class TransactionalStore(Store):
                     if value is not None:
                         reward = value
         if llm_calls != rollout.llm_calls or reward != rollout.reward:
-            tx.save_rollout(evolved(rollout, reward=reward, llm_calls=llm_calls))
+            tx.save_rollout(evolved(rollout, reward=reward, llm_calls=llm_calls), private=True)
         return wake
 
     def query_spans(

@@ -11,11 +11,19 @@ Errors are :class:`OSError` (refused, reset, timed out…) or :class:`ProtocolEr
 decides whether to retry. A connection that failed mid-request is closed, never reused. The one
 failure handled here is a pooled connection that the server closed while it sat idle: the server
 never saw the request, so it is sent again at once on a new connection.
+
+System calls are the client's main cost on a loopback or LAN, so a call makes as few as it can:
+sockets are blocking, with their time limits set in the kernel (``SO_RCVTIMEO``/``SO_SNDTIMEO``)
+rather than by Python, which would ``poll`` before every ``send`` and ``recv``; and a connection
+used moments ago is reused without first peeking whether the server closed it (a stale one is
+caught anyway, as above). One request is then a ``send`` and, usually, one ``recv``.
 """
 
 from __future__ import annotations
 
 import socket
+import struct
+import sys
 import time
 from collections import deque
 
@@ -24,6 +32,10 @@ from agentgrad.netutil import header_lines
 
 _MAX_HEAD = 64 * 1024
 _NO_BODY_STATUS = (204, 304)
+#: An idle connection younger than this is reused without peeking whether the server closed it.
+_FRESH_SECONDS = 1.0
+#: Kernel-enforced time limits (``struct timeval`` options); elsewhere Python's own, which poll.
+_KERNEL_TIMEOUTS = sys.platform.startswith(("linux", "darwin", "freebsd"))
 
 
 class ProtocolError(ConnectionError):
@@ -42,29 +54,55 @@ class _Connection:
         self.buffer = bytearray()
         self.idle_since = 0.0
         self.answered = False  # whether the current exchange received any byte yet
+        self.timeout: float | None = None  # the time limit the socket has now
 
     def alive(self) -> bool:
         """True while the idle connection is still open: an idle HTTP/1.1 connection must have
         nothing to read, so EOF (the server closed it) or stray bytes both mean "drop it"."""
         try:
-            self.sock.settimeout(0)
-            return not self.sock.recv(1, socket.MSG_PEEK)  # b"" is EOF; data is junk: both dead
+            if _KERNEL_TIMEOUTS:
+                data = self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            else:
+                self.sock.settimeout(0)
+                data = self.sock.recv(1, socket.MSG_PEEK)
+            return not data  # b"" is EOF; data is junk: both dead
         except BlockingIOError:
             return True
         except OSError:
             return False
 
+    def _limit(self, timeout: float) -> None:
+        """Give every following send and receive ``timeout`` seconds (a system call only when it
+        changes)."""
+        if timeout == self.timeout:
+            return
+        if _KERNEL_TIMEOUTS:
+            self.sock.settimeout(None)
+            seconds = int(timeout)
+            micros = max(int((timeout - seconds) * 1e6), 0 if seconds else 1)  # 0 would mean "none"
+            limit = struct.pack("ll", seconds, micros)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
+        else:
+            self.sock.settimeout(timeout)
+        self.timeout = timeout
+
     def exchange(self, request: bytes, timeout: float, head_only: bool) -> tuple[int, bytes, bool]:
         """Send ``request``; returns (status, body, whether the connection may be reused)."""
         self.answered = False
-        self.sock.settimeout(timeout)
+        self._limit(timeout)
         try:
             self.sock.sendall(request)
-            status, headers = self._read_head()
+            return self._read_response(head_only)
         except (ConnectionResetError, BrokenPipeError) as exc:
             if self.answered:
                 raise
             raise _NoAnswer(f"connection reset before the response ({exc})") from exc
+        except BlockingIOError as exc:  # a kernel time limit ran out
+            raise TimeoutError(f"timed out after {timeout} s") from exc
+
+    def _read_response(self, head_only: bool) -> tuple[int, bytes, bool]:
+        status, headers = self._read_head()
         keep = headers.get(b"connection", b"").lower() != b"close"
         if head_only or status in _NO_BODY_STATUS or 100 <= status < 200:
             return status, b"", keep
@@ -211,7 +249,8 @@ class ConnectionPool:
                 conn = self._idle.pop()  # most recently used first: the likeliest to be open
             except IndexError:
                 return None
-            if now - conn.idle_since < self.idle_expiry and conn.alive():
+            idle = now - conn.idle_since
+            if idle < _FRESH_SECONDS or (idle < self.idle_expiry and conn.alive()):
                 return conn
             conn.close()
 

@@ -89,9 +89,8 @@ _SHARED = frozenset({str, int, float, bool, type(None), RolloutStatus, AttemptSt
 def _copy(value: Any) -> Any:
     """A deep copy of a record, several times faster than ``copy.deepcopy`` or ``model_copy``.
 
-    Dispatches on exact types: scalars and enums are shared, dicts, lists and models are
-    rebuilt (models without re-validation, see :func:`assembled`), visiting only the fields whose
-    type allows a container.
+    Dispatches on exact types: scalars and enums are shared, dicts and lists are rebuilt, models
+    are copied by their class's own copier (:func:`_model_copier`).
     """
     kind = type(value)
     if kind is dict:
@@ -101,13 +100,26 @@ def _copy(value: Any) -> Any:
     if kind in _SHARED:
         return value
     if BaseModel in kind.__mro__:
+        return _model_copier(kind)(value)
+    return copy.deepcopy(value)  # anything else a plain ``Any`` field may hold
+
+
+@functools.cache
+def _model_copier(model: type[BaseModel]) -> Any:
+    """The deep-copy function of one model class: its fields' dict copied, and only the fields
+    whose type allows a container visited (models rebuilt without re-validation, see
+    :func:`assembled`)."""
+    nested = _nested_fields(model)
+
+    def copy_model(value: BaseModel) -> BaseModel:
         fields = value.__dict__.copy()
-        for key in _nested_fields(kind):
+        for key in nested:
             item = fields[key]
             if type(item) not in _SHARED:
                 fields[key] = _copy(item)
-        return assembled(kind, fields, set(value.__pydantic_fields_set__))
-    return copy.deepcopy(value)  # anything else a plain ``Any`` field may hold
+        return assembled(model, fields, set(value.__pydantic_fields_set__))
+
+    return copy_model
 
 
 @functools.cache
@@ -148,8 +160,8 @@ class _MemoryTx(StoreTx):
             self.d.attempts[rollout.rollout_id] = []
             self.d.spans[rollout.rollout_id] = _SpanLog()
 
-    def save_rollout(self, rollout: Rollout) -> None:
-        self.d.rollouts[rollout.rollout_id] = _copy(rollout)
+    def save_rollout(self, rollout: Rollout, *, private: bool = False) -> None:
+        self.d.rollouts[rollout.rollout_id] = rollout if private else _copy(rollout)
 
     def push_queue(self, rollout_ids: Sequence[str]) -> None:
         for rollout_id in rollout_ids:
@@ -183,9 +195,9 @@ class _MemoryTx(StoreTx):
     def insert_attempt(self, attempt: Attempt) -> None:
         self.d.attempts[attempt.rollout_id].append(_copy(attempt))
 
-    def save_attempt(self, attempt: Attempt) -> None:
+    def save_attempt(self, attempt: Attempt, *, private: bool = False) -> None:
         attempts = self.d.attempts[attempt.rollout_id]
-        attempts[attempt.sequence_id - 1] = _copy(attempt)
+        attempts[attempt.sequence_id - 1] = attempt if private else _copy(attempt)
 
     def attempt_clocks(self) -> list[AttemptClock]:
         clocks = []

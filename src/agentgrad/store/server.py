@@ -47,7 +47,7 @@ from agentgrad.store.memory import MemoryStore
 from agentgrad.store.openapi import ERROR_DOCS, document
 from agentgrad.store.protocol import RolloutFilter, Store
 from agentgrad.store.responses import HTTP_KINDS, error_response, store_error, validation_error
-from agentgrad.store.routes import ENDPOINTS, Context
+from agentgrad.store.routes import ENDPOINTS, Context, Endpoint
 from agentgrad.store.sqlite import SqliteStore
 from agentgrad.types import RolloutStatus
 
@@ -176,21 +176,26 @@ class _Guard:
 
     def _check(self, scope: Scope, receive: Receive) -> tuple[Response | None, Receive]:
         headers = dict(scope["headers"])
-        path = scope["path"]
+        refusal = self.refusal(scope["path"], headers)
+        if refusal is not None or b"content-length" in headers:
+            return refusal, receive
+        return None, self._counting(receive)
+
+    def refusal(self, path: str, headers: dict[bytes, bytes]) -> Response | None:
+        """The answer refusing a request by its headers (token, declared body size), or None."""
         if self.expected is not None and not _self_guarded(path):
             given = headers.get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
                 why = "missing" if not given else "wrong"
                 return error_response(401, "unauthorized", f"{why} bearer token: send 'Authorization: Bearer <token>'",
-                                      headers={"WWW-Authenticate": "Bearer"}), receive
+                                      headers={"WWW-Authenticate": "Bearer"})
         length = headers.get(b"content-length")
         if length is not None:
             if not length.isdigit():
-                return error_response(400, "invalid_input", "Content-Length is not a number"), receive
+                return error_response(400, "invalid_input", "Content-Length is not a number")
             if int(length) > self.max_body:
-                return self._too_large(), receive
-            return None, receive
-        return None, self._counting(receive)
+                return self._too_large()
+        return None
 
     def _too_large(self) -> Response:
         return error_response(413, "payload_too_large", f"request body exceeds the limit of {self.max_body} bytes")
@@ -208,6 +213,46 @@ class _Guard:
             return message
 
         return counted
+
+
+class _DirectAnswers:
+    """Store calls answered from the HTTP parser (:mod:`agentgrad.store.serving`): the same gate,
+    store API and metrics as the ASGI layers, without them.
+
+    Accepted: a known ``/v1`` route and method, an exact path (no escapes), a declared body of
+    at most ``max_direct_bytes``, and no ``Origin`` header when CORS is on (browsers get CORS's
+    answers). Everything else, and whatever the store API cannot answer at once, goes through
+    ASGI as before.
+    """
+
+    def __init__(self, api: StoreAPI, guard: _Guard, *, cors: bool, max_direct_bytes: int = 4 * 1024 * 1024) -> None:
+        self.api, self.guard, self.cors = api, guard, cors
+        self.max_body = min(max_direct_bytes, guard.max_body)
+
+    def accepts(self, method: bytes, url: bytes, headers: list[tuple[bytes, bytes]]) -> Any:
+        target, _, query = url.partition(b"?")
+        if b"%" in target or b"#" in query:
+            return None
+        endpoint = self.api.route(method.decode("latin-1"), target.decode("latin-1"))
+        if not isinstance(endpoint, Endpoint):
+            return None
+        fields = dict(headers)
+        if self.cors and b"origin" in fields:
+            return None
+        if endpoint.body is not None:
+            length = fields.get(b"content-length")
+            if length is None or not length.isdigit() or int(length) > self.max_body:
+                return None
+        return endpoint, query, headers, fields
+
+    def answer(self, accepted: Any, body: bytes) -> Response | None:
+        started = time.perf_counter()
+        endpoint, query, headers, fields = accepted
+        response = self.guard.refusal(endpoint.path, fields) or self.api.answer_at_once(endpoint, query, headers, body)
+        if response is not None:
+            self.guard.metrics.observe(endpoint.method, endpoint.path, response.status_code,
+                                       time.perf_counter() - started)
+        return response
 
 
 # ---- the service ------------------------------------------------------------------------------
@@ -350,8 +395,10 @@ def create_app(
 
     ctx = Context(store, max_wait_seconds, metrics.count_spans)
     inline = _serializes_calls(store) if inline_calls is None else inline_calls
-    front: ASGIApp = StoreAPI(app.framework, ctx=ctx, endpoints=ENDPOINTS, inline=inline)
-    front = _Guard(front, token=token, max_body_bytes=max_body_bytes, metrics=metrics)
+    api = StoreAPI(app.framework, ctx=ctx, endpoints=ENDPOINTS, inline=inline)
+    guard = _Guard(api, token=token, max_body_bytes=max_body_bytes, metrics=metrics)
+    app.direct = _DirectAnswers(api, guard, cors=bool(cors_origins))
+    front: ASGIApp = guard
     if cors_origins:  # outermost, so browser preflights are answered before auth
         front = CORSMiddleware(front, allow_origins=list(cors_origins), allow_methods=["*"], allow_headers=["*"])
     app.front = front
@@ -366,6 +413,8 @@ class _ServiceApp(FastAPI):
     """
 
     front: ASGIApp | None = None
+    #: Store calls the HTTP protocol may answer without ASGI (:mod:`agentgrad.store.serving`).
+    direct: _DirectAnswers | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await (self.front or self.framework)(scope, receive, send)
@@ -386,12 +435,13 @@ def _config(app: FastAPI, log_level: str, **kwargs: Any) -> uvicorn.Config:
 
 
 def _http_protocol() -> type[asyncio.Protocol] | str:
-    """httptools with one write per response; uvicorn's own pick where httptools is missing."""
+    """httptools with one write per response and direct answers; uvicorn's own pick where
+    httptools is missing."""
     try:
-        from agentgrad.store.coalesce import CoalescingHttpToolsProtocol
+        from agentgrad.store.serving import StoreHttpProtocol
     except ImportError:
         return "auto"
-    return CoalescingHttpToolsProtocol
+    return StoreHttpProtocol
 
 
 class StoreServer:

@@ -139,7 +139,7 @@ class SqlTx(StoreTx):
             [(*_rollout_columns(r), r.rollout_id) for r in rollouts],
         )
 
-    def save_rollout(self, rollout: Rollout) -> None:
+    def save_rollout(self, rollout: Rollout, *, private: bool = False) -> None:
         self._exec(
             "UPDATE rollouts SET status = ?, mode = ?, group_id = ?, resources_id = ?, enqueue_time = ?, "
             "start_time = ?, end_time = ?, reward = ?, llm_calls = ?, data = ? WHERE rollout_id = ?",
@@ -227,7 +227,7 @@ class SqlTx(StoreTx):
             (attempt.rollout_id, attempt.attempt_id, attempt.sequence_id, attempt.status.value, _text(attempt)),
         )
 
-    def save_attempt(self, attempt: Attempt) -> None:
+    def save_attempt(self, attempt: Attempt, *, private: bool = False) -> None:
         self._exec(
             "UPDATE attempts SET status = ?, data = ? WHERE rollout_id = ? AND attempt_id = ?",
             (attempt.status.value, _text(attempt), attempt.rollout_id, attempt.attempt_id),
