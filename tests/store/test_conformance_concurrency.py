@@ -6,6 +6,9 @@ import threading
 import time
 from collections import Counter
 
+import pytest
+
+from agentgrad.errors import InvalidTransitionError
 from agentgrad.store.protocol import RolloutRequest
 from agentgrad.types import RolloutConfig
 
@@ -183,6 +186,27 @@ def test_two_stores_see_each_others_writes(backend, kit):
     second.update_attempt(rid, claimed.attempt.attempt_id, "succeeded")
     assert first.get_rollout(rid).status == "succeeded"
     assert first.dequeue_rollout() is None
+
+
+def test_a_store_acts_on_what_another_store_wrote_since_it_last_looked(backend, kit):
+    """Each store reads the rollout and the attempt it touches on every call (SQL stores keep
+    parsed rows while their text is unchanged): a change through another store object in between
+    must be what the next call acts on, never the copy it remembers."""
+    first = backend.new()
+    second = backend.another()
+    started = kit.start(first, config=RolloutConfig(max_attempts=2))
+    rid, aid = started.rollout.rollout_id, started.attempt.attempt_id
+    first.add_span(kit.span(rid, aid, "remembered"))  # first has now read (and kept) both records
+    second.update_attempt(rid, aid, "failed")  # the rollout goes back to the queue for attempt 2
+    beat = first.heartbeat(rid, aid)
+    assert beat.status == "failed"
+    first.add_span(kit.span(rid, aid, "late"))  # a late span of the failed attempt changes nothing
+    with pytest.raises(InvalidTransitionError):
+        first.update_attempt(rid, aid, "succeeded")
+    assert [a.status for a in second.get_attempts(rid)] == ["failed"]
+    assert first.get_rollout(rid).status == "requeuing"
+    retry = first.dequeue_rollout()
+    assert retry.attempt.sequence_id == 2
 
 
 def test_two_stores_concurrent_spans_contiguous(backend, kit):

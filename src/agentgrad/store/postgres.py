@@ -27,7 +27,7 @@ from psycopg import sql
 
 from agentgrad.errors import StoreFileError
 from agentgrad.store.core import StoreTx, TransactionalStore
-from agentgrad.store.sql import POSTGRES, SCHEMA_VERSION, SqlTx
+from agentgrad.store.sql import POSTGRES, SCHEMA_VERSION, RowViews, SqlTx
 
 #: The query parameter of a store URL that names the schema (``postgresql://…/db?schema=run7``).
 #: It is AgentGrad's, not libpq's: :func:`split_schema` takes it out before connecting.
@@ -110,6 +110,7 @@ class PostgresStore(TransactionalStore):
         self._lock_key = zlib.crc32(f"agentgrad:{schema or ''}".encode())
         self._local = threading.local()
         self._pool = _Pool(self._connect, pool_size)
+        self._views = RowViews()
         try:
             self._setup()
         except BaseException:
@@ -161,7 +162,7 @@ class PostgresStore(TransactionalStore):
         with self._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
             if not getattr(self._local, "read_only", False):
                 cur.execute("SELECT pg_advisory_xact_lock(%s)", (self._lock_key,))
-            yield SqlTx(cur, POSTGRES)
+            yield SqlTx(cur, POSTGRES, self._views)
 
     def _close_backend(self) -> None:
         self._pool.close()

@@ -106,12 +106,52 @@ def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]
         yield items[start:start + size]
 
 
+class RowViews:
+    """Parsed rollouts and attempts kept by their row's JSON text, so that a peek whose row has
+    not changed reuses the object instead of validating the text again.
+
+    Peeks are read-only views (see :class:`StoreTx`), and a store operation peeks the rollout and
+    the attempt it touches: validating a rollout's JSON, its whole task input included, on every
+    span insert and status update was a tenth of an SQLite call's work. A view is returned only
+    for the very text it was made from (another process may have changed the row: then the text
+    differs and it is parsed anew). Records saved ``private`` are kept as views; any other save
+    drops the row's view, whose nested values the caller may now hold (a copy made with
+    ``evolved`` shares them). Bounded; the oldest entries go first. Safe to share between
+    threads: entries are replaced whole.
+    """
+
+    def __init__(self, max_entries: int = 4096) -> None:
+        self._entries: dict[tuple[str, ...], tuple[str, Any]] = {}
+        self.max_entries = max_entries
+
+    def view(self, model: type[Any], key: tuple[str, ...], text: str) -> Any:
+        entry = self._entries.get(key)
+        if entry is not None and entry[0] == text:
+            return entry[1]
+        record = from_json(model, text)
+        self.keep(key, text, record)
+        return record
+
+    def keep(self, key: tuple[str, ...], text: str, record: Any) -> None:
+        entries = self._entries
+        entries[key] = (text, record)
+        if len(entries) > self.max_entries:
+            try:
+                del entries[next(iter(entries))]
+            except (KeyError, RuntimeError, StopIteration):  # another thread got there first
+                pass
+
+    def forget(self, key: tuple[str, ...]) -> None:
+        self._entries.pop(key, None)
+
+
 class SqlTx(StoreTx):
     """Store primitives over one DB-API cursor inside an open transaction."""
 
-    def __init__(self, cursor: Any, dialect: SqlDialect) -> None:
+    def __init__(self, cursor: Any, dialect: SqlDialect, views: RowViews | None = None) -> None:
         self.cur = cursor
         self.dialect = dialect
+        self.views = views if views is not None else RowViews(0)
 
     def _exec(self, statement: str, params: Sequence[Any] = ()) -> Any:
         self.cur.execute(self.dialect.sql(statement), params)
@@ -128,7 +168,9 @@ class SqlTx(StoreTx):
         rows = self._rows("SELECT data FROM rollouts WHERE rollout_id = ?", (rollout_id,))
         return from_json(Rollout, rows[0][0]) if rows else None
 
-    peek_rollout = get_rollout  # every read is a fresh record already
+    def peek_rollout(self, rollout_id: str) -> Rollout | None:
+        rows = self._rows("SELECT data FROM rollouts WHERE rollout_id = ?", (rollout_id,))
+        return self.views.view(Rollout, (rollout_id,), rows[0][0]) if rows else None
 
     def insert_rollouts(self, rollouts: Sequence[Rollout]) -> None:
         self.cur.executemany(
@@ -140,11 +182,19 @@ class SqlTx(StoreTx):
         )
 
     def save_rollout(self, rollout: Rollout, *, private: bool = False) -> None:
+        columns = _rollout_columns(rollout)
         self._exec(
             "UPDATE rollouts SET status = ?, mode = ?, group_id = ?, resources_id = ?, enqueue_time = ?, "
             "start_time = ?, end_time = ?, reward = ?, llm_calls = ?, data = ? WHERE rollout_id = ?",
-            (*_rollout_columns(rollout), rollout.rollout_id),
+            (*columns, rollout.rollout_id),
         )
+        self._remember((rollout.rollout_id,), columns[-1], rollout, private)
+
+    def _remember(self, key: tuple[str, ...], text: str, record: Any, private: bool) -> None:
+        if private:
+            self.views.keep(key, text, record)
+        else:
+            self.views.forget(key)
 
     def push_queue(self, rollout_ids: Sequence[str]) -> None:
         (top,) = self._rows("SELECT COALESCE(MAX(queue_pos), 0) FROM rollouts WHERE queue_pos IS NOT NULL")[0]
@@ -215,7 +265,9 @@ class SqlTx(StoreTx):
         rows = self._rows("SELECT data FROM attempts WHERE rollout_id = ? AND attempt_id = ?", (rollout_id, attempt_id))
         return from_json(Attempt, rows[0][0]) if rows else None
 
-    peek_attempt = get_attempt
+    def peek_attempt(self, rollout_id: str, attempt_id: str) -> Attempt | None:
+        rows = self._rows("SELECT data FROM attempts WHERE rollout_id = ? AND attempt_id = ?", (rollout_id, attempt_id))
+        return self.views.view(Attempt, (rollout_id, attempt_id), rows[0][0]) if rows else None
 
     def get_attempts(self, rollout_id: str) -> list[Attempt]:
         rows = self._rows("SELECT data FROM attempts WHERE rollout_id = ? ORDER BY sequence_id", (rollout_id,))
@@ -228,10 +280,12 @@ class SqlTx(StoreTx):
         )
 
     def save_attempt(self, attempt: Attempt, *, private: bool = False) -> None:
+        text = _text(attempt)
         self._exec(
             "UPDATE attempts SET status = ?, data = ? WHERE rollout_id = ? AND attempt_id = ?",
-            (attempt.status.value, _text(attempt), attempt.rollout_id, attempt.attempt_id),
+            (attempt.status.value, text, attempt.rollout_id, attempt.attempt_id),
         )
+        self._remember((attempt.rollout_id, attempt.attempt_id), text, attempt, private)
 
     def attempt_clocks(self) -> list[AttemptClock]:
         number = self.dialect.json_number

@@ -21,7 +21,7 @@ from typing import Literal
 
 from agentgrad.errors import StoreFileError
 from agentgrad.store.core import StoreTx, TransactionalStore
-from agentgrad.store.sql import SCHEMA_VERSION, SQLITE, SqlTx
+from agentgrad.store.sql import SCHEMA_VERSION, SQLITE, RowViews, SqlTx
 
 _MIN_SQLITE = (3, 35, 0)  # RETURNING
 
@@ -46,6 +46,7 @@ class SqliteStore(TransactionalStore):
         if self.path != ":memory:":
             Path(self.path).resolve().parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
+        self._views = RowViews()
         self._conn = self._open(busy_timeout_seconds, synchronous)
         super().__init__(watchdog_interval=watchdog_interval, external_poll_interval=external_poll_interval)
 
@@ -90,7 +91,7 @@ class SqliteStore(TransactionalStore):
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[StoreTx]:
         with self._lock, _immediate(self._conn) as cur:
-            yield SqlTx(cur, SQLITE)
+            yield SqlTx(cur, SQLITE, self._views)
 
     def _close_backend(self) -> None:
         with self._lock:
