@@ -51,8 +51,7 @@ class SqlDialect:
             f"""CREATE TABLE IF NOT EXISTS rollouts (
                 rollout_id TEXT PRIMARY KEY, status TEXT NOT NULL, mode TEXT NOT NULL, group_id TEXT,
                 resources_id TEXT, enqueue_time {f} NOT NULL, start_time {f}, end_time {f}, reward {f},
-                llm_calls INTEGER NOT NULL DEFAULT 0, queue_pos BIGINT, span_seq BIGINT NOT NULL DEFAULT 0,
-                data TEXT NOT NULL)""",
+                llm_calls INTEGER NOT NULL DEFAULT 0, queue_pos BIGINT, data TEXT NOT NULL)""",
             "CREATE INDEX IF NOT EXISTS rollouts_queue ON rollouts (queue_pos) WHERE queue_pos IS NOT NULL",
             "CREATE INDEX IF NOT EXISTS rollouts_status ON rollouts (status)",
             "CREATE INDEX IF NOT EXISTS rollouts_enqueue ON rollouts (enqueue_time)",
@@ -317,11 +316,11 @@ class SqlTx(StoreTx):
             if key not in existing and key not in fresh:
                 fresh[key] = span
         if fresh:
-            (top,) = self._rows(
-                "UPDATE rollouts SET span_seq = span_seq + ? WHERE rollout_id = ? RETURNING span_seq",
-                (len(fresh), rollout_id),
-            )[0]
-            first = top - len(fresh) + 1
+            # Writers are serialized (SQLite's write lock, PostgreSQL's advisory lock), so the next
+            # number follows the highest stored one: an index lookup that, unlike a counter in the
+            # rollout's row, leaves one page fewer for the commit to write.
+            ((top,),) = self._rows("SELECT COALESCE(MAX(sequence_id), 0) FROM spans WHERE rollout_id = ?", (rollout_id,))
+            first = top + 1
             fresh = {key: evolved(span, sequence_id=first + offset) for offset, (key, span) in enumerate(fresh.items())}
             self.cur.executemany(
                 self.dialect.sql(
