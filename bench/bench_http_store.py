@@ -2,7 +2,7 @@
 
 Prints one JSON object: calls/s, p50/p99 latency (ms) and CPU time per call (server and client)
 per operation with 1 and 4 clients, batched span throughput, and claim latency/double claims with
-4 concurrent claimers.
+4 concurrent claimers. Spans are built before the timed calls, as in ``bench_store.py``.
 
     python bench/bench_http_store.py [--backend sqlite|memory] [--ops 2000]
     python bench/bench_http_store.py --reference-python /tmp/agl/bin/python   # + Agent Lightning

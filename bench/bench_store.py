@@ -3,6 +3,7 @@
     python bench/bench_store.py            # N=5000 rollouts x 10 spans, memory and sqlite
     python bench/bench_store.py --n 500 --backends sqlite
     python bench/bench_store.py --reference-python /tmp/agl/bin/python   # + Agent Lightning, same run
+    python bench/bench_store.py --instructions      # instructions per call (callgrind), N=200
 
 Each backend runs in a fresh child process (so peak RSS is its own), on N rollouts of 10 spans
 each, as the issue states the workload. The lifecycle phases, in order: enqueue (one call per
@@ -19,6 +20,10 @@ real run. Prints one JSON object.
 (``reference_store_workload.py``, under an interpreter that has ``agentlightning``) in the same
 run and reports our figures as multiples of its own: on a shared machine whose speed moves by a
 third from one hour to the next, that ratio is what compares with the issue's reference figures.
+
+``--instructions`` reports instructions per call of each phase instead of time (the workload
+under callgrind, see ``callgrind.py``): they do not move with the machine's load, so they compare
+two versions of the code exactly; system calls are not counted.
 
 Garbage collection: each phase starts after a full collection and ``gc.freeze()``, so the
 collections a phase triggers scan what that phase allocates, not the harness's own inputs (up
@@ -45,17 +50,18 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] or str(ROOT / "src"))
 
-from store_workload import SPANS_PER_ROLLOUT, summarize  # noqa: E402 (bench/ is on sys.path)
+from store_workload import LIFECYCLE, SPANS_PER_ROLLOUT, summarize  # noqa: E402 (bench/ is on sys.path)
 
 
-def _open(backend: str, tmp: str) -> Any:
+def _open(backend: str, tmp: str, watchdog: bool) -> Any:
+    interval = 0.5 if watchdog else None
     if backend == "memory":
         from agentgrad.store.memory import MemoryStore
 
-        return MemoryStore()
+        return MemoryStore(watchdog_interval=interval)
     from agentgrad.store.sqlite import SqliteStore
 
-    return SqliteStore(os.path.join(tmp, "bench.db"))
+    return SqliteStore(os.path.join(tmp, "bench.db"), watchdog_interval=interval)
 
 
 def _span(rollout_id: str, attempt_id: str, tag: str, index: int) -> Any:
@@ -65,7 +71,9 @@ def _span(rollout_id: str, attempt_id: str, tag: str, index: int) -> Any:
                 attributes={"agentgrad.message.body": "x" * 100, "step": index})
 
 
-def run_backend(backend: str, n: int, freeze: bool = True) -> dict[str, Any]:
+def run_backend(backend: str, n: int, freeze: bool = True, counter: Any = None) -> dict[str, Any]:
+    """The workload on one backend; ``counter``: a ``callgrind.PhaseCounter`` bracketing each
+    phase (the figures are then the instruction counts it dumps, not these times)."""
     from agentgrad.store.protocol import RolloutFilter
     from agentgrad.types import AttemptStatus, RolloutStatus
 
@@ -79,15 +87,20 @@ def run_backend(backend: str, n: int, freeze: bool = True) -> dict[str, Any]:
         gc.collect()
         if freeze:
             gc.freeze()
+        if counter is not None:
+            counter.start()
         start = time.perf_counter()
         out = fn()
         elapsed = time.perf_counter() - start
+        if counter is not None:
+            counter.end(name)
         calls[name], seconds[name] = count, elapsed
         results[name] = {"ops": count, "seconds": round(elapsed, 4), "ops_per_s": round(count / elapsed)}
         return out
 
     with tempfile.TemporaryDirectory() as tmp:
-        store = _open(backend, tmp)
+        # Counted runs leave out the watchdog thread: its sweeps would land in whichever phase runs.
+        store = _open(backend, tmp, watchdog=counter is None)
         phase("enqueue", n, lambda: [store.enqueue_rollout({"task": i}) for i in range(n)])
 
         def dequeue_start() -> list[Any]:
@@ -136,30 +149,40 @@ def run_backend(backend: str, n: int, freeze: bool = True) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=5000, help="rollouts of the lifecycle (and as many for the batches)")
+    parser.add_argument("--n", type=int, help="rollouts of the lifecycle, and as many for the batches "
+                        "(default 5000; 200 with --instructions)")
     parser.add_argument("--backends", default="memory,sqlite")
     parser.add_argument("--gc-scan-all", action="store_true",
                         help="do not freeze the objects that exist when a phase starts")
     parser.add_argument("--reference-python", metavar="PY",
                         help="an interpreter with agentlightning installed: run the reference too")
+    parser.add_argument("--instructions", action="store_true", help="count instructions per call (callgrind)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    n = args.n or (200 if args.instructions else 5000)
     if args.child:
-        print(json.dumps(run_backend(args.child, args.n, freeze=not args.gc_scan_all)))
+        counter = None
+        if args.instructions:
+            from callgrind import PhaseCounter
+
+            counter = PhaseCounter()
+        print(json.dumps(run_backend(args.child, n, freeze=not args.gc_scan_all, counter=counter)))
+        return
+    if args.instructions:
+        print(json.dumps(count_instructions(args.backends.split(","), n), indent=2))
         return
     import sqlite3
 
-    report: dict[str, Any] = {"n_rollouts": args.n, "spans_per_rollout": SPANS_PER_ROLLOUT,
+    report: dict[str, Any] = {"n_rollouts": n, "spans_per_rollout": SPANS_PER_ROLLOUT,
                               "gc": "scan all" if args.gc_scan_all else "frozen at each phase start",
                               "python": sys.version.split()[0], "sqlite": sqlite3.sqlite_version, "backends": {}}
     for backend in args.backends.split(","):
-        out = subprocess.run([sys.executable, __file__, "--child", backend, "--n", str(args.n)]
-                             + (["--gc-scan-all"] if args.gc_scan_all else []),
+        out = subprocess.run(_child(backend, n) + (["--gc-scan-all"] if args.gc_scan_all else []),
                              capture_output=True, text=True, check=True)
         report["backends"][backend] = json.loads(out.stdout)
     if args.reference_python:
         out = subprocess.run([args.reference_python, str(Path(__file__).with_name("reference_store_workload.py")),
-                              str(args.n)], capture_output=True, text=True, check=True)
+                              str(n)], capture_output=True, text=True, check=True)
         reference = report["reference_agentlightning_memory"] = json.loads(out.stdout)
         report["times_the_reference"] = {
             backend: {phase: round(figures[phase]["ops_per_s"] / reference[phase]["ops_per_s"], 1)
@@ -176,6 +199,25 @@ def main() -> None:
     }
     report["targets_met"] = targets
     print(json.dumps(report, indent=2))
+
+
+def _child(backend: str, n: int) -> list[str]:
+    return [sys.executable, __file__, "--child", backend, "--n", str(n)]
+
+
+def count_instructions(backends: list[str], n: int) -> dict[str, Any]:
+    """Instructions per call of every phase, per backend (the workload run under callgrind)."""
+    from callgrind import count_phases
+
+    ops = {"enqueue": n, "dequeue_start": 2 * n, "add_span_single": n * SPANS_PER_ROLLOUT, "update_succeeded": n,
+           "query_spans": n, "add_spans_batch10": n * SPANS_PER_ROLLOUT, "add_spans_batch1000": n * SPANS_PER_ROLLOUT}
+    report: dict[str, Any] = {"n_rollouts": n, "unit": "instructions per call (spans: per span)", "backends": {}}
+    for backend in backends:
+        counts = count_phases(_child(backend, n) + ["--instructions"])
+        figures = {phase: round(counts[phase] / ops[phase]) for phase in ops}
+        figures["mixed_unbatched"] = round(sum(counts[p] for p in LIFECYCLE) / sum(ops[p] for p in LIFECYCLE))
+        report["backends"][backend] = figures
+    return report
 
 
 if __name__ == "__main__":

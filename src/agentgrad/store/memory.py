@@ -17,7 +17,7 @@ import threading
 import types
 import typing
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -105,7 +105,7 @@ def _copy(value: Any) -> Any:
 
 
 @functools.cache
-def _model_copier(model: type[BaseModel]) -> Any:
+def _model_copier(model: type[BaseModel]) -> Callable[[BaseModel], BaseModel]:
     """The deep-copy function of one model class: its fields' dict copied, and only the fields
     whose type allows a container visited (models rebuilt without re-validation, see
     :func:`assembled`)."""

@@ -397,7 +397,8 @@ def create_app(
     inline = _serializes_calls(store) if inline_calls is None else inline_calls
     api = StoreAPI(app.framework, ctx=ctx, endpoints=ENDPOINTS, inline=inline)
     guard = _Guard(api, token=token, max_body_bytes=max_body_bytes, metrics=metrics)
-    app.direct = _DirectAnswers(api, guard, cors=bool(cors_origins))
+    # Stores whose calls run in worker threads (PostgreSQL) answer through ASGI, which awaits them.
+    app.direct = _DirectAnswers(api, guard, cors=bool(cors_origins)) if inline else None
     front: ASGIApp = guard
     if cors_origins:  # outermost, so browser preflights are answered before auth
         front = CORSMiddleware(front, allow_origins=list(cors_origins), allow_methods=["*"], allow_headers=["*"])
