@@ -178,3 +178,17 @@ def test_requests_the_direct_path_leaves_to_asgi_are_answered_as_before(served, 
         if case == "connection close":
             assert reader.closed()
     assert direct_answers == []
+
+
+def test_a_bug_in_a_direct_answer_is_a_json_500_and_the_connection_goes_on(served, monkeypatch):
+    def broken(accepted, body):
+        raise RuntimeError("a bug in the direct path")
+
+    monkeypatch.setattr(served.app.direct, "answer", broken)
+    sock, reader = _connect(served)
+    with sock:
+        sock.sendall(_request("GET", "/v1/workers"))
+        status, _, body = reader.response()
+        assert status == 500 and "a bug in the direct path" in json.loads(body)["message"]
+        sock.sendall(_request("GET", "/health"))
+        assert reader.response()[0] == 200

@@ -24,10 +24,15 @@ uvicorn queues them).
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, Protocol
 
 from starlette.responses import Response
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from agentgrad.store.responses import error_response
+
+log = logging.getLogger(__name__)
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -113,7 +118,11 @@ class StoreHttpProtocol(HttpToolsProtocol):
             return
         self._collecting = None
         body = b"".join(collecting.body)
-        response = self._direct.answer(collecting.accepted, body)  # type: ignore[union-attr]
+        try:
+            response = self._direct.answer(collecting.accepted, body)  # type: ignore[union-attr]
+        except Exception as exc:  # a bug: raised from a parser callback it would become a 400
+            log.exception("unexpected error answering a request directly")
+            response = error_response(500, "internal_error", f"{type(exc).__name__}: {exc}")
         if response is None:  # declined: the ordinary path, as if the request had just arrived
             super().on_headers_complete()
             self.cycle.body = body
