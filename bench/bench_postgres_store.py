@@ -1,6 +1,8 @@
 """PostgresStore in-process throughput: ops/s and p50/p99 latency, 1 and 4 threads, in a scratch schema.
 
     python bench/bench_postgres_store.py [--url postgresql://postgres@127.0.0.1:5432/test] [--ops 1000]
+
+The code measured is this checkout's ``src``, or the first PYTHONPATH entry when one is set.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+# This checkout's src, or the first PYTHONPATH entry (a copy of other code, to compare back to back).
+sys.path.insert(0, os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] or str(Path(__file__).resolve().parents[1] / "src"))
 
 from bench_http_store import run  # noqa: E402  (same timing harness)
 
