@@ -46,6 +46,18 @@ def coin_agent(task, resources):
 
 
 @rollout
+def always_good_agent(task, resources):
+    """Every completion earns the same reward: each GRPO group has zero variance."""
+    context = require_context("always_good_agent")
+    version = resources.items["agentgrad_policy"].value["model_version"]
+    context.store.add_span(Span(
+        rollout_id=context.rollout_id, attempt_id=context.attempt_id, name=semconv.SPAN_LLM_CALL,
+        attributes={semconv.LLM_PROMPT_TOKEN_IDS: PROMPT + [task["k"]], semconv.LLM_COMPLETION_TOKEN_IDS: GOOD,
+                    semconv.LLM_LOGPROBS: [-6.0, -6.0, -6.0], semconv.MODEL_VERSION: version}))
+    return 1.0
+
+
+@rollout
 def bad_reward_agent(task, llm):
     return "great"  # not a number: the runner fails the rollout
 
@@ -103,4 +115,19 @@ def test_non_numeric_rewards_fail_rollouts_and_empty_batches_are_retried_not_tra
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [m["empty_batch"] for m in lines] == [1.0, 1.0] and not any("loss" in m for m in lines)
     assert not (tmp_path / "checkpoints" / "latest").exists()
+    store.close()
+
+
+def test_a_step_whose_groups_all_agree_is_skipped_without_an_update(model_dir, tmp_path, capsys):
+    store = MemoryStore()
+    publisher = RecordingPublisher()
+    grpo = GRPO(model_dir, steps=2, batch_size=2, group_size=3, val_every=0, output_dir=tmp_path,
+                publisher=publisher, rollout_config=RolloutConfig(timeout_seconds=60))
+    tasks = [{"k": 40 + i} for i in range(4)]
+    result = Trainer(store, concurrency=3, algorithm=grpo).fit(
+        always_good_agent, tasks, resources={"llm": LLM(endpoint="http://unused/v1", model="m")})
+    assert result.steps == 2
+    assert publisher.versions == [], "nothing to learn: no weights published"
+    assert all("loss" not in step and step["grpo/zero_variance_groups"] == 2 for step in result.history)
+    assert capsys.readouterr().out.count("zero reward variance") == 2
     store.close()

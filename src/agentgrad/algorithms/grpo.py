@@ -313,10 +313,11 @@ class GRPO(Algorithm):
                 })
                 log_metrics(trainer.step, values)
                 result.history.append({"step": trainer.step, **values})
+                update = (f"entropy {values['entropy']:.2f}  clip {values['clip_fraction']:.2f}  "
+                          f"{values['tokens_per_second']:.0f} tok/s" if kept else "no update (no reward variance)")
                 progress.update(bar, completed=trainer.step, description=(
                     f"reward {values['reward/mean']:.2f}  success {values['success']:.2f}  "
-                    f"entropy {values.get('entropy', float('nan')):.2f}  clip {values.get('clip_fraction', float('nan')):.2f}  "
-                    f"{values.get('tokens_per_second', 0):.0f} tok/s  {values['rollouts_per_second']:.1f} ro/s"))
+                    f"{update}  {values['rollouts_per_second']:.1f} ro/s"))
                 if self.on_step is not None:
                     self.on_step(values)
                 if self.val_every and trainer.step % self.val_every == 0 and trainer.step < self.steps:
