@@ -2,7 +2,9 @@
 
 Prints one JSON object: calls/s, p50/p99 latency (ms) and CPU time per call (server and client)
 per operation with 1 and 4 clients, batched span throughput, and claim latency/double claims with
-4 concurrent claimers. Spans are built before the timed calls, as in ``bench_store.py``.
+4 concurrent claimers. Spans are built before the timed calls, and each operation starts with the
+harness's objects frozen out of the garbage collector's sweeps, as in ``bench_store.py`` (the
+client's full collections over them were most of the batched calls' p99).
 
     python bench/bench_http_store.py [--backend sqlite|memory] [--ops 2000]
     python bench/bench_http_store.py --reference-python /tmp/agl/bin/python   # + Agent Lightning
@@ -19,6 +21,7 @@ compare a baseline copy with the working tree back to back: machine load varies 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -93,6 +96,10 @@ def run(clients: list[StoreClient], ops_per_client: int, op: Callable[[StoreClie
             items[k] += op(clients[k], i)
             latencies[k].append(time.perf_counter() - t)
 
+    # As in bench_store.py: the harness's own objects (claims, prebuilt spans) are frozen, so the
+    # client's collections during the phase scan what the calls allocate, not them.
+    gc.collect()
+    gc.freeze()
     server_cpu, client_cpu = cpu_seconds(server_pid), time.process_time()
     elapsed = run_threads(worker, len(clients))
     server_cpu, client_cpu = cpu_seconds(server_pid) - server_cpu, time.process_time() - client_cpu
