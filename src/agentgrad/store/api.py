@@ -128,11 +128,11 @@ class StoreAPI:
         if found is None:
             await self.app(scope, receive, send)
             return
-        methods = self.routes[scope["path"]]
-        scope["route"] = methods.get(scope["method"]) or next(iter(methods.values()))  # labels the metrics
-        if isinstance(found, Response):
+        if isinstance(found, Response):  # a 405: any endpoint of the path labels the metrics
+            scope["route"] = next(iter(self.routes[scope["path"]].values()))
             response = found
         else:
+            scope["route"] = found  # its path labels the request's metrics
             try:
                 response = await self._serve(found, scope, receive)
             except Exception as exc:  # a bug; answered here, as FastAPI's error handler is behind us
@@ -141,12 +141,10 @@ class StoreAPI:
 
     def answer_at_once(self, endpoint: Endpoint, query_string: bytes, headers: list[tuple[bytes, bytes]],
                        body: bytes) -> Response | None:
-        """The whole answer to a request whose body has arrived, computed on the spot; None when
-        it must be awaited instead (a long poll, a store whose calls run in threads, a retry of
-        a write still running). The HTTP protocol calls this straight from its parser, without
-        the ASGI machinery (see :mod:`agentgrad.store.serving`)."""
-        if not self.inline:
-            return None
+        """The whole answer to a request whose body has arrived, computed on the spot, the store
+        called in this thread (for ``inline`` stores only); None when it must be awaited instead
+        (a long poll, a retry of a write still running). The HTTP protocol calls this straight
+        from its parser, without the ASGI machinery (see :mod:`agentgrad.store.serving`)."""
         try:
             try:
                 arg = _parse_input(endpoint, query_string, headers, body)

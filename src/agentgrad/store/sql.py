@@ -2,7 +2,7 @@
 
 Records are kept whole as JSON (``data``) with the columns that queries filter or sort on copied
 beside them. The SQL is written with ``?`` placeholders in the common subset of both dialects
-(``ON CONFLICT``, ``RETURNING``, partial indexes); a :class:`SqlDialect` supplies the few
+(``ON CONFLICT``, partial indexes); a :class:`SqlDialect` supplies the few
 differences (placeholder style, row locking for claims, column types).
 """
 
@@ -18,6 +18,8 @@ from agentgrad.store.protocol import RolloutFilter
 from agentgrad.types import Attempt, MetricRecord, Resources, Rollout, RolloutStatus, Span, Worker
 
 SCHEMA_VERSION = "1"
+_ROLLOUT_DATA = "SELECT data FROM rollouts WHERE rollout_id = ?"
+_ATTEMPT_DATA = "SELECT data FROM attempts WHERE rollout_id = ? AND attempt_id = ?"
 _TERMINAL = tuple(s.value for s in RolloutStatus if s.is_terminal)
 _CHUNK = 500
 
@@ -147,10 +149,10 @@ class RowViews:
 class SqlTx(StoreTx):
     """Store primitives over one DB-API cursor inside an open transaction."""
 
-    def __init__(self, cursor: Any, dialect: SqlDialect, views: RowViews | None = None) -> None:
+    def __init__(self, cursor: Any, dialect: SqlDialect, views: RowViews) -> None:
         self.cur = cursor
         self.dialect = dialect
-        self.views = views if views is not None else RowViews(0)
+        self.views = views
 
     def _exec(self, statement: str, params: Sequence[Any] = ()) -> Any:
         self.cur.execute(self.dialect.sql(statement), params)
@@ -159,17 +161,22 @@ class SqlTx(StoreTx):
     def _rows(self, statement: str, params: Sequence[Any] = ()) -> list[tuple]:
         return self._exec(statement, params).fetchall()
 
+    def _data(self, statement: str, params: Sequence[Any]) -> str | None:
+        """The ``data`` text of the one row ``statement`` selects, or None."""
+        rows = self._rows(statement, params)
+        return rows[0][0] if rows else None
+
     def _marks(self, n: int) -> str:
         return ", ".join("?" * n)
 
     # ---- rollouts
     def get_rollout(self, rollout_id: str) -> Rollout | None:
-        rows = self._rows("SELECT data FROM rollouts WHERE rollout_id = ?", (rollout_id,))
-        return from_json(Rollout, rows[0][0]) if rows else None
+        text = self._data(_ROLLOUT_DATA, (rollout_id,))
+        return from_json(Rollout, text) if text is not None else None
 
     def peek_rollout(self, rollout_id: str) -> Rollout | None:
-        rows = self._rows("SELECT data FROM rollouts WHERE rollout_id = ?", (rollout_id,))
-        return self.views.view(Rollout, (rollout_id,), rows[0][0]) if rows else None
+        text = self._data(_ROLLOUT_DATA, (rollout_id,))
+        return self.views.view(Rollout, (rollout_id,), text) if text is not None else None
 
     def insert_rollouts(self, rollouts: Sequence[Rollout]) -> None:
         self.cur.executemany(
@@ -261,12 +268,13 @@ class SqlTx(StoreTx):
 
     # ---- attempts
     def get_attempt(self, rollout_id: str, attempt_id: str) -> Attempt | None:
-        rows = self._rows("SELECT data FROM attempts WHERE rollout_id = ? AND attempt_id = ?", (rollout_id, attempt_id))
-        return from_json(Attempt, rows[0][0]) if rows else None
+        text = self._data(_ATTEMPT_DATA, (rollout_id, attempt_id))
+        return from_json(Attempt, text) if text is not None else None
 
     def peek_attempt(self, rollout_id: str, attempt_id: str) -> Attempt | None:
-        rows = self._rows("SELECT data FROM attempts WHERE rollout_id = ? AND attempt_id = ?", (rollout_id, attempt_id))
-        return self.views.view(Attempt, (rollout_id, attempt_id), rows[0][0]) if rows else None
+        key = (rollout_id, attempt_id)
+        text = self._data(_ATTEMPT_DATA, key)
+        return self.views.view(Attempt, key, text) if text is not None else None
 
     def get_attempts(self, rollout_id: str) -> list[Attempt]:
         rows = self._rows("SELECT data FROM attempts WHERE rollout_id = ? ORDER BY sequence_id", (rollout_id,))

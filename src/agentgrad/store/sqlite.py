@@ -23,7 +23,7 @@ from agentgrad.errors import StoreFileError
 from agentgrad.store.core import StoreTx, TransactionalStore
 from agentgrad.store.sql import SCHEMA_VERSION, SQLITE, RowViews, SqlTx
 
-_MIN_SQLITE = (3, 35, 0)  # RETURNING
+_MIN_SQLITE = (3, 35, 0)  # the documented floor (upserts, partial indexes and json_extract need less)
 
 
 class SqliteStore(TransactionalStore):
