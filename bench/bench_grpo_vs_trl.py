@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgrad.inference.toolcalls import parse_tool_calls
-from agentgrad.models.calc import CALCULATOR_TOOL, SYSTEM_PROMPT, generate_problems, run_calculator
+from agentgrad.demo.calc import CALCULATOR_TOOL, SYSTEM_PROMPT, generate_problems, run_calculator
 
 MAX_NEW = 48
 
@@ -176,7 +176,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     if args.model_dir is None:
-        from agentgrad.models.tiny import ensure_tiny_model
+        from agentgrad.demo.tiny import ensure_tiny_model
 
         args.model_dir = ensure_tiny_model()
     args.work_dir.mkdir(parents=True, exist_ok=True)

@@ -43,7 +43,7 @@ from agentgrad.types import Span  # noqa: E402
 SERVER = (
     "import logging, sys\n"
     "logging.basicConfig(level='INFO')\n"
-    "from agentgrad.store.server import serve\n"
+    "from agentgrad.store.service.server import serve\n"
     "serve(sys.argv[1], '127.0.0.1', 0, log_level='warning', store_options={'watchdog_interval': None})\n"
 )
 

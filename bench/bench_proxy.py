@@ -2,7 +2,7 @@
 
 Prints JSON. Upstreams:
 
-* ``stub``: :class:`agentgrad.proxy.stub.StubUpstream`, a *fast local upstream stand-in* (scripted
+* ``stub``: :class:`agentgrad.testing.stub.StubUpstream`, a *fast local upstream stand-in* (scripted
   answers, no model), so the difference is the proxy's own overhead;
 * ``engine``: the real local engine serving the tiny model (skipped with ``--no-engine``), where
   the overhead is compared with real generation time.
@@ -52,7 +52,7 @@ BODY = {"model": "m", "messages": [{"role": "user", "content": "What is 2 + 3?"}
 
 _SERVE_STUB = """
 import signal, sys, threading
-from agentgrad.proxy.stub import StubUpstream
+from agentgrad.testing.stub import StubUpstream
 stub = StubUpstream(["The answer is 5."], chunk_chars=2)
 print(stub.start(), flush=True)
 signal.sigwait([signal.SIGTERM, signal.SIGINT])
@@ -61,7 +61,7 @@ stub.stop()
 _SERVE_ENGINE = """
 import signal
 from agentgrad.inference import ModelServer
-from agentgrad.models.tiny import ensure_tiny_model
+from agentgrad.demo.tiny import ensure_tiny_model
 server = ModelServer(str(ensure_tiny_model()))
 print(server.start(), flush=True)
 signal.sigwait([signal.SIGTERM, signal.SIGINT])

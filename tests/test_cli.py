@@ -17,7 +17,7 @@ from agentgrad.store.sqlite import SqliteStore
 from agentgrad.types import RolloutStatus
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "COLUMNS": "160", "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])}
+ENV = {**os.environ, "COLUMNS": "160", "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests" / "support")])}
 
 
 def agentgrad(*args: str, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess:

@@ -98,7 +98,7 @@ def test_dev_with_runner_processes_over_a_protected_store_service(tmp_path, monk
     """Runner processes reach a token-protected service with the trainer's token, which never
     travels in the URL; a client without it is refused."""
     from agentgrad.store.client import StoreClient, StoreServiceError
-    from agentgrad.store.server import StoreServer
+    from agentgrad.store.service.server import StoreServer
 
     monkeypatch.delenv("AGENTGRAD_STORE_TOKEN", raising=False)
     with StoreServer(SqliteStore(tmp_path / "served.db"), token="t0k3n", owns_store=True) as server:
@@ -114,7 +114,7 @@ def test_dev_with_runner_processes_over_a_protected_store_service(tmp_path, monk
 
 def test_store_client_takes_its_token_from_the_environment(tmp_path, monkeypatch):
     from agentgrad.store import open_store
-    from agentgrad.store.server import StoreServer
+    from agentgrad.store.service.server import StoreServer
 
     with StoreServer(MemoryStore(watchdog_interval=None), token="env-token", owns_store=True) as server:
         monkeypatch.setenv("AGENTGRAD_STORE_TOKEN", "env-token")

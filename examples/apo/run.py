@@ -20,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))  # make ``examples`` importable when run as a script
 
 from agentgrad.algorithms.apo import APO, ChatEndpoint  # noqa: E402
-from agentgrad.cli import read_tasks  # noqa: E402
+from agentgrad.tasks import read_tasks  # noqa: E402
 from agentgrad.trainer import Trainer  # noqa: E402
 from agentgrad.types import LLM, PromptTemplate  # noqa: E402
 from examples.apo.agent import SEED_PROMPT, review_agent  # noqa: E402

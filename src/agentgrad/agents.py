@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
 import inspect
+import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Union
 
+from agentgrad.errors import InvalidInputError
 from agentgrad.types import LLM, PromptTemplate, Resources, Rollout
 
 #: What an agent may return: a reward, None (rewards were emitted), or a dict with ``reward``.
@@ -108,8 +112,6 @@ class FunctionAgent(Agent):
 
 
 def _load_function_agent(module: str, qualname: str) -> FunctionAgent:
-    import importlib
-
     target: Any = importlib.import_module(module)
     for part in qualname.split("."):
         target = getattr(target, part)
@@ -137,3 +139,43 @@ def _pick(resources: Resources, param: str) -> Any:
 def rollout(func: Callable[..., Any]) -> FunctionAgent:
     """Turn ``f(task, llm | prompt_template | resources [, rollout])`` into an :class:`Agent`."""
     return FunctionAgent(func)
+
+
+def as_agent(agent: Agent | Callable[..., Any]) -> Agent:
+    """An :class:`Agent` as it is, a function wrapped as with :func:`rollout`."""
+    if isinstance(agent, Agent):
+        return agent
+    if callable(agent):
+        return FunctionAgent(agent)
+    raise TypeError(f"expected an Agent or a @rollout function, got {type(agent).__name__}")
+
+
+def load_agent(spec: str) -> Agent:
+    """``package.module:attribute`` → the agent object (a file path also works for the module).
+
+    The current directory (or the file's folder) goes on ``sys.path`` first, as ``python -m`` does,
+    so that a user's own agent module is found without installing it.
+    """
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not attribute:
+        raise InvalidInputError(
+            f"agent must look like module:attribute (e.g. agentgrad.demo.agent:calc_agent), got {spec!r}"
+        )
+    if module_name.endswith(".py"):
+        path = Path(module_name).resolve()
+        sys.path.insert(0, str(path.parent))
+        module_name = path.stem
+    else:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InvalidInputError(f"cannot import {module_name!r}: {exc}") from None
+    try:
+        target = getattr(module, attribute)
+    except AttributeError:
+        raise InvalidInputError(f"module {module_name!r} has no attribute {attribute!r}") from None
+    try:
+        return as_agent(target)
+    except TypeError as exc:  # not an agent, or a function of an unsupported shape
+        raise InvalidInputError(f"{spec} is not an agent: {exc}") from None

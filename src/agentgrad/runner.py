@@ -39,7 +39,7 @@ from typing import Any
 import httpx
 
 from agentgrad import semconv
-from agentgrad.agents import Agent, FunctionAgent
+from agentgrad.agents import Agent, as_agent
 from agentgrad.context import RolloutContext, use_context
 from agentgrad.emit import emit_reward
 from agentgrad.store.protocol import Store
@@ -85,13 +85,6 @@ def reward_of(result: Any) -> float | None:
         raise RewardError(f"the agent returned a non-numeric reward {result!r} ({type(result).__name__})")
     return float(result)
 
-
-def as_agent(agent: Agent | Callable[..., Any]) -> Agent:
-    if isinstance(agent, Agent):
-        return agent
-    if callable(agent):
-        return FunctionAgent(agent)
-    raise TypeError(f"expected an Agent or a @rollout function, got {type(agent).__name__}")
 
 
 class Runner:

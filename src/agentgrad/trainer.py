@@ -22,7 +22,8 @@ from rich.console import Console
 from agentgrad.agents import Agent
 from agentgrad.algorithms.base import Algorithm, AlgorithmContext
 from agentgrad.algorithms.baseline import Evaluate, EvaluationReport
-from agentgrad.runner import Runner, RunnerPool, as_agent
+from agentgrad.agents import as_agent
+from agentgrad.runner import Runner, RunnerPool
 from agentgrad.store import open_store
 from agentgrad.store.protocol import Store
 from agentgrad.types import RolloutConfig, RolloutMode
@@ -133,7 +134,7 @@ class Trainer:
         if url is not None:
             yield url
             return
-        from agentgrad.store.server import StoreServer  # lazy: only when serving a private store
+        from agentgrad.store.service.server import StoreServer  # lazy: only when serving a private store
 
         server = StoreServer(self.store)
         try:

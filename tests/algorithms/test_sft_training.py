@@ -17,11 +17,11 @@ from agentgrad.algorithms.base import AlgorithmContext
 from agentgrad.algorithms.sft import SFT, SaveToDirectory, SelectionCriteria
 from agentgrad.errors import AgentGradError
 from agentgrad.proxy import LLMProxy, ProxyResourcesHook
-from agentgrad.proxy.stub import StubUpstream, tool_reply
+from agentgrad.testing.stub import StubUpstream, tool_reply
 from agentgrad.store.memory import MemoryStore
 from agentgrad.trainer import Trainer
 from agentgrad.types import LLM
-from examples.calc.agent import calc_agent
+from agentgrad.demo.agent import calc_agent
 
 pytest.importorskip("torch")
 
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.tiny_model  # runs last: see tests/conftest.py
 
 @pytest.fixture(scope="module")
 def tiny_model_dir():
-    from agentgrad.models.tiny import ensure_tiny_model
+    from agentgrad.demo.tiny import ensure_tiny_model
 
     return ensure_tiny_model()
 
@@ -80,7 +80,7 @@ def served_tiny(tiny_model_dir) -> Iterator[tuple[object, str]]:
 
 @pytest.mark.slow
 def test_rejection_sampling_raises_greedy_success(served_tiny, tiny_model_dir) -> None:
-    from agentgrad.models.calc import generate_problems
+    from agentgrad.demo.calc import generate_problems
     from agentgrad.training import TrainConfig
 
     engine, base_url = served_tiny

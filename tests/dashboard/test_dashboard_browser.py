@@ -41,7 +41,7 @@ from agentgrad import agent, emit_message, emit_reward, operation, semconv  # no
 from agentgrad.agents import rollout  # noqa: E402
 from agentgrad.context import require_context  # noqa: E402
 from agentgrad.dashboard import create_app  # noqa: E402
-from agentgrad.models.calc import CALCULATOR_TOOL, SYSTEM_PROMPT  # noqa: E402
+from agentgrad.demo.calc import CALCULATOR_TOOL, SYSTEM_PROMPT  # noqa: E402
 from agentgrad.store import open_store  # noqa: E402
 from agentgrad.store.protocol import Store  # noqa: E402
 from agentgrad.trainer import Trainer  # noqa: E402
@@ -152,7 +152,7 @@ def _serve(store: Store, token: str) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     from agentgrad.inference.engine import Engine
-    from agentgrad.models.tiny import random_tiny_model
+    from agentgrad.demo.tiny import random_tiny_model
 
     root = tmp_path_factory.mktemp("dashboard-run")
     engine = Engine(random_tiny_model(root / "model"), version="tiny-v1")

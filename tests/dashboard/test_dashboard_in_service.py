@@ -1,15 +1,17 @@
-"""The store service serves the dashboard at ``/`` and keeps its data behind the token."""
+"""The store service serves the dashboard at ``/`` (composed as ``agentgrad store serve`` does) and keeps
+its data behind the token."""
 
 from fastapi.testclient import TestClient
 
+from agentgrad.dashboard.app import dashboard_router
 from agentgrad.store.memory import MemoryStore
-from agentgrad.store.server import create_app
+from agentgrad.store.service.server import create_app
 
 
 def test_store_service_serves_the_dashboard_behind_its_token() -> None:
     store = MemoryStore(watchdog_interval=None)
     rollout = store.enqueue_rollout({"question": "secret-task-text"})
-    client = TestClient(create_app(store, token="s3cret"))
+    client = TestClient(create_app(store, token="s3cret", extra_routers=[dashboard_router(store, "s3cret")]))
 
     assert client.get("/", follow_redirects=False).headers["location"] == "/dashboard/rollouts"
     refused = client.get("/dashboard/rollouts")
@@ -22,6 +24,6 @@ def test_store_service_serves_the_dashboard_behind_its_token() -> None:
     assert login.status_code == 200 and rollout.rollout_id in login.text
 
 
-def test_dashboard_can_be_left_out() -> None:
-    client = TestClient(create_app(MemoryStore(watchdog_interval=None), dashboard=False))
+def test_the_service_alone_has_no_dashboard() -> None:
+    client = TestClient(create_app(MemoryStore(watchdog_interval=None)))
     assert client.get("/dashboard/rollouts").status_code == 404

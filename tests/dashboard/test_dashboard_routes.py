@@ -225,7 +225,7 @@ def test_router_mounts_in_another_app(filled: Filled) -> None:
 
 
 def test_importing_the_package_stays_light() -> None:
-    code = ("import sys, agentgrad, agentgrad.dashboard, agentgrad.dashboard.cli; "
+    code = ("import sys, agentgrad, agentgrad.dashboard, agentgrad.cli.dashboard; "
             "print(sorted(m for m in ('fastapi', 'jinja2', 'starlette') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")  # else the Agents SDK exports to OpenAI
 
 from capture_check import Capture, serve_upstream  # noqa: E402

@@ -19,7 +19,7 @@ from agents import (  # noqa: E402
 )
 from openai import AsyncOpenAI  # noqa: E402
 
-from agentgrad.models.calc import SYSTEM_PROMPT  # noqa: E402
+from agentgrad.demo.calc import SYSTEM_PROMPT  # noqa: E402
 from agentgrad.types import LLM  # noqa: E402
 
 pytestmark = pytest.mark.tiny_model  # runs last: see tests/conftest.py

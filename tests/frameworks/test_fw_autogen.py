@@ -10,7 +10,7 @@ pytest.importorskip("autogen_agentchat")
 from autogen_agentchat.agents import AssistantAgent  # noqa: E402
 from autogen_ext.models.openai import OpenAIChatCompletionClient  # noqa: E402
 
-from agentgrad.models.calc import SYSTEM_PROMPT  # noqa: E402
+from agentgrad.demo.calc import SYSTEM_PROMPT  # noqa: E402
 from agentgrad.types import LLM  # noqa: E402
 
 pytestmark = pytest.mark.tiny_model  # runs last: see tests/conftest.py

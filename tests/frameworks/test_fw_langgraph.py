@@ -12,7 +12,7 @@ from langchain_openai import ChatOpenAI  # noqa: E402
 from langgraph.errors import GraphRecursionError  # noqa: E402
 from langgraph.prebuilt import create_react_agent  # noqa: E402
 
-from agentgrad.models.calc import SYSTEM_PROMPT  # noqa: E402
+from agentgrad.demo.calc import SYSTEM_PROMPT  # noqa: E402
 from agentgrad.types import LLM  # noqa: E402
 
 pytestmark = pytest.mark.tiny_model  # runs last: see tests/conftest.py

@@ -9,7 +9,7 @@ from capture_check import MAX_TOKENS, Capture, calculator, run_and_check
 pytest.importorskip("smolagents")
 from smolagents import OpenAIServerModel, ToolCallingAgent, tool  # noqa: E402
 
-from agentgrad.models.calc import SYSTEM_PROMPT  # noqa: E402
+from agentgrad.demo.calc import SYSTEM_PROMPT  # noqa: E402
 from agentgrad.types import LLM  # noqa: E402
 
 pytestmark = pytest.mark.tiny_model  # runs last: see tests/conftest.py

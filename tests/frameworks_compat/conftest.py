@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "frameworks"))
 os.environ.setdefault("CREWAI_DISABLE_TELEMETRY", "true")  # never OTEL_SDK_DISABLED: it would switch ours off
 os.environ.setdefault("CREWAI_TRACING_ENABLED", "false")
 

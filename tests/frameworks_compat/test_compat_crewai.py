@@ -11,7 +11,7 @@ from crewai import LLM as CrewLLM  # noqa: E402
 from crewai import Agent, Crew, Task  # noqa: E402
 from crewai.tools import tool  # noqa: E402
 
-from agentgrad.models.calc import SYSTEM_PROMPT  # noqa: E402
+from agentgrad.demo.calc import SYSTEM_PROMPT  # noqa: E402
 from agentgrad.types import LLM  # noqa: E402
 
 calculator_tool = tool("calculator")(calculator)

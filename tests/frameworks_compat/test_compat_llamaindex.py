@@ -11,7 +11,7 @@ from llama_index.core.agent.workflow import FunctionAgent  # noqa: E402
 from llama_index.core.tools import FunctionTool  # noqa: E402
 from llama_index.llms.openai import OpenAI  # noqa: E402
 
-from agentgrad.models.calc import SYSTEM_PROMPT  # noqa: E402
+from agentgrad.demo.calc import SYSTEM_PROMPT  # noqa: E402
 from agentgrad.types import LLM  # noqa: E402
 
 

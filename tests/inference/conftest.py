@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agentgrad.models.tiny import random_tiny_model
+from agentgrad.demo.tiny import random_tiny_model
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from agentgrad.inference import Engine, GenerationResult, ModelServer, TokenEvent
-from agentgrad.models import calc
+from agentgrad.demo import calc
 
 MESSAGES = [{"role": "system", "content": calc.SYSTEM_PROMPT}, {"role": "user", "content": "What is 2 + 3?"}]
 

@@ -14,12 +14,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agentgrad.inference.cli import add_commands
+from agentgrad.cli.serve_model import add_commands
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 RUNNER = """
 import argparse, sys
-from agentgrad.inference.cli import add_commands
+from agentgrad.cli.serve_model import add_commands
 parser = argparse.ArgumentParser(prog="agentgrad")
 add_commands(parser.add_subparsers(dest="command", required=True))
 args = parser.parse_args(sys.argv[1:])
@@ -36,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
 def test_build_tiny_arguments_reach_the_builder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     calls = []
-    monkeypatch.setattr("agentgrad.models.tiny.build_tiny_model",
+    monkeypatch.setattr("agentgrad.demo.tiny.build_tiny_model",
                         lambda output, **kw: calls.append((output, kw)) or Path(output))
     args = _parser().parse_args(["models", "build-tiny", "--output", str(tmp_path), "--steps", "7", "--seed", "3",
                                  "--threads", "1"])
@@ -49,13 +49,13 @@ def test_build_tiny_if_missing_keeps_a_current_cached_model(monkeypatch: pytest.
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    from agentgrad.models import tiny
+    from agentgrad.demo import tiny
 
     monkeypatch.setenv("AGENTGRAD_CACHE_DIR", str(tmp_path))
     cached = tiny.default_model_dir()
     cached.mkdir(parents=True)
     (cached / "agentgrad_build.json").write_text(json.dumps({"format": tiny.BUILD_FORMAT}))
-    monkeypatch.setattr("agentgrad.models.tiny.build_tiny_model", lambda *a, **kw: pytest.fail("rebuilt"))
+    monkeypatch.setattr("agentgrad.demo.tiny.build_tiny_model", lambda *a, **kw: pytest.fail("rebuilt"))
     args = _parser().parse_args(["models", "build-tiny", "--if-missing"])
     assert args.func(args) == 0
     assert capsys.readouterr().out.strip() == str(cached)

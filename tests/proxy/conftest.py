@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from agentgrad.proxy import LLMProxy
-from agentgrad.proxy.stub import StubUpstream, tool_reply
+from agentgrad.testing.stub import StubUpstream, tool_reply
 from agentgrad.store import open_store
 from agentgrad.store.protocol import Store
 from agentgrad.types import AttemptedRollout

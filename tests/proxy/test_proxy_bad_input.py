@@ -10,7 +10,7 @@ import pytest
 
 from agentgrad import semconv
 from agentgrad.proxy import LLMProxy
-from agentgrad.proxy.stub import StubUpstream
+from agentgrad.testing.stub import StubUpstream
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

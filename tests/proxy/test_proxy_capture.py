@@ -11,9 +11,9 @@ import pytest
 
 from agentgrad import semconv
 from agentgrad.context import RolloutContext, use_context
-from agentgrad.models.calc import CALCULATOR_TOOL
+from agentgrad.demo.calc import CALCULATOR_TOOL
 from agentgrad.proxy import LLMProxy
-from agentgrad.proxy.stub import STUB_MODEL, StubUpstream, decode
+from agentgrad.testing.stub import STUB_MODEL, StubUpstream, decode
 from agentgrad.store.protocol import Store
 from agentgrad.tracing import instrument
 from agentgrad.types import AttemptedRollout

@@ -15,7 +15,7 @@ import pytest
 
 from agentgrad import semconv
 from agentgrad.proxy import LLMProxy
-from agentgrad.proxy.stub import StubUpstream
+from agentgrad.testing.stub import StubUpstream
 from agentgrad.proxy.writer import FlushError, FlushTimeout
 from agentgrad.runner import Runner
 from agentgrad.store.protocol import Store

@@ -15,7 +15,7 @@ from opentelemetry.trace import Status, StatusCode  # noqa: E402
 
 from agentgrad import semconv  # noqa: E402
 from agentgrad.store.memory import MemoryStore  # noqa: E402
-from agentgrad.store.server import StoreServer  # noqa: E402
+from agentgrad.store.service.server import StoreServer  # noqa: E402
 
 
 @pytest.fixture

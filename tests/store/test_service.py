@@ -14,7 +14,7 @@ pytest.importorskip("fastapi")
 from agentgrad.errors import AlreadyExistsError, InvalidInputError, NotFoundError  # noqa: E402
 from agentgrad.store.client import StoreClient, StoreServiceError, StoreUnavailableError  # noqa: E402
 from agentgrad.store.memory import MemoryStore  # noqa: E402
-from agentgrad.store.server import StoreServer  # noqa: E402
+from agentgrad.store.service.server import StoreServer  # noqa: E402
 from agentgrad.types import Span  # noqa: E402
 
 TOKEN = "s3cret-token"
@@ -314,7 +314,7 @@ def test_wait_for_rollouts_wakes_on_completion(served, client):
 
 
 def test_server_caps_one_long_poll(served, http):
-    from agentgrad.store.routes import Context
+    from agentgrad.store.service.routes import Context
 
     assert Context(served.store, 60.0, lambda n: None).wait_limit(3600) == 60.0
     started = time.monotonic()
@@ -380,7 +380,7 @@ def test_unexpected_store_error_is_a_json_500():
 
 def test_client_uses_the_lean_pool_only_for_plain_http(monkeypatch):
     from agentgrad.store.client import _HttpxSender, _sender
-    from agentgrad.store.http1 import ConnectionPool
+    from agentgrad.http.transport import ConnectionPool
 
     for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(name, raising=False)
@@ -414,7 +414,7 @@ def test_client_encodes_models_exactly_as_model_dump_would():
 def test_coalescing_transport_sends_one_step_of_writes_at_once():
     import asyncio
 
-    from agentgrad.store.serving import _CoalescingTransport
+    from agentgrad.store.service.fastpath import _CoalescingTransport
 
     class Transport:
         def __init__(self) -> None:

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from agentgrad.store.memory import MemoryStore  # noqa: E402
-from agentgrad.store.server import create_app  # noqa: E402
+from agentgrad.store.service.server import create_app  # noqa: E402
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),

@@ -1,4 +1,4 @@
-"""The store service's HTTP protocol (agentgrad.store.serving): store calls answered straight from
+"""The store service's HTTP protocol (agentgrad.store.service.fastpath): store calls answered straight from
 the parser, and every request that path declines still answered as through ASGI, on raw sockets."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("fastapi")
 
 from agentgrad.store.memory import MemoryStore  # noqa: E402
-from agentgrad.store.server import StoreServer  # noqa: E402
+from agentgrad.store.service.server import StoreServer  # noqa: E402
 
 TOKEN = "t0ken"
 

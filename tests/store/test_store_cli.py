@@ -18,7 +18,7 @@ pytest.importorskip("uvicorn")
 SRC = Path(__file__).resolve().parents[2] / "src"
 HARNESS = (
     "import argparse, sys\n"
-    "from agentgrad.store.cli import add_commands\n"
+    "from agentgrad.cli.store import add_commands\n"
     "parser = argparse.ArgumentParser(prog='agentgrad')\n"
     "add_commands(parser.add_subparsers(dest='command', required=True))\n"
     "args = parser.parse_args(sys.argv[1:])\n"

@@ -6,34 +6,38 @@ import logging
 import signal
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from fastapi.responses import RedirectResponse
 
-from agentgrad.netutil import http_url, listening_socket
+from agentgrad.http.serve import http_url, listening_socket
 from agentgrad.dashboard.router import create_router
 from agentgrad.store.protocol import Store
 
 log = logging.getLogger(__name__)
 
 
-def mount(app: FastAPI, store: Store, *, token: str | None = None, prefix: str = "/dashboard",
-          **router_options: Any) -> None:
-    """Add the dashboard to ``app`` under ``prefix``, with ``/`` redirecting to it.
+def dashboard_router(store: Store, token: str | None = None, *, prefix: str = "/dashboard",
+                     **router_options: Any) -> APIRouter:
+    """The dashboard under ``prefix``, with ``/`` redirecting to it, as one router to include.
 
-    The dashboard checks the token itself (bearer header or the ``?token=`` browser login), so an
-    app with its own bearer-only gate must let ``/`` and ``prefix`` through it.
+    The store service takes it through ``create_app(extra_routers=...)`` (``agentgrad store serve``
+    composes the two). The dashboard checks the token itself (bearer header or the ``?token=``
+    browser login), so an app with its own bearer-only gate must let ``/`` and ``prefix`` through.
     """
-    app.include_router(create_router(store, token, prefix=prefix, **router_options))
+    router = APIRouter()
+    router.include_router(create_router(store, token, prefix=prefix, **router_options))
 
-    @app.get("/", include_in_schema=False)
+    @router.get("/", include_in_schema=False)
     def root() -> RedirectResponse:
         return RedirectResponse(f"{prefix}/rollouts")
+
+    return router
 
 
 def create_app(store: Store, *, token: str | None = None, prefix: str = "/dashboard", **router_options: Any) -> FastAPI:
     """An app serving only the dashboard (no store API)."""
     app = FastAPI(title="AgentGrad dashboard", docs_url=None, redoc_url=None, openapi_url=None)
-    mount(app, store, token=token, prefix=prefix, **router_options)
+    app.include_router(dashboard_router(store, token, prefix=prefix, **router_options))
     return app
 
 

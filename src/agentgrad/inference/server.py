@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentgrad.netutil import listening_socket
+from agentgrad.http.serve import listening_socket
 from agentgrad.inference.engine import Engine
 
 

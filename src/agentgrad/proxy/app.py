@@ -25,15 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import re
 import time
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -41,189 +38,27 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from agentgrad import semconv
-from agentgrad.proxy.capture import Api, CallContext, Capture, Requested, build_span, strip_for_client, upstream_body
-from agentgrad.proxy.errors import ProxyError, error_body
+from agentgrad.proxy.capture import Api, CallContext, Capture, Requested, strip_for_client, upstream_body
+from agentgrad.http.openai_errors import ProxyError, error_body
 from agentgrad.proxy.incoming import API_ROUTES, ROLLOUT_PREFIX, Incoming, api_route
 from agentgrad.proxy.jsonio import dumps, loads
 from agentgrad.proxy.relay import RelayResponse, responses_view
 from agentgrad.proxy.responses import to_chat_request
-from agentgrad.proxy.upstream import Upstream, UpstreamUnreachable
-from agentgrad.proxy.writer import FlushError, FlushTimeout, SpanWriter
+from agentgrad.http.upstream import UpstreamUnreachable
+from agentgrad.proxy.state import DEFAULT_MAX_BODY_BYTES, Call, ProxyState, RecordMode
+from agentgrad.proxy.writer import FlushError, FlushTimeout
 
 if TYPE_CHECKING:
     from agentgrad.store.protocol import Store
-    from agentgrad.types import Span
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 _JSON = "application/json"
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$")
-_RETRIES_REMEMBERED = 4096
 _UPSTREAM_PATH = {"chat": "/chat/completions", "responses": "/chat/completions", "completions": "/completions"}
-RecordMode = Literal["async", "sync"]
 #: The context headers, as :class:`Incoming` names them (lowercase).
 _ROLLOUT_ID, _ATTEMPT_ID, _AGENT_NAME, _PARENT_ID = (name.lower() for name in (
     semconv.HEADER_ROLLOUT_ID, semconv.HEADER_ATTEMPT_ID, semconv.HEADER_AGENT_NAME, semconv.HEADER_PARENT_ID))
-
-
-@dataclass
-class ProxyMetrics:
-    """Counters exposed at ``/metrics`` and on :attr:`LLMProxy.metrics`.
-
-    ``unattributed`` (calls with no rollout: forwarded, not recorded) and ``missing_token_ids``
-    (recorded calls the upstream gave no token ids for: untrainable) are the ones to watch — both
-    mean an agent is producing no training data. ``store_errors`` counts spans lost after retries,
-    ``store_retries`` retried store writes, ``store_batches`` store transactions (one per batch of
-    spans in ``async`` record mode).
-    """
-
-    calls: int = 0
-    recorded: int = 0
-    unattributed: int = 0
-    missing_token_ids: int = 0
-    retries_deduplicated: int = 0
-    rejected: int = 0
-    upstream_errors: int = 0
-    upstream_unreachable: int = 0
-    store_errors: int = 0
-    store_batches: int = 0
-    store_retries: int = 0
-    streams_aborted: int = 0
-    attempts: set[tuple[str, str]] = field(default_factory=set, repr=False)
-
-    def as_dict(self) -> dict[str, int]:
-        values = {k: v for k, v in vars(self).items() if isinstance(v, int)}
-        values["attempts_with_calls"] = len(self.attempts)
-        return values
-
-
-class ProxyState:
-    """Everything the routes share: the store, the upstream client, counters, retry memory."""
-
-    def __init__(self, store: Store, upstream_url: str, *, model: str | None = None,
-                 upstream_api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                 upstream_timeout: float = 600.0, record_mode: RecordMode = "async",
-                 write_linger: float = 0.0) -> None:
-        if record_mode not in ("async", "sync"):
-            raise ValueError(f"record_mode must be 'async' or 'sync', got {record_mode!r}")
-        self.store = store
-        self.record_mode = record_mode
-        self.upstream_url = upstream_url.rstrip("/")
-        self.model = model
-        self.upstream_api_key = upstream_api_key
-        self.max_body_bytes = max_body_bytes
-        self.upstream_timeout = upstream_timeout
-        self.metrics = ProxyMetrics()
-        self.writer = SpanWriter(store, self.metrics, linger=write_linger)
-        self.client: Upstream | None = None
-        self._served: list[str] | None = None
-        self._recent: OrderedDict[tuple[str, str, bytes], str] = OrderedDict()
-
-    # ---- upstream --------------------------------------------------------------------------------
-    def http(self) -> Upstream:
-        if self.client is None:  # created on the serving loop (lifespan), or lazily in tests
-            self.client = Upstream(self.upstream_url, timeout=self.upstream_timeout)
-        return self.client
-
-    def headers(self, client: Mapping[str, str]) -> dict[str, str]:
-        """The upstream request's headers, given the client's."""
-        headers = {"content-type": _JSON}
-        auth = f"Bearer {self.upstream_api_key}" if self.upstream_api_key else client.get("authorization")
-        if auth:
-            headers["authorization"] = auth
-        return headers
-
-    async def served_model(self, asked: Any) -> str | None:
-        """The upstream model for a requested name: kept if served, else the first served model.
-
-        Frameworks insist on names they know (LlamaIndex, CrewAI via env vars); the engine may
-        serve any name. Asked once per proxy; if the upstream has no ``/models``, names pass as is.
-        """
-        if self.model is not None:
-            return self.model
-        if self._served is None:
-            try:
-                response = await self.http().request("GET", "/models")
-                body = await response.read()
-                self._served = [m["id"] for m in json.loads(body)["data"]] if response.status_code == 200 else []
-            except (UpstreamUnreachable, ValueError, KeyError, TypeError):
-                self._served = []
-        if not self._served or asked in self._served:
-            return asked if isinstance(asked, str) else (self._served[0] if self._served else None)
-        return self._served[0]
-
-    # ---- capture ---------------------------------------------------------------------------------
-    def span_id_for(self, context: CallContext, headers: Mapping[str, str], raw: bytes) -> str | None:
-        """Reuse the span id of the first try when the openai SDK retries the same body.
-
-        The store keeps the first copy of a span id, so a retry of a call that was already
-        recorded (e.g. the client timed out reading it) does not count twice.
-        """
-        key = (context.rollout_id, context.attempt_id, hashlib.blake2b(raw, digest_size=16).digest())
-        retry = headers.get("x-stainless-retry-count", "0")
-        if retry not in ("", "0") and key in self._recent:
-            self.metrics.retries_deduplicated += 1
-            return self._recent[key]
-        span_id = hashlib.blake2b(key[2] + time.time_ns().to_bytes(8, "little"), digest_size=8).hexdigest()
-        self._recent[key] = span_id
-        if len(self._recent) > _RETRIES_REMEMBERED:
-            self._recent.popitem(last=False)
-        return span_id
-
-    def drop(self, call: _Call) -> None:
-        """The call ends without a span (error, aborted stream): release it from the flush barrier."""
-        if call.key is not None and call.open:
-            call.open = False
-            self.writer.cancel(call.key)
-
-    async def record(self, call: _Call, answer: Callable[[], tuple[dict[str, Any], Capture]], *,
-                     streamed: bool) -> None:
-        """Hand the call's span to the writer (``async``) or store it now (``sync``).
-
-        ``answer`` gives the response as the client saw it and its capture; it is called where the
-        span is built (the writer thread in ``async`` mode), so a passed-through answer is parsed there.
-        """
-        key, context = call.key, call.context
-        if key is None or context is None or not call.open:
-            return
-        call.open = False
-        ended = time.time()
-
-        def make_span() -> Span:
-            response, capture = answer()
-            if capture.prompt_token_ids is None or capture.completion_token_ids is None:
-                self.metrics.missing_token_ids += 1
-                log.warning("upstream %s returned no token ids for a call of rollout %s: the call is stored but "
-                            "cannot be trained on (does the engine support return_token_ids?)",
-                            self.upstream_url, context.rollout_id)
-            return build_span(context, call.api, call.body, response, capture, streamed=streamed,
-                              started=call.started, translated=call.chat if call.api == "responses" else None,
-                              span_id=call.span_id, ended=ended)
-
-        if self.record_mode == "async":
-            self.writer.submit(key, make_span)
-            return
-        try:  # a SQL commit must not stall the loop
-            await asyncio.to_thread(self.writer.write_now, key, make_span)
-        except Exception:  # the agent still gets its answer; the writer counted and logged the loss
-            return
-
-
-@dataclass
-class _Call:
-    """One client request on its way through the proxy."""
-
-    api: Api
-    body: dict[str, Any]
-    chat: dict[str, Any]
-    asked: Requested
-    context: CallContext | None
-    started: float
-    span_id: str | None = None
-    key: tuple[str, str] | None = None  # (rollout_id, attempt_id) of a recorded call
-    open: bool = False  # accepted by the flush barrier, span not yet handed over
-    streaming: bool = False  # the relayed stream's response owns the call from here
 
 
 def call_context(request: Incoming) -> CallContext | None:
@@ -284,7 +119,7 @@ async def _handle(state: ProxyState, request: Incoming, api: Api) -> Response:
         state.metrics.rejected += 1
         return _error(exc)
     context = call_context(request)
-    call = _Call(api=api, body=body, chat=chat, asked=Requested.of(body), context=context, started=started)
+    call = Call(api=api, body=body, chat=chat, asked=Requested.of(body), context=context, started=started)
     if context is None:
         state.metrics.unattributed += 1
     else:
@@ -299,7 +134,7 @@ async def _handle(state: ProxyState, request: Incoming, api: Api) -> Response:
             state.drop(call)  # no-op once recorded; a stream's response settles it when it ends
 
 
-async def _forward(state: ProxyState, request: Incoming, call: _Call) -> Response:
+async def _forward(state: ProxyState, request: Incoming, call: Call) -> Response:
     sent = upstream_body(call.chat, "completions" if call.api == "completions" else "chat",
                          await state.served_model(call.chat.get("model")))
     try:

@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from agentgrad.proxy.capture import Api
-from agentgrad.proxy.errors import ProxyError
+from agentgrad.http.openai_errors import ProxyError
 
 #: The API routes, each also under :data:`ROLLOUT_PREFIX`.
 API_ROUTES: dict[str, Api] = {"/v1/chat/completions": "chat", "/v1/responses": "responses",

@@ -15,8 +15,8 @@ from agentgrad.proxy.jsonio import dumps, loads
 from agentgrad.proxy.responses import ResponsesStreamWriter, from_chat_completion
 
 if TYPE_CHECKING:
-    from agentgrad.proxy.app import ProxyState, _Call
-    from agentgrad.proxy.upstream import UpstreamResponse
+    from agentgrad.proxy.state import Call, ProxyState
+    from agentgrad.http.upstream import UpstreamResponse
 
 _HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 
@@ -31,7 +31,7 @@ class RelayResponse:
     stream on the project machine and sends the first event a loop turn later.
     """
 
-    def __init__(self, state: ProxyState, call: _Call, upstream: UpstreamResponse) -> None:
+    def __init__(self, state: ProxyState, call: Call, upstream: UpstreamResponse) -> None:
         self._state, self._call, self._upstream = state, call, upstream
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -66,7 +66,7 @@ async def _disconnect(receive: Any) -> None:
         pass
 
 
-def responses_view(call: _Call, completion: dict[str, Any], capture: Capture,
+def responses_view(call: Call, completion: dict[str, Any], capture: Capture,
                    writer: ResponsesStreamWriter | None = None) -> dict[str, Any]:
     """A chat completion as the Responses-API object the client of a ``/v1/responses`` call sees."""
     view = writer.final_response(completion) if writer else from_chat_completion(call.body, completion)
@@ -91,7 +91,7 @@ def _sse_data(event: bytes) -> bytes | None:
     return b"\n".join(lines) if lines else None
 
 
-async def _relay(state: ProxyState, call: _Call, response: UpstreamResponse) -> AsyncIterator[bytes]:
+async def _relay(state: ProxyState, call: Call, response: UpstreamResponse) -> AsyncIterator[bytes]:
     """Pass a stream through event by event while accumulating it; record before the last event."""
     accumulator = StreamAccumulator("completions" if call.api == "completions" else "chat")
     writer = ResponsesStreamWriter(call.body) if call.api == "responses" else None

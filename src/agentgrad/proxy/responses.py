@@ -16,7 +16,7 @@ import time
 import uuid
 from typing import Any
 
-from agentgrad.proxy.errors import ProxyError
+from agentgrad.http.openai_errors import ProxyError
 
 #: Responses request fields copied to the chat request under the same name.
 _SAME_NAME = ("temperature", "top_p", "parallel_tool_calls", "stream", "seed", "stop", "user")

@@ -10,8 +10,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from agentgrad.netutil import listening_socket
-from agentgrad.proxy.app import ProxyMetrics, create_proxy_app
+from agentgrad.http.serve import listening_socket
+from agentgrad.proxy.app import create_proxy_app
+from agentgrad.proxy.metrics import ProxyMetrics
 from agentgrad.proxy.hooks import rollout_endpoint
 
 if TYPE_CHECKING:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agentgrad.proxy.app import ProxyMetrics
+    from agentgrad.proxy.metrics import ProxyMetrics
     from agentgrad.store.protocol import Store
     from agentgrad.types import Span
 

@@ -12,7 +12,7 @@ error body). On top of that it survives a flaky network:
   polls, repeated until the caller's deadline — never client busy-polling.
 
 One pool of HTTP/1.1 keep-alive connections serves every thread: the lean one of
-:mod:`agentgrad.store.http1` for plain ``http://`` URLs, an ``httpx.Client`` for ``https://``, for
+:mod:`agentgrad.http.transport` for plain ``http://`` URLs, an ``httpx.Client`` for ``https://``, for
 a proxy named by the environment, or when a custom httpx transport is given.
 """
 
@@ -33,8 +33,9 @@ import httpx
 from pydantic import BaseModel, TypeAdapter
 
 from agentgrad.errors import AgentGradError, InvalidInputError
-from agentgrad.store import TOKEN_ENV, wire
-from agentgrad.store.http1 import ConnectionPool
+from agentgrad.store import TOKEN_ENV
+from agentgrad.store.service import wire
+from agentgrad.http.transport import ConnectionPool
 from agentgrad.store.core import evolved
 from agentgrad.store.jsoncheck import normalize_json, normalize_span
 from agentgrad.store.protocol import RolloutFilter, RolloutRequest, Store

@@ -1,0 +1,88 @@
+"""``agentgrad serve-model``: serve a model over an OpenAI-compatible API (local engine or vLLM).
+
+The main CLI wires these in with :func:`add_commands`; each parser's ``func`` takes the parsed
+arguments and returns an exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("agentgrad.inference")
+
+
+def add_commands(subparsers: Any) -> None:
+    """Register ``serve-model`` on an argparse sub-parsers action."""
+    serve = subparsers.add_parser("serve-model", help="serve a model over an OpenAI-compatible API")
+    serve.add_argument("model", metavar="MODEL_DIR", help="a Hugging Face model directory, or 'tiny'")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--engine", choices=("hf", "vllm"), default="hf")
+    serve.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (hf engine)")
+    serve.add_argument("--max-batch-size", type=int, default=32)
+    serve.add_argument("--served-model-name", default=None)
+    serve.set_defaults(func=serve_model)
+
+
+def _resolve_model(name: str) -> str:
+    if name == "tiny":
+        from agentgrad.demo.tiny import ensure_tiny_model
+
+        return str(ensure_tiny_model())
+    return name
+
+
+def serve_model(args: argparse.Namespace) -> int:
+    """Serve until SIGINT/SIGTERM; logs the endpoint it listens on."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    model = _resolve_model(args.model)
+    if args.engine == "vllm":
+        return _serve_vllm(args, model)
+    import threading
+
+    from agentgrad.inference.engine import Engine
+    from agentgrad.inference.server import ModelServer
+
+    try:
+        engine = Engine(model, device=args.device, max_batch_size=args.max_batch_size)
+    except OSError as exc:
+        print(f"error: cannot load model {args.model!r}: {exc}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    server = ModelServer(engine, args.host, args.port, served_model_name=args.served_model_name)
+    try:
+        url = server.start()
+        log.info("serving %s (version %s) at %s", args.served_model_name or Path(model).name,
+                 engine.model_version, url)
+        stop.wait()
+    finally:
+        server.stop()
+        engine.close()
+    log.info("model server stopped")
+    return 0
+
+
+def _serve_vllm(args: argparse.Namespace, model: str) -> int:
+    from agentgrad.inference.vllm import launch_vllm
+
+    try:
+        proc, url = launch_vllm(model, host=args.host, port=args.port, served_model_name=args.served_model_name)
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    log.info("vLLM serving %s at %s", model, url)
+    print(url, flush=True)
+
+    def forward(signum: int, frame: Any) -> None:
+        proc.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    return proc.wait()

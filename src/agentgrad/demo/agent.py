@@ -1,0 +1,58 @@
+"""A calculator agent written with the plain OpenAI client — nothing AgentGrad-specific inside.
+
+The loop: ask the model (with the calculator tool), run the tool calls it makes, ask again, and
+score the final answer. AgentGrad only provides ``llm`` (endpoint, model name, sampling settings)
+and captures the calls through its proxy; the function returns the reward.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from openai import OpenAI
+
+import agentgrad
+from agentgrad.demo.calc import CALCULATOR_TOOL, SYSTEM_PROMPT, check_answer, generate_problems, run_calculator
+from agentgrad.types import LLM
+
+MAX_TURNS = 3
+MAX_TOKENS = 64
+
+
+def _client(llm: LLM) -> OpenAI:
+    return OpenAI(base_url=llm.endpoint, api_key=llm.api_key or "not-needed", max_retries=0, timeout=120)
+
+
+@agentgrad.rollout
+def calc_agent(task: dict[str, Any], llm: LLM) -> float:
+    """Solve one arithmetic question with the calculator tool; 1.0 if the answer is right."""
+    client = _client(llm)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT},
+                                      {"role": "user", "content": task["question"]}]
+    for _ in range(MAX_TURNS):
+        response = client.chat.completions.create(
+            model=llm.model, messages=messages, tools=[CALCULATOR_TOOL],
+            temperature=llm.sampling.get("temperature", 1.0), max_tokens=llm.sampling.get("max_tokens", MAX_TOKENS),
+        )
+        message = response.choices[0].message
+        if not message.tool_calls:
+            return 1.0 if check_answer(message.content or "", task["answer"]) else 0.0
+        messages.append({"role": "assistant", "content": message.content, "tool_calls": [
+            {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+            for c in message.tool_calls]})
+        for call in message.tool_calls:
+            try:
+                expression = json.loads(call.function.arguments).get("expression", "")
+            except (ValueError, AttributeError):
+                expression = ""
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": run_calculator(str(expression))})
+    return 0.0  # ran out of turns without a final answer
+
+
+def train_tasks(n: int = 2000, seed: int = 0) -> list[dict[str, Any]]:
+    return generate_problems(n, seed, "train")
+
+
+def val_tasks(n: int = 64, seed: int = 0) -> list[dict[str, Any]]:
+    return generate_problems(n, seed, "val")

@@ -1,0 +1,478 @@
+"""The embedded tiny model: a Qwen2-architecture causal LM the project builds itself.
+
+It makes the whole project run — and visibly learn — on a 2-core machine with no downloads:
+a byte-level BPE tokenizer trained on the calculator task's text, a Qwen2.5-style chat template
+with tools, and a 0.9M-parameter Qwen2 model warmed up by SFT on the calculator task.
+
+The warm-up gives the model a realistic bad habit for RL to cure: many of its conversations
+answer straight away ("The answer is 799.") instead of calling the calculator — most of those
+whose question spells the operator out ("47 times 17"), a few of the others. The model learns
+to use the tool competently but, greedy, skips it for questions in words and guesses badly:
+38–48% greedy success overall (it varies with library versions), far better with the tool.
+Learning from rewards removes exactly this kind of mistake (see docs/models.md).
+
+The output is an ordinary Hugging Face model directory; it is loaded through
+``AutoTokenizer``/``AutoModelForCausalLM`` exactly like a user's own model.
+Requires transformers >= 4.51 (tested with 5.x, whose tokenizer class is ``TokenizersBackend``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from agentgrad.demo import calc
+from agentgrad.demo.template import CHAT_TEMPLATE
+from agentgrad.demo.threads import AdaptiveThreads
+
+
+TINY_NAME = "tiny-calc"
+VOCAB_SIZE = 640
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Added (non-special) tokens, as in Qwen2.5: they survive skip_special_tokens decoding, and they
+# are pre-tokenization boundaries, which keeps tokenize(a + b) == tokenize(a) + tokenize(b) at
+# every turn boundary of the chat template.
+TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+
+MODEL_CONFIG: dict[str, Any] = {
+    "hidden_size": 128,
+    "intermediate_size": 384,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 1024,
+    "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+}
+# Qwen2's pre-tokenization regex (transformers' ``Qwen2Tokenizer`` applies it on load).
+QWEN2_PRETOKENIZE_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+BUILD_FORMAT = 6  # bump when the recipe changes, so cached models are rebuilt
+DEFAULT_WARMUP_STEPS = 1100
+#: The warm-up's last steps, where the learning rate decays and direct answers are mixed in.
+#: Before them the model sees only tool-using conversations at a constant rate: copying numbers
+#: into the call and back is an abrupt, fragile skill for a model this small (it appears around
+#: step 450–750), and mixing direct answers in from the start delayed it past 1,000 steps.
+DEFAULT_HABIT_STEPS = 400
+#: The tool-only phase goes on past ``warmup_steps - habit_steps`` until greedy calls on the
+#: validation problems succeed this often (probed every ``SKILL_PROBE_EVERY`` steps), at most
+#: ``MAX_EXTRA_TOOL_STEPS`` more: when the skill appears varies with library versions' numerics
+#: (one build had it by step 700, another not by 750), and the habit phase needs it formed.
+SKILL_THRESHOLD = 0.9
+SKILL_PROBE_EVERY = 50
+#: How often (steps) a build with ``threads=None`` re-decides its torch thread count.
+ADAPT_THREADS_EVERY = 25
+MAX_EXTRA_TOOL_STEPS = 800
+#: Share of warm-up conversations that answer without the calculator (the habit RL removes),
+#: for questions that spell the operator out and for those that write it as a symbol.
+DIRECT_ANSWER_RATE = {"words": 0.75, "symbols": 0.25}
+
+
+def default_model_dir() -> Path:
+    """Where the default tiny model lives: ``$AGENTGRAD_CACHE_DIR/models/tiny-calc``, else
+    ``$XDG_CACHE_HOME/agentgrad/models/tiny-calc``, else ``~/.cache/agentgrad/models/tiny-calc``."""
+    root = os.environ.get("AGENTGRAD_CACHE_DIR")
+    if root:
+        base = Path(root).expanduser()
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        base = (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "agentgrad"
+    return base / "models" / TINY_NAME
+
+
+def ensure_tiny_model(threads: int | None = None) -> Path:
+    """The default tiny model's directory, building it first (≈ 5–11 min on 2 cores) if missing
+    or built by an older recipe (``BUILD_FORMAT`` in ``agentgrad_build.json``).
+
+    Concurrent callers (a build started in the background, a test, a second demo) take turns on
+    a lock file beside the model, so one builds and the others wait for it and reuse its result.
+    """
+    path = default_model_dir()
+    with _build_lock(path.with_name(f".{path.name}.lock")):
+        if not _is_current(path):
+            build_tiny_model(path, threads=threads)
+    return path
+
+
+def _is_current(path: Path) -> bool:
+    try:
+        return json.loads((path / "agentgrad_build.json").read_text()).get("format") == BUILD_FORMAT
+    except (OSError, ValueError):
+        return False
+
+
+@contextlib.contextmanager
+def _build_lock(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``lock_path``, saying so when another process holds it."""
+    import fcntl
+
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another process building the tiny model (lock {lock_path})", flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _corpus(n: int, seed: int) -> list[str]:
+    """Rendered conversations (and variants without tools) to train the tokenizer on."""
+    problems = calc.generate_problems(n, seed, "train")
+    texts = []
+    for p in problems:
+        expression = calc.expression_of(p["question"])
+        texts.append(_render(_conversation(p, expression), tools=True))
+    texts.append(_render([{"role": "user", "content": "Hello! How are you today?"}], tools=False))
+    return texts
+
+
+def _conversation(problem: dict[str, Any], expression: str, direct: bool = False) -> list[dict[str, Any]]:
+    """The messages an openai-client agent sends in the calculator loop, final answer included
+    (``direct``: the model answers at once, without the tool)."""
+    arguments = json.dumps({"expression": expression})
+    question = [{"role": "system", "content": calc.SYSTEM_PROMPT}, {"role": "user", "content": problem["question"]}]
+    if direct:
+        return [*question, {"role": "assistant", "content": calc.final_answer_text(problem["answer"])}]
+    return [
+        *question,
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_0", "type": "function", "function": {"name": "calculator", "arguments": json.loads(arguments)}}
+        ]},
+        {"role": "tool", "tool_call_id": "call_0", "content": calc.run_calculator(expression)},
+        {"role": "assistant", "content": calc.final_answer_text(problem["answer"])},
+    ]
+
+
+def _render(messages: list[dict[str, Any]], *, tools: bool, add_generation_prompt: bool = False) -> str:
+    """Render with the chat template through the same jinja environment transformers uses."""
+    return _render_many([messages], tools=tools, add_generation_prompt=add_generation_prompt)[0]
+
+
+def _render_many(conversations: list[list[dict[str, Any]]], *, tools: bool,
+                 add_generation_prompt: bool = False) -> list[str]:
+    """``_render`` for many conversations in one call (the tool schema is prepared once)."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    rendered, _ = render_jinja_template(
+        conversations=conversations, tools=[calc.CALCULATOR_TOOL] if tools else None,
+        chat_template=CHAT_TEMPLATE, add_generation_prompt=add_generation_prompt,
+    )
+    return rendered
+
+
+def build_tokenizer(output_dir: str | Path, *, seed: int = 0) -> Any:
+    """Train the byte-level BPE tokenizer and save it (with the chat template) to ``output_dir``.
+
+    The pipeline is Qwen2's (NFC, Qwen2's pre-tokenization regex, byte-level BPE) because
+    transformers 5 rebuilds exactly that pipeline for any ``model_type: qwen2`` directory; it
+    also isolates digits, so numbers are copied digit by digit, which a tiny model learns well.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.normalizer = normalizers.NFC()
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE - len(TOOL_TOKENS), special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    bpe.train_from_iterator(_corpus(600, seed), trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        additional_special_tokens=None, model_max_length=MODEL_CONFIG["max_position_embeddings"],
+    )
+    tokenizer.add_tokens(TOOL_TOKENS)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(str(output_dir))
+    return tokenizer
+
+
+def _write_model(output_dir: Path, tokenizer: Any, seed: int) -> Any:
+    """Create the random-initialised Qwen2 model matching ``tokenizer`` and save it."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), bos_token_id=None, eos_token_id=im_end, pad_token_id=pad,
+        **MODEL_CONFIG,
+    )
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(eos_token_id=[im_end, pad], pad_token_id=pad)
+    model.save_pretrained(str(output_dir))
+    return model
+
+
+def random_tiny_model(output_dir: str | Path, *, seed: int = 0) -> Path:
+    """A random-initialised copy of the tiny model (same tokenizer and config), in < 1 s.
+
+    For tests: everything loads and serves like the real one; the outputs are just noise.
+    """
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(out, seed=seed)
+    _write_model(out, tokenizer, seed)
+    return out
+
+
+def encode_sample(tokenizer: Any, problem: dict[str, Any], direct: bool = False) -> tuple[list[int], list[int]]:
+    """(token ids, loss mask) of one calculator conversation, rendered by the chat template.
+
+    The sequence is built turn by turn — prompt as the server tokenizes it, then the completion
+    the model would generate, ending in ``<|im_end|>`` — so the warm-up teaches exactly the
+    token sequences an openai-client agent meets through the server.
+    """
+    return encode_samples(tokenizer, [problem], [direct])[0]
+
+
+def encode_samples(tokenizer: Any, problems: list[dict[str, Any]],
+                   direct: list[bool]) -> list[tuple[list[int], list[int]]]:
+    """``encode_sample`` for many conversations: every text is rendered first and tokenized in one
+    batch call (parallel in the tokenizers library): 1.45 instead of 2.3 ms a conversation with
+    the second core busy, and the build encodes ≈ 30k of them."""
+    expressions = [calc.expression_of(p["question"]) for p in problems]
+    conversations = [_conversation(p, e, d) for p, e, d in zip(problems, expressions, direct, strict=True)]
+    turns = [(i, turn) for i, messages in enumerate(conversations) for turn in range(2, len(messages), 2)]
+    prompts = _render_many([conversations[i][:turn] for i, turn in turns], tools=True, add_generation_prompt=True)
+    completions = [conversations[i][turn]["content"] or calc.tool_call_text(expressions[i]) for i, turn in turns]
+    prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    completion_ids = tokenizer(completions, add_special_tokens=False)["input_ids"]
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    samples: list[tuple[list[int], list[int]]] = [([], []) for _ in problems]
+    for (i, _), prompt, completion in zip(turns, prompt_ids, completion_ids, strict=True):
+        ids, mask = samples[i]
+        if prompt[: len(ids)] != ids:
+            raise AssertionError("chat template re-tokenization is not prefix-stable")
+        completion = completion + [im_end]
+        new_prompt = prompt[len(ids):]
+        samples[i] = (ids + new_prompt + completion, mask + [0] * len(new_prompt) + [1] * len(completion))
+    return samples
+
+
+def _suffixes(tokenizer: Any, problems: list[dict[str, Any]], prefix: list[int],
+              direct: list[bool]) -> list[tuple[list[int], list[int]]]:
+    """Training samples without the shared system turn (run once per batch instead)."""
+    samples = encode_samples(tokenizer, problems, direct)
+    if any(ids[:len(prefix)] != prefix for ids, _ in samples):
+        raise AssertionError("conversations must start with the shared system turn")
+    return [(ids[len(prefix):], mask[len(prefix):]) for ids, mask in samples]
+
+
+def evaluate_greedy(model: Any, tokenizer: Any, problems: list[dict[str, Any]], batch_size: int = 64) -> dict[str, float]:
+    """Greedy behaviour of the calculator loop, run in-process with ``generate``: ``success``
+    (task success), ``tool_use`` (share of problems where the model called the calculator) and
+    ``tool_success`` (success among those).
+
+    Mirrors what an agent does through the server (same template, same calculator), so the
+    build can report what RL will start from without starting a server.
+    """
+    import torch
+
+    from agentgrad.inference.toolcalls import parse_tool_calls
+
+    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    successes = tool_uses = tool_successes = 0
+    model.eval()
+    for start in range(0, len(problems), batch_size):
+        batch = problems[start:start + batch_size]
+        convs = [[{"role": "system", "content": calc.SYSTEM_PROMPT}, {"role": "user", "content": p["question"]}]
+                 for p in batch]
+        finals: list[str | None] = [None] * len(batch)
+        for _turn in range(2):
+            live = [i for i, f in enumerate(finals) if f is None and convs[i][-1]["role"] != "assistant"]
+            if not live:
+                break
+            texts = [_render(convs[i], tools=True, add_generation_prompt=True) for i in live]
+            enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+            with torch.no_grad():
+                out = model.generate(**enc, max_new_tokens=48, do_sample=False,
+                                     pad_token_id=tokenizer.pad_token_id)
+            for row, i in enumerate(live):
+                text = tokenizer.decode(out[row, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+                content, calls = parse_tool_calls(text)
+                if calls:
+                    args = calls[0]["function"]["arguments"]
+                    try:
+                        expression = json.loads(args).get("expression", "")
+                    except (ValueError, AttributeError):
+                        expression = ""
+                    convs[i].append({"role": "assistant", "content": content, "tool_calls": calls})
+                    convs[i].append({"role": "tool", "tool_call_id": calls[0]["id"],
+                                     "content": calc.run_calculator(str(expression))})
+                else:
+                    finals[i] = text
+        for conv, final, problem in zip(convs, finals, batch):
+            ok = calc.check_answer(final or "", problem["answer"])
+            used_tool = len(conv) > 2
+            successes += ok
+            tool_uses += used_tool
+            tool_successes += ok and used_tool
+    tokenizer.padding_side = padding_side
+    n = max(1, len(problems))
+    return {"success": successes / n, "tool_use": tool_uses / n, "tool_success": tool_successes / max(1, tool_uses)}
+
+
+def _habit_start(model: Any, tokenizer: Any, val: list[dict[str, Any]], step: int, planned: int,
+                 progress: bool, evaluated: dict[str, float] | None) -> int | None:
+    """``step`` if the tool-only phase may end there (the skill has formed, or the extension is
+    used up), else None: keep training on tool calls and ask again ``SKILL_PROBE_EVERY`` later.
+    ``evaluated``: the periodic evaluation of this very step, if there was one."""
+    if planned == 0 or step >= planned + MAX_EXTRA_TOOL_STEPS:
+        return step
+    if (step - planned) % SKILL_PROBE_EVERY:
+        return None
+    skill = (evaluated or evaluate_greedy(model, tokenizer, val))["tool_success"]
+    if skill >= SKILL_THRESHOLD:
+        return step
+    if progress:
+        print(f"step {step:4d}  greedy tool calls succeed {skill:.2f} < {SKILL_THRESHOLD}: "
+              "more tool-only steps", flush=True)
+    return None
+
+
+def build_tiny_model(
+    output_dir: str | Path | None = None,
+    *,
+    warmup_steps: int = DEFAULT_WARMUP_STEPS,
+    seed: int = 0,
+    progress: bool = True,
+    batch_size: int = 32,
+    eval_every: int = 250,
+    habit_steps: int = DEFAULT_HABIT_STEPS,
+    threads: int | None = None,
+) -> Path:
+    """Build the tiny model with its SFT warm-up into ``output_dir`` (default: the cache dir).
+
+    Trains on ``batch_size`` conversations per step for ``warmup_steps`` steps: tool-using ones
+    at a constant learning rate, then, for the last ``habit_steps``, a mix where some answer
+    without the tool (``DIRECT_ANSWER_RATE``) while the rate decays to a tenth (cosine). The
+    tool-only phase is extended until the calculator skill has formed (``SKILL_THRESHOLD``), so
+    the total can exceed ``warmup_steps`` by up to ``MAX_EXTRA_TOOL_STEPS``. Every
+    ``eval_every`` steps and at the end it reports greedy behaviour on 128 validation problems
+    (also written to ``agentgrad_build.json``). Seeds are fixed, so a build is reproducible on a
+    given machine with the same library versions (the thread count does not matter).
+    ``threads``: torch threads; None follows the machine's load (``models/threads.py``), which
+    lets a build share a small machine with other work. Written atomically: a half-built model
+    never sits in the cache.
+    """
+    import math
+
+    import torch
+
+    out = Path(output_dir) if output_dir is not None else default_model_dir()
+    started = time.monotonic()
+    random.seed(seed)
+    torch.manual_seed(seed)
+    previous_threads = torch.get_num_threads()
+    adaptive = AdaptiveThreads() if threads is None else None
+    if adaptive is None:
+        torch.set_num_threads(threads)
+    else:
+        adaptive.decide()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tiny-build-", dir=out.parent))
+    try:
+        tokenizer = build_tokenizer(tmp, seed=seed)
+        model = _write_model(tmp, tokenizer, seed)
+        pad = tokenizer.pad_token_id
+        train = calc.generate_problems(20_000, seed, "train")
+        val = calc.generate_problems(128, seed, "val")
+        rng = random.Random(seed)
+        # Every conversation starts with the same system + tools turn: run it once per step and
+        # share its KV cache across the batch (≈ 3× faster than padding full sequences).
+        prefix = tokenizer.encode(_render([{"role": "system", "content": calc.SYSTEM_PROMPT}], tools=True),
+                                  add_special_tokens=False)
+        answers_directly = [rng.random() < DIRECT_ANSWER_RATE["words" if calc.in_words(p["question"]) else "symbols"]
+                            for p in train]
+        with_tool = _suffixes(tokenizer, train, prefix, [False] * len(train))
+        direct = iter(_suffixes(tokenizer, [p for p, d in zip(train, answers_directly) if d], prefix,
+                                [True] * sum(answers_directly)))
+        mixed = [next(direct) if d else tool_sample for d, tool_sample in zip(answers_directly, with_tool)]
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01, betas=(0.9, 0.98))
+        warmup, tool_steps = 50, max(0, warmup_steps - habit_steps)
+        decay_from: int | None = None  # the step the habit phase starts at, once it is decided
+
+        def lr_factor(s: int) -> float:
+            progress = 0.0 if decay_from is None else min(1.0, max(0, s - decay_from) / max(1, habit_steps))
+            return min(1.0, (s + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+        step = 0
+        report: dict[str, float] = {}
+        order: list[int] = []
+        prefix_ids = torch.tensor([prefix])
+        while decay_from is None or step < decay_from + habit_steps:
+            step += 1
+            if decay_from is None and step > tool_steps:
+                decay_from = _habit_start(model, tokenizer, val, step - 1, tool_steps, progress,
+                                          report if (step - 1) % eval_every == 0 else None)
+            model.train()
+            suffixes = with_tool if decay_from is None else mixed
+            if len(order) < batch_size:
+                order = list(range(len(suffixes)))
+                rng.shuffle(order)
+            batch = [suffixes[order.pop()] for _ in range(batch_size)]
+            width = max(len(ids) for ids, _ in batch)
+            input_ids = torch.full((batch_size, width), pad)
+            labels = torch.full((batch_size, width), -100)
+            attention = torch.zeros((batch_size, len(prefix) + width), dtype=torch.long)
+            attention[:, :len(prefix)] = 1
+            for row, (ids, mask) in enumerate(batch):
+                input_ids[row, :len(ids)] = torch.tensor(ids)
+                attention[row, len(prefix):len(prefix) + len(ids)] = 1
+                labels[row, :len(ids)] = torch.tensor([t if m else -100 for t, m in zip(ids, mask)])
+            cache = model(input_ids=prefix_ids, use_cache=True).past_key_values
+            cache.batch_repeat_interleave(batch_size)
+            loss = model(input_ids=input_ids, attention_mask=attention, past_key_values=cache, labels=labels).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad(set_to_none=True)
+            if step % eval_every == 0 or (decay_from is not None and step == decay_from + habit_steps):
+                report = evaluate_greedy(model, tokenizer, val)
+                if progress:
+                    print(f"step {step:4d}  loss {loss.item():.3f}  val greedy: success {report['success']:.2f}, "
+                          f"tool use {report['tool_use']:.2f}, success with the tool {report['tool_success']:.2f}  "
+                          f"({time.monotonic() - started:.0f}s)", flush=True)
+            elif progress and step % 50 == 0:
+                print(f"step {step:4d}  loss {loss.item():.3f}  ({time.monotonic() - started:.0f}s)", flush=True)
+            if adaptive is not None and step % ADAPT_THREADS_EVERY == 0:
+                adaptive.decide()
+        model.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        (tmp / "agentgrad_build.json").write_text(json.dumps({
+            "name": TINY_NAME, "format": BUILD_FORMAT, "seed": seed, "steps": step,
+            "tool_steps": decay_from, "habit_steps": habit_steps, "direct_answer_rate": DIRECT_ANSWER_RATE,
+            **{f"val_greedy_{k}": v for k, v in report.items()},
+            "build_seconds": round(time.monotonic() - started, 1),
+        }, indent=2))
+        if out.exists():
+            shutil.rmtree(out)
+        shutil.move(str(tmp), str(out))
+    finally:
+        torch.set_num_threads(previous_threads)
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out

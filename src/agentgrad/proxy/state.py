@@ -1,0 +1,160 @@
+"""What the proxy's routes share: the store, the upstream client, counters, retry memory.
+
+``ProxyState`` is built once per proxy app; :class:`Call` is one client request on its way
+through it (the relay of a streamed answer takes the call over from the route).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from agentgrad.http.upstream import Upstream, UpstreamUnreachable
+from agentgrad.proxy.capture import Api, CallContext, Capture, Requested, build_span
+from agentgrad.proxy.metrics import ProxyMetrics
+from agentgrad.proxy.writer import SpanWriter
+
+if TYPE_CHECKING:
+    from agentgrad.store.protocol import Store
+    from agentgrad.types import Span
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+RecordMode = Literal["async", "sync"]
+_RETRIES_REMEMBERED = 4096
+
+
+class ProxyState:
+    """Everything the routes share: the store, the upstream client, counters, retry memory."""
+
+    def __init__(self, store: Store, upstream_url: str, *, model: str | None = None,
+                 upstream_api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 upstream_timeout: float = 600.0, record_mode: RecordMode = "async",
+                 write_linger: float = 0.0) -> None:
+        if record_mode not in ("async", "sync"):
+            raise ValueError(f"record_mode must be 'async' or 'sync', got {record_mode!r}")
+        self.store = store
+        self.record_mode = record_mode
+        self.upstream_url = upstream_url.rstrip("/")
+        self.model = model
+        self.upstream_api_key = upstream_api_key
+        self.max_body_bytes = max_body_bytes
+        self.upstream_timeout = upstream_timeout
+        self.metrics = ProxyMetrics()
+        self.writer = SpanWriter(store, self.metrics, linger=write_linger)
+        self.client: Upstream | None = None
+        self._served: list[str] | None = None
+        self._recent: OrderedDict[tuple[str, str, bytes], str] = OrderedDict()
+
+    # ---- upstream --------------------------------------------------------------------------------
+    def http(self) -> Upstream:
+        if self.client is None:  # created on the serving loop (lifespan), or lazily in tests
+            self.client = Upstream(self.upstream_url, timeout=self.upstream_timeout)
+        return self.client
+
+    def headers(self, client: Mapping[str, str]) -> dict[str, str]:
+        """The upstream request's headers, given the client's."""
+        headers = {"content-type": "application/json"}
+        auth = f"Bearer {self.upstream_api_key}" if self.upstream_api_key else client.get("authorization")
+        if auth:
+            headers["authorization"] = auth
+        return headers
+
+    async def served_model(self, asked: Any) -> str | None:
+        """The upstream model for a requested name: kept if served, else the first served model.
+
+        Frameworks insist on names they know (LlamaIndex, CrewAI via env vars); the engine may
+        serve any name. Asked once per proxy; if the upstream has no ``/models``, names pass as is.
+        """
+        if self.model is not None:
+            return self.model
+        if self._served is None:
+            try:
+                response = await self.http().request("GET", "/models")
+                body = await response.read()
+                self._served = [m["id"] for m in json.loads(body)["data"]] if response.status_code == 200 else []
+            except (UpstreamUnreachable, ValueError, KeyError, TypeError):
+                self._served = []
+        if not self._served or asked in self._served:
+            return asked if isinstance(asked, str) else (self._served[0] if self._served else None)
+        return self._served[0]
+
+    # ---- capture ---------------------------------------------------------------------------------
+    def span_id_for(self, context: CallContext, headers: Mapping[str, str], raw: bytes) -> str | None:
+        """Reuse the span id of the first try when the openai SDK retries the same body.
+
+        The store keeps the first copy of a span id, so a retry of a call that was already
+        recorded (e.g. the client timed out reading it) does not count twice.
+        """
+        key = (context.rollout_id, context.attempt_id, hashlib.blake2b(raw, digest_size=16).digest())
+        retry = headers.get("x-stainless-retry-count", "0")
+        if retry not in ("", "0") and key in self._recent:
+            self.metrics.retries_deduplicated += 1
+            return self._recent[key]
+        span_id = hashlib.blake2b(key[2] + time.time_ns().to_bytes(8, "little"), digest_size=8).hexdigest()
+        self._recent[key] = span_id
+        if len(self._recent) > _RETRIES_REMEMBERED:
+            self._recent.popitem(last=False)
+        return span_id
+
+    def drop(self, call: Call) -> None:
+        """The call ends without a span (error, aborted stream): release it from the flush barrier."""
+        if call.key is not None and call.open:
+            call.open = False
+            self.writer.cancel(call.key)
+
+    async def record(self, call: Call, answer: Callable[[], tuple[dict[str, Any], Capture]], *,
+                     streamed: bool) -> None:
+        """Hand the call's span to the writer (``async``) or store it now (``sync``).
+
+        ``answer`` gives the response as the client saw it and its capture; it is called where the
+        span is built (the writer thread in ``async`` mode), so a passed-through answer is parsed there.
+        """
+        key, context = call.key, call.context
+        if key is None or context is None or not call.open:
+            return
+        call.open = False
+        ended = time.time()
+
+        def make_span() -> Span:
+            response, capture = answer()
+            if capture.prompt_token_ids is None or capture.completion_token_ids is None:
+                self.metrics.missing_token_ids += 1
+                log.warning("upstream %s returned no token ids for a call of rollout %s: the call is stored but "
+                            "cannot be trained on (does the engine support return_token_ids?)",
+                            self.upstream_url, context.rollout_id)
+            return build_span(context, call.api, call.body, response, capture, streamed=streamed,
+                              started=call.started, translated=call.chat if call.api == "responses" else None,
+                              span_id=call.span_id, ended=ended)
+
+        if self.record_mode == "async":
+            self.writer.submit(key, make_span)
+            return
+        try:  # a SQL commit must not stall the loop
+            await asyncio.to_thread(self.writer.write_now, key, make_span)
+        except Exception:  # the agent still gets its answer; the writer counted and logged the loss
+            return
+
+
+@dataclass
+class Call:
+    """One client request on its way through the proxy."""
+
+    api: Api
+    body: dict[str, Any]
+    chat: dict[str, Any]
+    asked: Requested
+    context: CallContext | None
+    started: float
+    span_id: str | None = None
+    key: tuple[str, str] | None = None  # (rollout_id, attempt_id) of a recorded call
+    open: bool = False  # accepted by the flush barrier, span not yet handed over
+    streaming: bool = False  # the relayed stream's response owns the call from here

@@ -1,0 +1,137 @@
+"""GRPO end to end through a real store and runner, with agents that record their own LLM spans
+(no model server needed), plus the failure paths: non-numeric rewards and empty batches."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+pytest.importorskip("torch")
+
+from agentgrad import semconv  # noqa: E402
+from agentgrad.agents import rollout  # noqa: E402
+from agentgrad.algorithms.grpo import GRPO  # noqa: E402
+from agentgrad.context import require_context  # noqa: E402
+from agentgrad.store.memory import MemoryStore  # noqa: E402
+from agentgrad.trainer import Trainer  # noqa: E402
+from agentgrad.training import PolicyTrainer, Published, Sample, TrainConfig  # noqa: E402
+from agentgrad.types import LLM, RolloutConfig, Span  # noqa: E402
+
+PROMPT = list(range(3, 30))
+GOOD, BAD = [100, 101, 102], [200, 201, 202]
+
+
+class RecordingPublisher:
+    def __init__(self) -> None:
+        self.versions: list[str] = []
+
+    def publish(self, trainer: PolicyTrainer) -> Published:
+        self.versions.append(f"v{trainer.step}")
+        return Published(version=self.versions[-1])
+
+
+@rollout
+def coin_agent(task, resources):
+    """Pretends to call an LLM: records a call span with token ids, rewards the GOOD completion."""
+    context = require_context("coin_agent")
+    good = random.random() < 0.5
+    version = resources.items["agentgrad_policy"].value["model_version"]
+    context.store.add_span(Span(
+        rollout_id=context.rollout_id, attempt_id=context.attempt_id, name=semconv.SPAN_LLM_CALL,
+        attributes={semconv.LLM_PROMPT_TOKEN_IDS: PROMPT + [task["k"]], semconv.LLM_COMPLETION_TOKEN_IDS: GOOD if good else BAD,
+                    semconv.LLM_LOGPROBS: [-6.0, -6.0, -6.0], semconv.MODEL_VERSION: version}))
+    return 1.0 if good else 0.0
+
+
+@rollout
+def always_good_agent(task, resources):
+    """Every completion earns the same reward: each GRPO group has zero variance."""
+    context = require_context("always_good_agent")
+    version = resources.items["agentgrad_policy"].value["model_version"]
+    context.store.add_span(Span(
+        rollout_id=context.rollout_id, attempt_id=context.attempt_id, name=semconv.SPAN_LLM_CALL,
+        attributes={semconv.LLM_PROMPT_TOKEN_IDS: PROMPT + [task["k"]], semconv.LLM_COMPLETION_TOKEN_IDS: GOOD,
+                    semconv.LLM_LOGPROBS: [-6.0, -6.0, -6.0], semconv.MODEL_VERSION: version}))
+    return 1.0
+
+
+@rollout
+def bad_reward_agent(task, llm):
+    return "great"  # not a number: the runner fails the rollout
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from agentgrad.demo.tiny import random_tiny_model
+
+    return random_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+def test_grpo_trains_logs_checkpoints_and_resumes(model_dir, tmp_path):
+    store = MemoryStore()
+    publisher = RecordingPublisher()
+    grpo = GRPO(model_dir, steps=3, batch_size=2, group_size=4, train_config=TrainConfig(lr=3e-3), val_every=0,
+                output_dir=tmp_path, checkpoint_every=2, publisher=publisher, run_id="t",
+                rollout_config=RolloutConfig(timeout_seconds=60))
+    tasks = [{"k": 40 + i} for i in range(5)]
+    result = Trainer(store, concurrency=4, algorithm=grpo).fit(
+        coin_agent, tasks, tasks[:2], resources={"llm": LLM(endpoint="http://unused/v1", model="m")})
+    # A step whose groups all drew the same coin is skipped without publishing (1 in 64 steps).
+    trained_steps = [h["step"] for h in result.history if "loss" in h]
+    assert result.steps == 3 and trained_steps and publisher.versions == [f"v{s}" for s in trained_steps]
+    assert [s for s, _ in result.validation] == [0, 3]
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    trained = [m for m in lines if "loss" in m]
+    assert trained and all(m["stale_transitions"] == 0 and m["unknown_version_transitions"] == 0 for m in trained)
+    assert {"reward/mean", "entropy", "kl", "clip_fraction", "tokens_per_second", "rollouts_per_second",
+            "trainer_idle_fraction", "runner_idle_fraction"} <= set(trained[0])
+    assert any(r.run_id == "t" for r in store.query_metrics())
+    # The policy moved toward the rewarded completion.
+    fresh = PolicyTrainer(model_dir, TrainConfig())
+    before = fresh.sequence_logprob([Sample(PROMPT + [40], GOOD)])[0]
+    state = fresh.load_checkpoint(tmp_path / "checkpoints")
+    assert state["step"] == 3 and state["cursor"] == 6
+    assert fresh.sequence_logprob([Sample(PROMPT + [40], GOOD)])[0] > before
+    # Resuming continues from the checkpoint's step (and republishes its weights first).
+    grpo2 = GRPO(model_dir, steps=4, batch_size=2, group_size=4, val_every=0, output_dir=tmp_path,
+                 publisher=publisher, rollout_config=RolloutConfig(timeout_seconds=60))
+    result2 = Trainer(store, concurrency=4, algorithm=grpo2).fit(
+        coin_agent, tasks, resources={"llm": LLM(endpoint="http://unused/v1", model="m")})
+    resumed_steps = [h["step"] for h in result2.history if "loss" in h]
+    assert result2.steps == 4
+    assert publisher.versions[len(trained_steps):] == ["v3"] + [f"v{s}" for s in resumed_steps]
+    store.close()
+
+
+def test_non_numeric_rewards_fail_rollouts_and_empty_batches_are_retried_not_trained(model_dir, tmp_path):
+    store = MemoryStore()
+    grpo = GRPO(model_dir, steps=2, batch_size=1, group_size=2, val_every=0, output_dir=tmp_path,
+                publisher=RecordingPublisher(), max_empty_retries=1, rollout_config=RolloutConfig(timeout_seconds=30))
+    with pytest.raises(RuntimeError, match="empty batches in a row"):
+        Trainer(store, concurrency=2, algorithm=grpo).fit(
+            bad_reward_agent, [{"k": 1}], resources={"llm": LLM(endpoint="http://unused/v1", model="m")})
+    failed = store.query_rollouts()
+    assert len(failed) == 4 and all(r.status.value == "failed" for r in failed)
+    attempt = store.get_latest_attempt(failed[0].rollout_id)
+    assert "non-numeric reward" in attempt.error.message
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["empty_batch"] for m in lines] == [1.0, 1.0] and not any("loss" in m for m in lines)
+    assert not (tmp_path / "checkpoints" / "latest").exists()
+    store.close()
+
+
+def test_a_step_whose_groups_all_agree_is_skipped_without_an_update(model_dir, tmp_path, capsys):
+    store = MemoryStore()
+    publisher = RecordingPublisher()
+    grpo = GRPO(model_dir, steps=2, batch_size=2, group_size=3, val_every=0, output_dir=tmp_path,
+                publisher=publisher, rollout_config=RolloutConfig(timeout_seconds=60))
+    tasks = [{"k": 40 + i} for i in range(4)]
+    result = Trainer(store, concurrency=3, algorithm=grpo).fit(
+        always_good_agent, tasks, resources={"llm": LLM(endpoint="http://unused/v1", model="m")})
+    assert result.steps == 2
+    assert publisher.versions == [], "nothing to learn: no weights published"
+    assert all("loss" not in step and step["grpo/zero_variance_groups"] == 2 for step in result.history)
+    assert capsys.readouterr().out.count("zero reward variance") == 2
+    store.close()
