@@ -7,13 +7,30 @@
 * Tests marked ``tiny_model`` (they need the built tiny model) run last, so a model build started
   in the background (``make test``) overlaps the rest of the suite; they wait for it on
   ``ensure_tiny_model``'s lock before their clock (pytest-timeout's) starts.
+
+Fixtures shared by every folder: ``memory_store``, ``local_store`` (memory and SQLite), the
+session's ``tiny_model_dir`` (random weights) and the frameworks suites' ``capture``. The store
+conformance suite (``tests/store/conftest.py``) has its own ``store`` over every backend.
+
+This file is also the root conftest of ``tests/frameworks_compat``, run in ``.venv-compat``
+(pytest, agentgrad and openai 2.x; no torch): it imports nothing heavy at module level.
 """
+
+from __future__ import annotations
 
 import importlib.util
 import os
 from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from capture_check import Capture
+
+    from agentgrad.store.memory import MemoryStore
+    from agentgrad.store.protocol import Store
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 if importlib.util.find_spec("torch") is not None:
@@ -53,3 +70,49 @@ def _openai_major() -> int:
 # tests/frameworks_compat needs openai 2.x (CrewAI, LlamaIndex): it runs in .venv-compat, started
 # from tests/frameworks/test_fw_compat_venv.py, never in the main environment's collection.
 collect_ignore = ["frameworks_compat"] if _openai_major() >= 3 else []
+
+
+# ---- shared fixtures ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def memory_store() -> Iterator[MemoryStore]:
+    """A fresh in-memory store without a background watchdog (tests call ``check_watchdog()``)."""
+    from agentgrad.store.memory import MemoryStore
+
+    store = MemoryStore(watchdog_interval=None)
+    yield store
+    store.close()
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def local_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """Each in-process backend in turn (memory, then SQLite in ``tmp_path``), without a background
+    watchdog. The full four-backend suite is ``tests/store``'s ``store``."""
+    from agentgrad.store.memory import MemoryStore
+    from agentgrad.store.sqlite import SqliteStore
+
+    store = MemoryStore(watchdog_interval=None) if request.param == "memory" else \
+        SqliteStore(tmp_path / "store.db", watchdog_interval=None)
+    yield store
+    store.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-initialised tiny model (the demo's tokenizer and config, seed 0), built once per
+    session in < 1 s; tests only read it. (The trained demo model is ``ensure_tiny_model()``.)"""
+    pytest.importorskip("torch")
+    from agentgrad.demo.tiny import random_tiny_model
+
+    return random_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def capture() -> Iterator[Capture]:
+    """The frameworks suites' upstream: the tiny model's engine (or its stand-in) behind a capture
+    proxy over a memory store (``tests/support/capture_check.py``)."""
+    from capture_check import serve_upstream
+
+    with serve_upstream() as served:
+        yield served

@@ -6,21 +6,14 @@ import asyncio
 import pickle
 from typing import Any
 
+import agents_for_tests
 import pytest
 
-import agents_for_tests
 from agentgrad import emit_reward
 from agentgrad.agents import Agent, FunctionAgent, rollout
 from agentgrad.runner import Runner
 from agentgrad.store.memory import MemoryStore
 from agentgrad.types import LLM, AttemptStatus, PromptTemplate, Resources, Rollout, RolloutStatus
-
-
-@pytest.fixture
-def store():
-    s = MemoryStore(watchdog_interval=None)
-    yield s
-    s.close()
 
 
 def run_tasks(store: MemoryStore, agent: Any, tasks: list[Any], *, mode: str = "train",
@@ -58,9 +51,9 @@ class ModeAgent(Agent):
         return -1.0
 
 
-def test_agent_subclass_sync_and_async(store):
-    assert [r.reward for r in run_tasks(store, SyncAgent(), [1, 2])] == [2.0, 4.0]
-    assert [r.reward for r in run_tasks(store, AsyncAgent(), [1])] == [1.5]
+def test_agent_subclass_sync_and_async(memory_store):
+    assert [r.reward for r in run_tasks(memory_store, SyncAgent(), [1, 2])] == [2.0, 4.0]
+    assert [r.reward for r in run_tasks(memory_store, AsyncAgent(), [1])] == [1.5]
 
 
 def test_rollout_async_default_calls_rollout():
@@ -69,22 +62,22 @@ def test_rollout_async_default_calls_rollout():
     assert result == 6
 
 
-def test_training_and_validation_default_to_rollout(store):
-    train = run_tasks(store, SyncAgent(), [5], mode="train")
-    val = run_tasks(store, SyncAgent(), [5], mode="val")
+def test_training_and_validation_default_to_rollout(memory_store):
+    train = run_tasks(memory_store, SyncAgent(), [5], mode="train")
+    val = run_tasks(memory_store, SyncAgent(), [5], mode="val")
     assert train[0].reward == val[0].reward == 10.0
 
 
-def test_val_mode_calls_validation_rollout(store):
-    assert run_tasks(store, ModeAgent(), [0], mode="train")[0].reward == 1.0
-    assert run_tasks(store, ModeAgent(), [0], mode="val")[0].reward == -1.0
-    assert run_tasks(store, ModeAgent(), [0], mode="test")[0].reward == -1.0
+def test_val_mode_calls_validation_rollout(memory_store):
+    assert run_tasks(memory_store, ModeAgent(), [0], mode="train")[0].reward == 1.0
+    assert run_tasks(memory_store, ModeAgent(), [0], mode="val")[0].reward == -1.0
+    assert run_tasks(memory_store, ModeAgent(), [0], mode="test")[0].reward == -1.0
 
 
-def test_agent_without_rollout_fails_the_attempt_clearly(store):
-    (r,) = run_tasks(store, Agent(), [0])
+def test_agent_without_rollout_fails_the_attempt_clearly(memory_store):
+    (r,) = run_tasks(memory_store, Agent(), [0])
     assert r.status == RolloutStatus.FAILED
-    error = error_of(store, r.rollout_id)
+    error = error_of(memory_store, r.rollout_id)
     assert error.type == "NotImplementedError" and "must implement rollout()" in error.message
 
 
@@ -151,24 +144,24 @@ RESOURCES = {"llm": LLM_ITEM, "tpl": PROMPT_ITEM, "temperature": 0.5}
     ],
     ids=["llm", "prompt_template", "resources", "llm+rollout", "async+rollout", "emits", "task-only"],
 )
-def test_rollout_shapes(store, agent, task, reward):
+def test_rollout_shapes(memory_store, agent, task, reward):
     assert isinstance(agent, FunctionAgent)
-    (r,) = run_tasks(store, agent, [task], resources=RESOURCES)
-    assert r.status == RolloutStatus.SUCCEEDED, error_of(store, r.rollout_id)
+    (r,) = run_tasks(memory_store, agent, [task], resources=RESOURCES)
+    assert r.status == RolloutStatus.SUCCEEDED, error_of(memory_store, r.rollout_id)
     assert r.reward == pytest.approx(reward)
 
 
-def test_returning_none_without_rewards_leaves_reward_unset(store):
+def test_returning_none_without_rewards_leaves_reward_unset(memory_store):
     @rollout
     def silent(task, resources):
         return None
 
-    (r,) = run_tasks(store, silent, [0])
+    (r,) = run_tasks(memory_store, silent, [0])
     assert r.status == RolloutStatus.SUCCEEDED and r.reward is None
 
 
-def test_resource_by_type_when_not_named_after_the_parameter(store):
-    (r,) = run_tasks(store, llm_agent, [0], resources={"policy": LLM_ITEM})
+def test_resource_by_type_when_not_named_after_the_parameter(memory_store):
+    (r,) = run_tasks(memory_store, llm_agent, [0], resources={"policy": LLM_ITEM})
     assert r.status == RolloutStatus.SUCCEEDED and r.reward == 1.0
 
 
@@ -195,16 +188,16 @@ def test_unsupported_signatures_raise_type_error(source, needle):
     assert "@rollout" in str(info.value)
 
 
-def test_missing_resource_raises_lookup_error_naming_items(store):
-    res = store.add_resources({"tpl": PROMPT_ITEM, "temperature": 0.5})
+def test_missing_resource_raises_lookup_error_naming_items(memory_store):
+    res = memory_store.add_resources({"tpl": PROMPT_ITEM, "temperature": 0.5})
     rollout_obj = Rollout(rollout_id="ro-x", input=1)
     with pytest.raises(LookupError) as info:
         llm_agent.run_for(rollout_obj, res)
     message = str(info.value)
     assert "'llm'" in message and "tpl" in message and "temperature" in message
     # Through a runner the same error fails the attempt with that message.
-    (r,) = run_tasks(store, llm_agent, [1], resources={"tpl": PROMPT_ITEM})
-    error = error_of(store, r.rollout_id)
+    (r,) = run_tasks(memory_store, llm_agent, [1], resources={"tpl": PROMPT_ITEM})
+    error = error_of(memory_store, r.rollout_id)
     assert r.status == RolloutStatus.FAILED and error.type == "LookupError" and "tpl" in error.message
 
 
@@ -225,20 +218,20 @@ def test_function_agent_pickles_by_reference():
     assert isinstance(loaded, FunctionAgent) and loaded.func is agents_for_tests.plain_agent
 
 
-def test_pickled_agent_runs(store):
+def test_pickled_agent_runs(memory_store):
     agent = pickle.loads(pickle.dumps(agents_for_tests.reward_agent))
-    (r,) = run_tasks(store, agent, [{"x": 4}])
+    (r,) = run_tasks(memory_store, agent, [{"x": 4}])
     assert r.status == RolloutStatus.SUCCEEDED and r.reward == pytest.approx(0.4)
 
 
 @pytest.mark.parametrize("bad", ["high", float("nan"), True, {"score": 1.0}])
-def test_bad_return_values_fail_with_a_message(store, bad):
+def test_bad_return_values_fail_with_a_message(memory_store, bad):
     @rollout
     def agent(task, resources):
         return bad
 
-    (r,) = run_tasks(store, agent, [0])
-    attempt = store.get_latest_attempt(r.rollout_id)
+    (r,) = run_tasks(memory_store, agent, [0])
+    attempt = memory_store.get_latest_attempt(r.rollout_id)
     assert r.status == RolloutStatus.FAILED and attempt.status == AttemptStatus.FAILED
     assert attempt.error.type == "RewardError"
     assert "reward" in attempt.error.message

@@ -1,4 +1,4 @@
-"""The span reference lists every constant of agentgrad.semconv (DESIGN.md: keep the list in docs)."""
+"""The span reference (docs/reference/spans.md) lists every constant of agentgrad.semconv."""
 
 from pathlib import Path
 

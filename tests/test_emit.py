@@ -12,25 +12,15 @@ from agentgrad.context import RolloutContext, current_context, use_context
 from agentgrad.emit import agent, emit_exception, emit_message, emit_object, emit_reward, operation
 from agentgrad.errors import NoRolloutContextError
 from agentgrad.runner import Runner
-from agentgrad.store.memory import MemoryStore
-from agentgrad.store.sqlite import SqliteStore
 from agentgrad.types import AttemptStatus, RolloutStatus, Span
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-def store(request, tmp_path):
-    s = MemoryStore(watchdog_interval=None) if request.param == "memory" else \
-        SqliteStore(tmp_path / "emit.db", watchdog_interval=None)
-    yield s
-    s.close()
-
-
 @pytest.fixture
-def ctx(store):
+def ctx(local_store):
     """A claimed rollout + attempt, with the emitters' context set as a runner would."""
-    store.enqueue_rollout({"q": 1})
-    claimed = store.dequeue_rollout("test-worker")
-    context = RolloutContext(store=store, rollout=claimed.rollout, attempt=claimed.attempt)
+    local_store.enqueue_rollout({"q": 1})
+    claimed = local_store.dequeue_rollout("test-worker")
+    context = RolloutContext(store=local_store, rollout=claimed.rollout, attempt=claimed.attempt)
     with use_context(context):
         yield context
 
@@ -261,7 +251,7 @@ def test_emitters_outside_a_rollout(what, call):
 
 # ---- through a real runner -------------------------------------------------------------------------
 
-def test_emitters_inside_a_runner(store):
+def test_emitters_inside_a_runner(local_store):
     def agent_fn(task, resources):
         with agent("solver"):
             with operation("think") as op:
@@ -269,11 +259,11 @@ def test_emitters_inside_a_runner(store):
                 op.set_output("done")
             emit_reward({"correct": 1.0, "style": 0.5}, primary="correct")
 
-    rollout = store.enqueue_rollout({"q": 2})
-    Runner(agent_fn, store, max_rollouts=1, poll_timeout=0.05).run()
-    final = store.get_rollout(rollout.rollout_id)
+    rollout = local_store.enqueue_rollout({"q": 2})
+    Runner(agent_fn, local_store, max_rollouts=1, poll_timeout=0.05).run()
+    final = local_store.get_rollout(rollout.rollout_id)
     assert final.status == RolloutStatus.SUCCEEDED and final.reward == 1.0
-    spans = store.query_spans(rollout.rollout_id, "latest")
+    spans = local_store.query_spans(rollout.rollout_id, "latest")
     assert all(s.attributes.get(semconv.AGENT_NAME) == "solver" for s in spans)
     assert len({s.trace_id for s in spans}) == 1
     think = next(s for s in spans if s.attributes.get(semconv.OPERATION_NAME) == "think")

@@ -11,21 +11,13 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import agents_for_tests
 import pytest
 
-import agents_for_tests
 from agentgrad.runner import Runner, RunnerPool
 from agentgrad.store.memory import MemoryStore
 from agentgrad.store.sqlite import SqliteStore
 from agentgrad.types import AttemptStatus, RolloutConfig, RolloutStatus
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def store(request, tmp_path):
-    s = MemoryStore(watchdog_interval=None) if request.param == "memory" else \
-        SqliteStore(tmp_path / "runner.db", watchdog_interval=None)
-    yield s
-    s.close()
 
 
 @contextlib.contextmanager
@@ -57,18 +49,18 @@ def max_overlap(intervals: list[tuple[float, float]]) -> int:
 
 # ---- basics ----------------------------------------------------------------------------------------
 
-def test_runner_runs_all_tasks(store):
-    ids = [store.enqueue_rollout({"x": x}).rollout_id for x in range(5)]
-    stats = Runner(agents_for_tests.reward_agent, store, max_rollouts=5, poll_timeout=0.05).run()
+def test_runner_runs_all_tasks(local_store):
+    ids = [local_store.enqueue_rollout({"x": x}).rollout_id for x in range(5)]
+    stats = Runner(agents_for_tests.reward_agent, local_store, max_rollouts=5, poll_timeout=0.05).run()
     assert (stats.succeeded, stats.failed, stats.finished) == (5, 0, 5)
     assert stats.no_llm_calls == 5  # the agent made no LLM call: counted
-    rollouts = [store.get_rollout(i) for i in ids]
+    rollouts = [local_store.get_rollout(i) for i in ids]
     assert [r.reward for r in rollouts] == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
     for r in rollouts:
         assert r.status == RolloutStatus.SUCCEEDED and r.end_time is not None
-        (attempt,) = store.get_attempts(r.rollout_id)
+        (attempt,) = local_store.get_attempts(r.rollout_id)
         assert attempt.status == AttemptStatus.SUCCEEDED and attempt.worker_id is not None
-        assert [s.name for s in store.query_spans(r.rollout_id)] == ["agentgrad.message", "agentgrad.reward"]
+        assert [s.name for s in local_store.query_spans(r.rollout_id)] == ["agentgrad.message", "agentgrad.reward"]
 
 
 @pytest.mark.parametrize("kind", ["async", "sync"])
@@ -99,75 +91,75 @@ def test_concurrency_runs_rollouts_at_once(kind):
     store.close()
 
 
-def test_heartbeats_advance_for_a_slow_agent(store):
-    rollout = store.enqueue_rollout({"sleep": 1.2})
-    runner = Runner(agents_for_tests.slow_async_agent, store, heartbeat_interval=0.05, poll_timeout=0.05)
+def test_heartbeats_advance_for_a_slow_agent(local_store):
+    rollout = local_store.enqueue_rollout({"sleep": 1.2})
+    runner = Runner(agents_for_tests.slow_async_agent, local_store, heartbeat_interval=0.05, poll_timeout=0.05)
     beats: list[float] = []
     with running(runner):
-        attempt = wait_for(lambda: store.get_latest_attempt(rollout.rollout_id))
+        attempt = wait_for(lambda: local_store.get_latest_attempt(rollout.rollout_id))
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not store.get_rollout(rollout.rollout_id).status.is_terminal:
-            beat = store.get_latest_attempt(rollout.rollout_id).last_heartbeat_time
+        while time.monotonic() < deadline and not local_store.get_rollout(rollout.rollout_id).status.is_terminal:
+            beat = local_store.get_latest_attempt(rollout.rollout_id).last_heartbeat_time
             if not beats or beat != beats[-1]:
                 beats.append(beat)
             time.sleep(0.05)
-    assert store.get_rollout(rollout.rollout_id).status == RolloutStatus.SUCCEEDED
+    assert local_store.get_rollout(rollout.rollout_id).status == RolloutStatus.SUCCEEDED
     assert len(beats) >= 3, beats  # claim/start, then heartbeats while the agent sleeps
     assert beats == sorted(beats) and beats[-1] - attempt.start_time >= 0.5
 
 
 # ---- failures --------------------------------------------------------------------------------------
 
-def test_agent_exception_fails_the_attempt_with_details(store):
-    bad = store.enqueue_rollout({"x": 7, "fail": True})
-    good = store.enqueue_rollout({"x": 1})
-    stats = Runner(agents_for_tests.failing_agent, store, max_rollouts=2, poll_timeout=0.05).run()
+def test_agent_exception_fails_the_attempt_with_details(local_store):
+    bad = local_store.enqueue_rollout({"x": 7, "fail": True})
+    good = local_store.enqueue_rollout({"x": 1})
+    stats = Runner(agents_for_tests.failing_agent, local_store, max_rollouts=2, poll_timeout=0.05).run()
     assert (stats.succeeded, stats.failed) == (1, 1)
-    (attempt,) = store.get_attempts(bad.rollout_id)
+    (attempt,) = local_store.get_attempts(bad.rollout_id)
     assert attempt.status == AttemptStatus.FAILED and attempt.end_time is not None
     assert attempt.error.type == "ValueError" and attempt.error.message == "bad task 7"
     assert "raise ValueError" in attempt.error.traceback and "failing_agent" in attempt.error.traceback
-    assert store.get_rollout(bad.rollout_id).status == RolloutStatus.FAILED
-    assert store.get_rollout(good.rollout_id).status == RolloutStatus.SUCCEEDED
+    assert local_store.get_rollout(bad.rollout_id).status == RolloutStatus.FAILED
+    assert local_store.get_rollout(good.rollout_id).status == RolloutStatus.SUCCEEDED
 
 
-def test_agent_exception_is_retried_per_config(store):
+def test_agent_exception_is_retried_per_config(local_store):
     config = RolloutConfig(max_attempts=2, retry_on=["failed"])
-    rollout = store.enqueue_rollout({"x": 1, "fail": True}, config=config)
-    Runner(agents_for_tests.failing_agent, store, max_rollouts=2, poll_timeout=0.05).run()
-    attempts = store.get_attempts(rollout.rollout_id)
+    rollout = local_store.enqueue_rollout({"x": 1, "fail": True}, config=config)
+    Runner(agents_for_tests.failing_agent, local_store, max_rollouts=2, poll_timeout=0.05).run()
+    attempts = local_store.get_attempts(rollout.rollout_id)
     assert [a.status for a in attempts] == [AttemptStatus.FAILED, AttemptStatus.FAILED]
-    assert store.get_rollout(rollout.rollout_id).status == RolloutStatus.FAILED
+    assert local_store.get_rollout(rollout.rollout_id).status == RolloutStatus.FAILED
 
 
-def test_non_numeric_reward_fails_that_rollout_only(store):
+def test_non_numeric_reward_fails_that_rollout_only(local_store):
     def agent(task, resources):
         return task  # "oops" is not a reward
 
-    ids = [store.enqueue_rollout(t).rollout_id for t in ("oops", 0.5, {"reward": "x"}, {"reward": 1})]
-    stats = Runner(agent, store, max_rollouts=4, poll_timeout=0.05).run()
+    ids = [local_store.enqueue_rollout(t).rollout_id for t in ("oops", 0.5, {"reward": "x"}, {"reward": 1})]
+    stats = Runner(agent, local_store, max_rollouts=4, poll_timeout=0.05).run()
     assert (stats.succeeded, stats.failed) == (2, 2)
-    statuses = [store.get_rollout(i).status for i in ids]
+    statuses = [local_store.get_rollout(i).status for i in ids]
     assert statuses == [RolloutStatus.FAILED, RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.SUCCEEDED]
-    error = store.get_latest_attempt(ids[0]).error
+    error = local_store.get_latest_attempt(ids[0]).error
     assert error.type == "RewardError" and "'oops'" in error.message and "str" in error.message
-    assert [store.get_rollout(i).reward for i in ids[1::2]] == [0.5, 1.0]
+    assert [local_store.get_rollout(i).reward for i in ids[1::2]] == [0.5, 1.0]
 
 
-def test_worker_records_show_busy_and_idle(store):
-    store.enqueue_rollout({"sleep": 0.6})
-    runner = Runner(agents_for_tests.slow_async_agent, store, worker_id="w-test", poll_timeout=0.05,
+def test_worker_records_show_busy_and_idle(local_store):
+    local_store.enqueue_rollout({"sleep": 0.6})
+    runner = Runner(agents_for_tests.slow_async_agent, local_store, worker_id="w-test", poll_timeout=0.05,
                     heartbeat_interval=0.1)
     with running(runner):
-        busy = wait_for(lambda: [w for w in store.query_workers() if w.status == "busy"])
+        busy = wait_for(lambda: [w for w in local_store.query_workers() if w.status == "busy"])
         assert busy[0].worker_id == "w-test" and busy[0].current_rollout_id is not None
-        idle = wait_for(lambda: [w for w in store.query_workers() if w.status == "idle"])
+        idle = wait_for(lambda: [w for w in local_store.query_workers() if w.status == "idle"])
         assert idle[0].current_rollout_id is None and idle[0].metadata["succeeded"] == 1
-    (worker,) = store.query_workers()
+    (worker,) = local_store.query_workers()
     assert worker.status == "stopped" and worker.metadata["pid"] == os.getpid()
 
 
-def test_cancelling_in_the_store_cancels_the_agent(store):
+def test_cancelling_in_the_store_cancels_the_agent(local_store):
     cancelled = threading.Event()
 
     async def agent(task, resources):
@@ -178,29 +170,29 @@ def test_cancelling_in_the_store_cancels_the_agent(store):
             raise
         return 1.0
 
-    rollout = store.enqueue_rollout("long")
-    runner = Runner(agent, store, heartbeat_interval=0.05, poll_timeout=0.05)
+    rollout = local_store.enqueue_rollout("long")
+    runner = Runner(agent, local_store, heartbeat_interval=0.05, poll_timeout=0.05)
     started = time.monotonic()
     with running(runner):
-        wait_for(lambda: store.get_rollout(rollout.rollout_id).status == RolloutStatus.RUNNING)
-        store.cancel_rollout(rollout.rollout_id)
+        wait_for(lambda: local_store.get_rollout(rollout.rollout_id).status == RolloutStatus.RUNNING)
+        local_store.cancel_rollout(rollout.rollout_id)
         assert cancelled.wait(5), "the agent was not cancelled"
         wait_for(lambda: runner.stats.failed == 1)
     assert time.monotonic() - started < 10
-    (attempt,) = store.get_attempts(rollout.rollout_id)
+    (attempt,) = local_store.get_attempts(rollout.rollout_id)
     assert attempt.status == AttemptStatus.FAILED and attempt.error.type == "Cancelled"
-    assert store.get_rollout(rollout.rollout_id).status == RolloutStatus.CANCELLED
+    assert local_store.get_rollout(rollout.rollout_id).status == RolloutStatus.CANCELLED
 
 
-def test_stop_hands_back_in_flight_rollouts(store):
-    rollout = store.enqueue_rollout({"sleep": 30}, config=RolloutConfig(max_attempts=2))
-    runner = Runner(agents_for_tests.slow_async_agent, store, grace_seconds=0.2, poll_timeout=0.05)
+def test_stop_hands_back_in_flight_rollouts(local_store):
+    rollout = local_store.enqueue_rollout({"sleep": 30}, config=RolloutConfig(max_attempts=2))
+    runner = Runner(agents_for_tests.slow_async_agent, local_store, grace_seconds=0.2, poll_timeout=0.05)
     with running(runner):
-        wait_for(lambda: store.get_rollout(rollout.rollout_id).status == RolloutStatus.RUNNING)
+        wait_for(lambda: local_store.get_rollout(rollout.rollout_id).status == RolloutStatus.RUNNING)
     assert runner.stats.handed_back == 1
-    (attempt,) = store.get_attempts(rollout.rollout_id)
+    (attempt,) = local_store.get_attempts(rollout.rollout_id)
     assert attempt.status == AttemptStatus.FAILED and attempt.error.type == "RunnerStopped"
-    assert store.get_rollout(rollout.rollout_id).status == RolloutStatus.REQUEUING  # retried later
+    assert local_store.get_rollout(rollout.rollout_id).status == RolloutStatus.REQUEUING  # retried later
 
 
 def test_invalid_options():

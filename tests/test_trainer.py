@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import io
 
+import agents_for_tests
 import pytest
 from rich.console import Console
 
-import agents_for_tests
 from agentgrad.algorithms.base import Algorithm, AlgorithmContext
 from agentgrad.store.memory import MemoryStore
 from agentgrad.store.sqlite import SqliteStore

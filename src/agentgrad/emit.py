@@ -12,14 +12,15 @@ import dataclasses
 import functools
 import inspect
 import json
-import math
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from agentgrad import semconv
 from agentgrad.context import RolloutContext, require_context, scoped
+from agentgrad.rewards import reward_number
 from agentgrad.types import Span, SpanStatus, new_id, now
+
 
 def _span(context: RolloutContext, name: str, attributes: dict[str, Any], **fields: Any) -> Span:
     if context.agent_name is not None:
@@ -41,9 +42,12 @@ def _write(context: RolloutContext, span: Span) -> Span:
 
 
 def _reward_number(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
-        raise TypeError(f"{what} must be a finite number, got {value!r} ({type(value).__name__})")
-    return float(value)
+    """The rule is :func:`agentgrad.rewards.reward_number`; an emitter raises on a refused value."""
+    number = reward_number(value)
+    if number is None:
+        raise TypeError(f"{what} must be a finite number (an int or float, not a bool), "
+                        f"got {value!r} ({type(value).__name__})")
+    return number
 
 
 #: Dimension names whose attribute keys would collide with the reward value / primary keys.

@@ -22,8 +22,8 @@ import asyncio
 import concurrent.futures
 import contextvars
 import inspect
+import json
 import logging
-import math
 import multiprocessing
 import os
 import signal
@@ -34,14 +34,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-# Imported up front, not on first use: a lazy import from one agent thread while another thread's
-# openai client inspects ``sys.modules['httpx']`` makes that client fail on a half-imported module.
-import httpx
+# Imported up front, though the runner only sends through httpx when the proxy's URL is https or
+# proxied (the flush transport's fallback imports it on first use, from a runner thread): a lazy
+# import from one thread while another thread's openai client inspects ``sys.modules['httpx']``
+# makes that client fail on a half-imported module.
+import httpx  # noqa: F401
 
 from agentgrad import semconv
 from agentgrad.agents import Agent, as_agent
 from agentgrad.context import RolloutContext, use_context
 from agentgrad.emit import emit_reward
+from agentgrad.http.transport import Transport, transport_for
+from agentgrad.rewards import reward_number
 from agentgrad.store.protocol import Store
 from agentgrad.types import (
     AttemptedRollout,
@@ -81,9 +85,11 @@ def reward_of(result: Any) -> float | None:
         result = result["reward"]
     if result is None:
         return None
-    if isinstance(result, bool) or not isinstance(result, (int, float)) or not math.isfinite(float(result)):
-        raise RewardError(f"the agent returned a non-numeric reward {result!r} ({type(result).__name__})")
-    return float(result)
+    reward = reward_number(result)
+    if reward is None:
+        raise RewardError(f"the agent returned a non-numeric reward {result!r} ({type(result).__name__}): "
+                          "a reward is a finite int or float, not a bool")
+    return reward
 
 
 
@@ -138,7 +144,8 @@ class Runner:
         self.llm_proxy_url = llm_proxy_url
         self.llm_proxy = llm_proxy
         self.flush_timeout = flush_timeout
-        self._flush_client: Any = None
+        self._flush_transport: Transport | None = None
+        self._flush_transport_lock = threading.Lock()
         self.stats = RunnerStats()
         self._stopping = threading.Event()
         self._claimed = 0
@@ -175,9 +182,9 @@ class Runner:
         finally:
             self._report_worker("stopped")
             self._executor.shutdown(wait=False, cancel_futures=True)
-            if self._flush_client is not None:
-                self._flush_client.close()
-                self._flush_client = None
+            if self._flush_transport is not None:
+                self._flush_transport.close()
+                self._flush_transport = None
         return self.stats
 
     async def _to_thread(self, func: Callable[..., Any], *args: Any) -> Any:
@@ -282,19 +289,19 @@ class Runner:
             self.stats.errors.append(f"{rollout_id}: flush: {type(exc).__name__}: {exc}")
 
     def _flush_over_http(self, rollout_id: str, attempt_id: str) -> None:
-        if self._flush_client is None:
-            root = self.llm_proxy_url.rstrip("/")  # type: ignore[union-attr]
-            self._flush_client = httpx.Client(base_url=root[:-3] if root.endswith("/v1") else root,
-                                              timeout=self.flush_timeout + 10)
-        body = {"rollout_id": rollout_id, "attempt_id": attempt_id, "timeout": self.flush_timeout}
-        try:
-            response = self._flush_client.post("/agentgrad/flush", json=body)
-        except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError):
-            # A pooled keep-alive connection the server closed just as we reused it (its idle
-            # timeout): a flush is idempotent, so a second try on a fresh connection is safe.
-            response = self._flush_client.post("/agentgrad/flush", json=body)
-        if response.status_code != 200:
-            raise RuntimeError(f"POST /agentgrad/flush answered {response.status_code}: {response.text[:500]}")
+        """``POST /agentgrad/flush`` through the package's sync transport, whose one retry (a pooled
+        connection the proxy closed while idle) is all a flush needs: it is idempotent anyway."""
+        wait = self.flush_timeout + 10
+        with self._flush_transport_lock:  # slots flush from several threads at once
+            if self._flush_transport is None:
+                root = self.llm_proxy_url.rstrip("/").removesuffix("/v1")  # type: ignore[union-attr]
+                self._flush_transport = transport_for(root, headers={"Content-Type": "application/json"},
+                                                      timeout=wait)
+            transport = self._flush_transport
+        body = json.dumps({"rollout_id": rollout_id, "attempt_id": attempt_id, "timeout": self.flush_timeout})
+        status, answer = transport.request("POST", "/agentgrad/flush", body.encode(), timeout=wait)
+        if status != 200:
+            raise RuntimeError(f"POST /agentgrad/flush answered {status}: {answer[:500].decode('utf-8', 'replace')}")
 
     def _finish(self, claimed: AttemptedRollout, outcome: BaseException | None) -> None:
         rollout_id, attempt_id = claimed.rollout.rollout_id, claimed.attempt.attempt_id

@@ -19,10 +19,9 @@ from typing import Any
 
 from rich.console import Console
 
-from agentgrad.agents import Agent
+from agentgrad.agents import Agent, as_agent
 from agentgrad.algorithms.base import Algorithm, AlgorithmContext
 from agentgrad.algorithms.baseline import Evaluate, EvaluationReport
-from agentgrad.agents import as_agent
 from agentgrad.runner import Runner, RunnerPool
 from agentgrad.store import open_store
 from agentgrad.store.protocol import Store
@@ -124,7 +123,7 @@ class Trainer:
 
     def _store_token(self) -> str | None:
         """The bearer token runner processes need to reach a protected store service."""
-        from agentgrad.store.client import StoreClient  # lazy: httpx only for pools
+        from agentgrad.store.client import StoreClient  # lazy: the HTTP client only for pools
 
         return self.store.token if isinstance(self.store, StoreClient) else None
 

@@ -1,4 +1,4 @@
-"""The data model every component shares (DESIGN.md §2).
+"""The data model every component shares (explained in docs/concepts.md).
 
 Everything that crosses a process boundary — through the store, the HTTP service or a runner
 pool — is one of these pydantic models, so validation happens once, at the edge, and the rest

@@ -17,15 +17,7 @@ from agentgrad.adapters import (
     extract_calls,
     group_advantages,
 )
-from agentgrad.store.memory import MemoryStore
 from agentgrad.types import AttemptStatus, Span, Transition
-
-
-@pytest.fixture
-def store():
-    s = MemoryStore()
-    yield s
-    s.close()
 
 
 def llm_span(rid, aid, prompt, completion, *, text="", tool_calls=None, messages=None, agent=None,
@@ -69,9 +61,9 @@ def two_turns(reward, *, extend=True):
     return spans
 
 
-def test_merge_extending_prompts_into_one_masked_sequence(store):
-    rollout = run_rollout(store, two_turns(1.0))
-    transitions, stats = TransitionAdapter().adapt(store, [rollout])
+def test_merge_extending_prompts_into_one_masked_sequence(memory_store):
+    rollout = run_rollout(memory_store, two_turns(1.0))
+    transitions, stats = TransitionAdapter().adapt(memory_store, [rollout])
     assert len(transitions) == 1 and stats.merged_calls == 1 and stats.transitions == 1
     t = transitions[0]
     assert t.prompt_ids == [1, 2, 3]
@@ -81,41 +73,41 @@ def test_merge_extending_prompts_into_one_masked_sequence(store):
     assert t.reward == 1.0 and t.metadata["calls"] == [0, 1] and t.model_version == "v0"
 
 
-def test_non_extending_prompts_stay_separate(store):
-    rollout = run_rollout(store, two_turns(1.0, extend=False))
-    transitions, stats = TransitionAdapter().adapt(store, [rollout])
+def test_non_extending_prompts_stay_separate(memory_store):
+    rollout = run_rollout(memory_store, two_turns(1.0, extend=False))
+    transitions, stats = TransitionAdapter().adapt(memory_store, [rollout])
     assert [t.response_ids for t in transitions] == [[10, 11], [30, 31, 32]]
     assert stats.merged_calls == 0 and stats.transitions == 2
-    merged_off, _ = TransitionAdapter(merge=False).adapt(store, [run_rollout(store, two_turns(1.0))])
+    merged_off, _ = TransitionAdapter(merge=False).adapt(memory_store, [run_rollout(memory_store, two_turns(1.0))])
     assert len(merged_off) == 2
 
 
-def test_final_credit_on_every_call(store):
-    rollout = run_rollout(store, two_turns(0.7, extend=False))
-    transitions, _ = TransitionAdapter("final").adapt(store, [rollout])
+def test_final_credit_on_every_call(memory_store):
+    rollout = run_rollout(memory_store, two_turns(0.7, extend=False))
+    transitions, _ = TransitionAdapter("final").adapt(memory_store, [rollout])
     assert [t.reward for t in transitions] == [0.7, 0.7]
 
 
-def test_discounted_credit_and_merge_split_on_different_rewards(store):
-    rollout = run_rollout(store, two_turns(1.0))
-    transitions, stats = TransitionAdapter("discounted:0.5").adapt(store, [rollout])
+def test_discounted_credit_and_merge_split_on_different_rewards(memory_store):
+    rollout = run_rollout(memory_store, two_turns(1.0))
+    transitions, stats = TransitionAdapter("discounted:0.5").adapt(memory_store, [rollout])
     # Different rewards cannot share one sequence: the calls stay separate even though they extend.
     assert [t.reward for t in transitions] == [0.5, 1.0] and stats.merged_calls == 0
 
 
-def test_emitted_rewards_follow_their_call_and_fall_back_to_final(store):
+def test_emitted_rewards_follow_their_call_and_fall_back_to_final(memory_store):
     def spans(rid, aid):
         return [llm_span(rid, aid, [1], [2]), reward_span(rid, aid, 0.25),
                 llm_span(rid, aid, [5], [6]), llm_span(rid, aid, [7], [8]), reward_span(rid, aid, 1.0)]
-    rollout = run_rollout(store, spans)
-    transitions, _ = TransitionAdapter("emitted").adapt(store, [rollout])
+    rollout = run_rollout(memory_store, spans)
+    transitions, _ = TransitionAdapter("emitted").adapt(memory_store, [rollout])
     assert [t.reward for t in transitions] == [0.25, 0.0, 1.0]
     # No reward span at all: every call gets the final reward.
-    calls = extract_calls(store.query_spans(rollout.rollout_id, "latest"))
+    calls = extract_calls(memory_store.query_spans(rollout.rollout_id, "latest"))
     assert Emitted().assign(RolloutTrace("r", calls, [], final_reward=0.4)) == [0.4, 0.4, 0.4]
 
 
-def test_air_penalties_from_system_signals(store):
+def test_air_penalties_from_system_signals(memory_store):
     bad_json = '<tool_call>\n{"name": "calculator", "arguments": {oops}\n</tool_call>'
     call = {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "1/0"}'}}
 
@@ -128,17 +120,17 @@ def test_air_penalties_from_system_signals(store):
             llm_span(rid, aid, [6], [5], messages=history, tool_calls=[call]),    # … seen here; repeat of call 1
             reward_span(rid, aid, 1.0),
         ]
-    rollout = run_rollout(store, spans)
+    rollout = run_rollout(memory_store, spans)
     rule = AIR(unparsable_tool_call=-0.5, tool_error=-0.25, repeated_call=-0.1)
-    calls = extract_calls(store.query_spans(rollout.rollout_id, "latest"))
+    calls = extract_calls(memory_store.query_spans(rollout.rollout_id, "latest"))
     trace = RolloutTrace(rollout.rollout_id, calls, [], final_reward=1.0)
     assert rule.signals(trace) == [["unparsable_tool_call"], ["tool_error"], ["repeated_call"]]
     assert rule.assign(trace) == [0.5, 0.75, 0.9]
-    transitions, _ = TransitionAdapter(rule).adapt(store, [rollout])
+    transitions, _ = TransitionAdapter(rule).adapt(memory_store, [rollout])
     assert [t.reward for t in transitions] == [0.5, 0.75, 0.9]
 
 
-def test_agent_match_from_attribute_and_from_ancestor_scope(store):
+def test_agent_match_from_attribute_and_from_ancestor_scope(memory_store):
     def spans(rid, aid):
         scope = Span(rollout_id=rid, attempt_id=aid, span_id="scope1", name=semconv.SPAN_AGENT,
                      attributes={semconv.AGENT_NAME: "writer"})
@@ -149,28 +141,28 @@ def test_agent_match_from_attribute_and_from_ancestor_scope(store):
             llm_span(rid, aid, [5], [6]),                  # no name anywhere
             op, scope, reward_span(rid, aid, 1.0),
         ]
-    rollout = run_rollout(store, spans)
-    writer, stats = TransitionAdapter(agent_match="^writ").adapt(store, [rollout])
+    rollout = run_rollout(memory_store, spans)
+    writer, stats = TransitionAdapter(agent_match="^writ").adapt(memory_store, [rollout])
     assert [(t.agent_name, t.prompt_ids) for t in writer] == [("writer", [3])]
     assert stats.calls_other_agents == 2
-    everyone, _ = TransitionAdapter().adapt(store, [rollout])
+    everyone, _ = TransitionAdapter().adapt(memory_store, [rollout])
     assert [t.agent_name for t in everyone] == ["checker", "writer", None]
 
 
-def test_call_without_token_ids_is_reported_and_excluded(store):
+def test_call_without_token_ids_is_reported_and_excluded(memory_store):
     def spans(rid, aid):
         return [llm_span(rid, aid, [1], [2]), llm_span(rid, aid, [3], [4], ids=False), reward_span(rid, aid, 1.0)]
-    rollout = run_rollout(store, spans)
-    transitions, stats = TransitionAdapter().adapt(store, [rollout])
+    rollout = run_rollout(memory_store, spans)
+    transitions, stats = TransitionAdapter().adapt(memory_store, [rollout])
     assert stats.calls_without_token_ids == [(rollout.rollout_id, 1)]
     assert [t.prompt_ids for t in transitions] == [[1]]
     assert stats.as_metrics()["adapter/calls_without_token_ids"] == 1
 
 
-def test_failed_and_empty_rollouts_give_nothing_and_are_counted(store):
-    failed = run_rollout(store, two_turns(1.0), succeed=False)
-    empty = run_rollout(store, lambda rid, aid: [reward_span(rid, aid, 1.0)])
-    transitions, stats = TransitionAdapter().adapt(store, [failed, empty])
+def test_failed_and_empty_rollouts_give_nothing_and_are_counted(memory_store):
+    failed = run_rollout(memory_store, two_turns(1.0), succeed=False)
+    empty = run_rollout(memory_store, lambda rid, aid: [reward_span(rid, aid, 1.0)])
+    transitions, stats = TransitionAdapter().adapt(memory_store, [failed, empty])
     assert transitions == [] and stats.rollouts_not_succeeded == 1 and stats.rollouts_without_calls == 1
 
 

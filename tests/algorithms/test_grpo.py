@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import random
+import threading
 
 import pytest
 
@@ -32,11 +34,24 @@ class RecordingPublisher:
         return Published(version=self.versions[-1])
 
 
+_coin_lock = threading.Lock()
+_coin_draws: collections.Counter[tuple[str, int]] = collections.Counter()
+
+
+def _coin(mode: str, k: int) -> bool:
+    """A fair coin seeded by mode, task and draw number: every group of a task's rollouts gets the
+    same outcomes on every run, whatever order the runner's threads draw in."""
+    with _coin_lock:
+        draw = _coin_draws[mode, k]
+        _coin_draws[mode, k] += 1
+    return random.Random(f"coin/{mode}/{k}/{draw}").random() < 0.5
+
+
 @rollout
 def coin_agent(task, resources):
     """Pretends to call an LLM: records a call span with token ids, rewards the GOOD completion."""
     context = require_context("coin_agent")
-    good = random.random() < 0.5
+    good = _coin(context.rollout.mode, task["k"])
     version = resources.items["agentgrad_policy"].value["model_version"]
     context.store.add_span(Span(
         rollout_id=context.rollout_id, attempt_id=context.attempt_id, name=semconv.SPAN_LLM_CALL,
@@ -62,17 +77,10 @@ def bad_reward_agent(task, llm):
     return "great"  # not a number: the runner fails the rollout
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from agentgrad.demo.tiny import random_tiny_model
-
-    return random_tiny_model(tmp_path_factory.mktemp("tiny"))
-
-
-def test_grpo_trains_logs_checkpoints_and_resumes(model_dir, tmp_path):
+def test_grpo_trains_logs_checkpoints_and_resumes(tiny_model_dir, tmp_path):
     store = MemoryStore()
     publisher = RecordingPublisher()
-    grpo = GRPO(model_dir, steps=3, batch_size=2, group_size=4, train_config=TrainConfig(lr=3e-3), val_every=0,
+    grpo = GRPO(tiny_model_dir, steps=3, batch_size=2, group_size=4, train_config=TrainConfig(lr=3e-3), val_every=0,
                 output_dir=tmp_path, checkpoint_every=2, publisher=publisher, run_id="t",
                 rollout_config=RolloutConfig(timeout_seconds=60))
     tasks = [{"k": 40 + i} for i in range(5)]
@@ -89,13 +97,13 @@ def test_grpo_trains_logs_checkpoints_and_resumes(model_dir, tmp_path):
             "trainer_idle_fraction", "runner_idle_fraction"} <= set(trained[0])
     assert any(r.run_id == "t" for r in store.query_metrics())
     # The policy moved toward the rewarded completion.
-    fresh = PolicyTrainer(model_dir, TrainConfig())
+    fresh = PolicyTrainer(tiny_model_dir, TrainConfig())
     before = fresh.sequence_logprob([Sample(PROMPT + [40], GOOD)])[0]
     state = fresh.load_checkpoint(tmp_path / "checkpoints")
     assert state["step"] == 3 and state["cursor"] == 6
     assert fresh.sequence_logprob([Sample(PROMPT + [40], GOOD)])[0] > before
     # Resuming continues from the checkpoint's step (and republishes its weights first).
-    grpo2 = GRPO(model_dir, steps=4, batch_size=2, group_size=4, val_every=0, output_dir=tmp_path,
+    grpo2 = GRPO(tiny_model_dir, steps=4, batch_size=2, group_size=4, val_every=0, output_dir=tmp_path,
                  publisher=publisher, rollout_config=RolloutConfig(timeout_seconds=60))
     result2 = Trainer(store, concurrency=4, algorithm=grpo2).fit(
         coin_agent, tasks, resources={"llm": LLM(endpoint="http://unused/v1", model="m")})
@@ -105,9 +113,9 @@ def test_grpo_trains_logs_checkpoints_and_resumes(model_dir, tmp_path):
     store.close()
 
 
-def test_non_numeric_rewards_fail_rollouts_and_empty_batches_are_retried_not_trained(model_dir, tmp_path):
+def test_non_numeric_rewards_fail_rollouts_and_empty_batches_are_retried_not_trained(tiny_model_dir, tmp_path):
     store = MemoryStore()
-    grpo = GRPO(model_dir, steps=2, batch_size=1, group_size=2, val_every=0, output_dir=tmp_path,
+    grpo = GRPO(tiny_model_dir, steps=2, batch_size=1, group_size=2, val_every=0, output_dir=tmp_path,
                 publisher=RecordingPublisher(), max_empty_retries=1, rollout_config=RolloutConfig(timeout_seconds=30))
     with pytest.raises(RuntimeError, match="empty batches in a row"):
         Trainer(store, concurrency=2, algorithm=grpo).fit(
@@ -122,10 +130,10 @@ def test_non_numeric_rewards_fail_rollouts_and_empty_batches_are_retried_not_tra
     store.close()
 
 
-def test_a_step_whose_groups_all_agree_is_skipped_without_an_update(model_dir, tmp_path, capsys):
+def test_a_step_whose_groups_all_agree_is_skipped_without_an_update(tiny_model_dir, tmp_path, capsys):
     store = MemoryStore()
     publisher = RecordingPublisher()
-    grpo = GRPO(model_dir, steps=2, batch_size=2, group_size=3, val_every=0, output_dir=tmp_path,
+    grpo = GRPO(tiny_model_dir, steps=2, batch_size=2, group_size=3, val_every=0, output_dir=tmp_path,
                 publisher=publisher, rollout_config=RolloutConfig(timeout_seconds=60))
     tasks = [{"k": 40 + i} for i in range(4)]
     result = Trainer(store, concurrency=3, algorithm=grpo).fit(

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from agentgrad.cli.algorithms import add_commands  # noqa: F401  (the CLI module must import cleanly)
 from agentgrad.algorithms.sft import (
     EmptySelectionError,
     SelectionCriteria,
@@ -20,12 +19,13 @@ from agentgrad.algorithms.sft import (
     select_transitions,
 )
 from agentgrad.cli import main
+from agentgrad.cli.algorithms import add_commands  # noqa: F401  (the CLI module must import cleanly)
+from agentgrad.demo.agent import calc_agent
 from agentgrad.proxy import LLMProxy, ProxyResourcesHook
-from agentgrad.testing.stub import StubUpstream, tool_reply
 from agentgrad.store.sqlite import SqliteStore
+from agentgrad.testing.stub import StubUpstream, tool_reply
 from agentgrad.trainer import Trainer
 from agentgrad.types import LLM
-from agentgrad.demo.agent import calc_agent
 
 # The stub always computes 2 + 3 and answers 5: right for the first two tasks, wrong for the third.
 TASKS = [{"question": "What is 2 + 3?", "answer": 5}, {"question": "What is 2 + 3?", "answer": 5},

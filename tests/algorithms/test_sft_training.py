@@ -15,13 +15,13 @@ import pytest
 
 from agentgrad.algorithms.base import AlgorithmContext
 from agentgrad.algorithms.sft import SFT, SaveToDirectory, SelectionCriteria
+from agentgrad.demo.agent import calc_agent
 from agentgrad.errors import AgentGradError
 from agentgrad.proxy import LLMProxy, ProxyResourcesHook
-from agentgrad.testing.stub import StubUpstream, tool_reply
 from agentgrad.store.memory import MemoryStore
+from agentgrad.testing.stub import StubUpstream, tool_reply
 from agentgrad.trainer import Trainer
 from agentgrad.types import LLM
-from agentgrad.demo.agent import calc_agent
 
 pytest.importorskip("torch")
 
@@ -29,13 +29,15 @@ pytestmark = pytest.mark.tiny_model  # runs last: see tests/conftest.py
 
 
 @pytest.fixture(scope="module")
-def tiny_model_dir():
+def demo_model_dir():
+    """The trained demo model (SFT must raise its success): not the root conftest's random
+    ``tiny_model_dir``."""
     from agentgrad.demo.tiny import ensure_tiny_model
 
     return ensure_tiny_model()
 
 
-def test_sft_fast_trains_publishes_and_announces(tiny_model_dir, tmp_path) -> None:
+def test_sft_fast_trains_publishes_and_announces(demo_model_dir, tmp_path) -> None:
     from transformers import AutoModelForCausalLM
 
     from agentgrad.training import TrainConfig
@@ -46,7 +48,7 @@ def test_sft_fast_trains_publishes_and_announces(tiny_model_dir, tmp_path) -> No
             LLMProxy(store, f"http://127.0.0.1:{upstream.port}/v1") as proxy:
         trainer = Trainer(store, runner_options={"resources_hook": ProxyResourcesHook(proxy.base_url)})
         trainer.dev(calc_agent, tasks, {"llm": LLM(endpoint="unused", model="stub-model")}, print_summary=False)
-    sft = SFT(tiny_model_dir, train_config=TrainConfig(lr=1e-3), steps=4, batch_size=2,
+    sft = SFT(demo_model_dir, train_config=TrainConfig(lr=1e-3), steps=4, batch_size=2,
               publisher=SaveToDirectory(tmp_path / "out"))
     result = sft.run(AlgorithmContext(store=store))
     assert result.samples == [2]  # the successful rollout's two calls; the failed one is rejected
@@ -56,12 +58,12 @@ def test_sft_fast_trains_publishes_and_announces(tiny_model_dir, tmp_path) -> No
     assert store.get_latest_resources().items["policy_version"].value == result.versions[0]
     assert [m.step for m in store.query_metrics("sft:sft")] == [1, 2, 3, 4]
     with pytest.raises(AgentGradError, match="somewhere to publish"):
-        SFT(tiny_model_dir).run(AlgorithmContext(store=store))
+        SFT(demo_model_dir).run(AlgorithmContext(store=store))
     store.close()
 
 
 @pytest.fixture
-def served_tiny(tiny_model_dir) -> Iterator[tuple[object, str]]:
+def served_tiny(demo_model_dir) -> Iterator[tuple[object, str]]:
     """The tiny model in the local engine behind the OpenAI-compatible model server."""
     inference = pytest.importorskip("agentgrad.inference")
     model_server = getattr(inference, "ModelServer", None)
@@ -69,7 +71,7 @@ def served_tiny(tiny_model_dir) -> Iterator[tuple[object, str]]:
         pytest.skip("agentgrad.inference.ModelServer is not available")
     from agentgrad.inference.engine import Engine
 
-    engine = Engine(tiny_model_dir, max_batch_size=32)
+    engine = Engine(demo_model_dir, max_batch_size=32)
     server = model_server(engine)
     try:
         yield engine, server.start()
@@ -79,7 +81,7 @@ def served_tiny(tiny_model_dir) -> Iterator[tuple[object, str]]:
 
 
 @pytest.mark.slow
-def test_rejection_sampling_raises_greedy_success(served_tiny, tiny_model_dir) -> None:
+def test_rejection_sampling_raises_greedy_success(served_tiny, demo_model_dir) -> None:
     from agentgrad.demo.calc import generate_problems
     from agentgrad.training import TrainConfig
 
@@ -92,7 +94,7 @@ def test_rejection_sampling_raises_greedy_success(served_tiny, tiny_model_dir) -
     with LLMProxy(store, base_url) as proxy:
         trainer = Trainer(store, concurrency=16, runner_options={"resources_hook": ProxyResourcesHook(proxy.base_url)})
         before = trainer.dev(calc_agent, val, greedy, mode="val", print_summary=False).reward_mean
-        trainer.algorithm = SFT(tiny_model_dir, criteria=SelectionCriteria(min_reward=1.0),
+        trainer.algorithm = SFT(demo_model_dir, criteria=SelectionCriteria(min_reward=1.0),
                                 train_config=TrainConfig(lr=5e-4), iterations=3, samples_per_task=2, steps=40,
                                 batch_size=32)
         result = trainer.fit(calc_agent, train, resources=sampling, engine=engine)

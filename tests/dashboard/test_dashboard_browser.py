@@ -20,8 +20,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -133,15 +131,11 @@ class Run:
 def _serve(store: Store, token: str) -> Iterator[str]:
     import uvicorn
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    from agentgrad.http.serve import listening_socket, serve_in_thread
+
+    sock = listening_socket("127.0.0.1", 0)
     server = uvicorn.Server(uvicorn.Config(create_app(store, token=token), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "dashboard server did not start"
-        time.sleep(0.02)
+    thread = serve_in_thread(server, sock, name="dashboard", timeout=20)
     try:
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
@@ -151,8 +145,8 @@ def _serve(store: Store, token: str) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
-    from agentgrad.inference.engine import Engine
     from agentgrad.demo.tiny import random_tiny_model
+    from agentgrad.inference.engine import Engine
 
     root = tmp_path_factory.mktemp("dashboard-run")
     engine = Engine(random_tiny_model(root / "model"), version="tiny-v1")

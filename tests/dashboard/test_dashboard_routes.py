@@ -10,12 +10,12 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("jinja2")
 
+from dashboard_data import Filled  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
 from agentgrad.dashboard import create_app, create_router  # noqa: E402
 from agentgrad.dashboard.auth import COOKIE_NAME  # noqa: E402
-from dashboard_data import Filled  # noqa: E402
 
 ESCAPED = "&lt;script&gt;alert("
 
@@ -126,6 +126,36 @@ def test_rollout_page_flags_missing_llm_calls(client: TestClient, filled: Filled
     assert "no LLM call captured" in html and "gives no training data" in html
     queued = client.get(f"/dashboard/rollouts/{filled.queued}").text
     assert "No attempt yet" in queued
+
+
+def test_a_malformed_llm_call_span_is_shown_and_flagged() -> None:
+    """Token ids with a bool or a float, logprobs that are text, a request that is not JSON: the
+    page still shows the call, flagged as not trainable (the trainer's own rule) and saying why."""
+    from agentgrad import semconv
+    from agentgrad.store.memory import MemoryStore
+    from agentgrad.types import Span
+
+    store = MemoryStore(watchdog_interval=None)
+    store.enqueue_rollout({"q": "malformed"}, rollout_id="ro-bad")
+    (claimed,) = store.dequeue_rollouts(1, worker_id="worker-b")
+    store.add_span(Span(rollout_id="ro-bad", attempt_id=claimed.attempt.attempt_id, span_id="bad1",
+                        name=semconv.SPAN_LLM_CALL, attributes={
+                            semconv.LLM_PROMPT_TOKEN_IDS: [1, True, 3],
+                            semconv.LLM_COMPLETION_TOKEN_IDS: [4, 5.5],
+                            semconv.LLM_LOGPROBS: "not json",
+                            semconv.LLM_REQUEST: "plain text, not a JSON object",
+                            semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 2,
+                        }))
+    response = TestClient(create_app(store)).get("/dashboard/rollouts/ro-bad")
+    assert response.status_code == 200
+    html = response.text
+    assert 'id="llm-call-1"' in html and "cannot be used for training" in html
+    assert f"{semconv.LLM_PROMPT_TOKEN_IDS} is not a list of integers" in html
+    assert f"{semconv.LLM_COMPLETION_TOKEN_IDS} is not a list of integers" in html
+    assert f"{semconv.LLM_LOGPROBS} is not a list of numbers" in html
+    assert "plain text, not a JSON object" in html  # the raw request is still shown
+    assert "? prompt tokens" in html and "2 completion tokens" in html  # usage stands in for refused ids
+    store.close()
 
 
 def test_unknown_rollout_is_a_404_page(client: TestClient) -> None:

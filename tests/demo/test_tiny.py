@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agentgrad.demo import calc
-
-from agentgrad.demo import tiny
+from agentgrad.demo import calc, tiny
 
 
 def test_random_tiny_model_loads_through_auto_classes(tmp_path: Path) -> None:

@@ -38,8 +38,8 @@ def solve(client, problem: dict) -> bool:
 def test_build_reaches_partial_competence(tmp_path: Path) -> None:
     import openai
 
-    from agentgrad.inference import ModelServer
     from agentgrad.demo.tiny import build_tiny_model
+    from agentgrad.inference import ModelServer
 
     path = build_tiny_model(tmp_path / "tiny", progress=False)
     manifest = json.loads((path / "agentgrad_build.json").read_text())

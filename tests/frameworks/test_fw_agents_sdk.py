@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from capture_check import MAX_TOKENS, Capture, calculator, run_and_check
 
 pytest.importorskip("agents")

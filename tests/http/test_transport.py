@@ -1,4 +1,5 @@
-"""The store client's lean HTTP/1.1 pool against scripted servers: framing, keep-alive, failures."""
+"""The sync transport: the lean HTTP/1.1 pool against scripted servers (framing, keep-alive, failures,
+the stale-connection rule), the httpx route and the choice between them."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from agentgrad.http.transport import ConnectionPool, ProtocolError
+from agentgrad.http.transport import (
+    ConnectionPool,
+    HttpxTransport,
+    NoAnswer,
+    ProtocolError,
+    request_json,
+    resend_once,
+    transport_for,
+)
 
 Handler = Callable[[socket.socket, bytes], bool]  # answers one request; False closes the connection
 
@@ -130,6 +139,86 @@ def test_an_idle_connection_the_server_closed_is_replaced(serve):
     for _ in range(3):
         assert pool.request("GET", "/x") == (200, b"ok")
     assert server.connections == 3 and len(served) == 3
+
+
+def test_only_a_reused_connection_closed_before_answering_is_resent_and_only_once(serve):
+    answered = []
+
+    def drops_every_request(conn: socket.socket, body: bytes) -> bool:
+        return False  # closes without a byte: a fresh connection's request may have been seen
+
+    fresh = serve(drops_every_request)
+    with pytest.raises(NoAnswer):
+        ConnectionPool("127.0.0.1", fresh.port).request("POST", "/x", b"{}")
+    assert fresh.connections == 1 and len(fresh.heads) == 1, "never resent on a fresh connection"
+
+    def answers_once_then_drops(conn: socket.socket, body: bytes) -> bool:
+        if not answered:
+            answered.append(1)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            return False  # the pooled connection goes stale
+        return False
+
+    flaky = serve(answers_once_then_drops)
+    pool = ConnectionPool("127.0.0.1", flaky.port)
+    assert pool.request("GET", "/a") == (200, b"ok")
+    with pytest.raises(NoAnswer):
+        pool.request("POST", "/b", b"{}")
+    assert flaky.connections == 2, "the stale pooled one, then one fresh try that is not resent"
+    assert [head.split(b" ")[1] for head in flaky.heads] == [b"/a", b"/b"]
+
+
+def test_resend_once_is_the_stale_pooled_connection_rule():
+    assert resend_once(True, NoAnswer("closed"))
+    assert not resend_once(False, NoAnswer("closed"))
+    assert not resend_once(True, TimeoutError())
+    assert not resend_once(True, ProtocolError("cut short"))
+
+
+def test_transport_for_picks_the_lean_pool_only_for_plain_http(monkeypatch):
+    import httpx
+
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    assert isinstance(transport_for("http://127.0.0.1:1"), ConnectionPool)
+    assert isinstance(transport_for("https://store.test"), HttpxTransport)
+    assert isinstance(transport_for("http://127.0.0.1:1", httpx_transport=httpx.HTTPTransport()), HttpxTransport)
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.test:3128")
+    assert isinstance(transport_for("http://127.0.0.1:1"), HttpxTransport)
+
+
+def test_request_json_sends_json_and_returns_any_status(serve):
+    server = serve(_answer(b'HTTP/1.1 418 I\'m a teapot\r\nContent-Length: 11\r\n\r\n{"tea": 1}\n'))
+    reply = request_json("POST", f"http://127.0.0.1:{server.port}/v1/brew?x=1", {"cup": "é"},
+                         headers={"Authorization": "Bearer t"}, timeout=5)
+    assert reply.status == 418 and reply.json() == {"tea": 1} and reply.text == '{"tea": 1}\n'
+    head = server.heads[0].decode()
+    assert head.startswith("POST /v1/brew?x=1 HTTP/1.1\r\n")
+    assert "Content-Type: application/json" in head and "Authorization: Bearer t" in head
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+    free.close()
+    with pytest.raises(OSError):
+        request_json("GET", f"http://127.0.0.1:{port}/health", timeout=1)
+
+
+def test_the_httpx_route_raises_oserrors_too():
+    import httpx
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused (test)", request=request)
+
+    def slow(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("slow (test)", request=request)
+
+    with pytest.raises(ConnectionError, match="refused"):
+        HttpxTransport("https://x.test", transport=httpx.MockTransport(refuse)).request("GET", "/")
+    with pytest.raises(TimeoutError, match="slow"):
+        HttpxTransport("https://x.test", transport=httpx.MockTransport(slow)).request("GET", "/")
+    ok = HttpxTransport("https://x.test/base", transport=httpx.MockTransport(
+        lambda request: httpx.Response(201, content=request.url.path.encode())))
+    assert ok.request("POST", "/v1/a", b"{}") == (201, b"/base/v1/a")
 
 
 def test_truncated_and_garbage_answers_raise_and_are_not_reused(serve):

@@ -100,7 +100,7 @@ def test_broken_answers_are_unreachable_upstreams() -> None:
             await response.read()
         with pytest.raises(UpstreamUnreachable, match="unparsable"):
             await client.request("POST", "/garbage", b"x")
-        assert len(seen) == 3  # the garbage was asked for twice: a fresh connection is tried once
+        assert len(seen) == 2  # asked for once: an answer that is not HTTP is never resent
 
     serve(test)
 
@@ -111,6 +111,15 @@ def test_a_pooled_connection_dropped_by_the_upstream_is_retried_on_a_new_one() -
         (pooled,) = client._idle
         assert await (await client.request("POST", "/flaky", b"x")).read() == b"hello"
         assert pooled.closed and client._idle and client._idle[0] is not pooled
+
+    serve(test)
+
+
+def test_a_fresh_connection_dropped_before_answering_is_not_resent() -> None:
+    async def test(client: Upstream, seen: list[bytes]) -> None:
+        with pytest.raises(UpstreamUnreachable, match="dropped the connection"):
+            await client.request("POST", "/flaky", b"x")  # nothing pooled: the upstream may have seen it
+        assert len(seen) == 1
 
     serve(test)
 

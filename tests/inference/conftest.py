@@ -1,4 +1,5 @@
-"""Shared fixtures: one random-initialised tiny model, engine and live server per session."""
+"""Shared fixtures: one engine and live server per session, over the root conftest's random
+``tiny_model_dir``."""
 
 from __future__ import annotations
 
@@ -7,19 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from agentgrad.demo.tiny import random_tiny_model
-
 
 @pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return random_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
-
-
-@pytest.fixture(scope="session")
-def engine(tiny_dir: Path) -> Iterator:
+def engine(tiny_model_dir: Path) -> Iterator:
     from agentgrad.inference import Engine
 
-    eng = Engine(tiny_dir, max_batch_size=16)
+    eng = Engine(tiny_model_dir, max_batch_size=16)
     yield eng
     eng.close()
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agentgrad.inference import Engine, GenerationResult, ModelServer, TokenEvent
 from agentgrad.demo import calc
+from agentgrad.inference import Engine, GenerationResult, ModelServer, TokenEvent
 
 MESSAGES = [{"role": "system", "content": calc.SYSTEM_PROMPT}, {"role": "user", "content": "What is 2 + 3?"}]
 
@@ -125,8 +125,8 @@ class ScriptedEngine(Engine):
 
 
 @pytest.fixture(scope="module")
-def scripted(tiny_dir: Path):
-    engine = ScriptedEngine(tiny_dir)
+def scripted(tiny_model_dir: Path):
+    engine = ScriptedEngine(tiny_model_dir)
     server = ModelServer(engine)
     url = server.start()
     yield engine, url

@@ -77,10 +77,10 @@ def test_bad_requests_name_the_field(engine: Engine) -> None:
     assert err.value.param == "prompt"
 
 
-def test_weight_update_mid_flight_finishes_on_old_weights(tiny_dir: Path) -> None:
+def test_weight_update_mid_flight_finishes_on_old_weights(tiny_model_dir: Path) -> None:
     import torch
 
-    engine = Engine(tiny_dir)
+    engine = Engine(tiny_model_dir)
     try:
         prompt = _prompt(engine)
         greedy = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
@@ -96,7 +96,7 @@ def test_weight_update_mid_flight_finishes_on_old_weights(tiny_dir: Path) -> Non
             assert result.model_version == "v0" and result.token_ids == before.token_ids
         after = engine.generate(prompt, greedy)
         assert after.model_version == "v1" and after.logprobs != before.logprobs
-        assert engine.update_weights(str(tiny_dir), version="restored") == "restored"
+        assert engine.update_weights(str(tiny_model_dir), version="restored") == "restored"
         assert engine.generate(prompt, greedy).token_ids == before.token_ids
         with pytest.raises(ValueError, match="unknown parameter"):
             engine.update_weights({"nope.weight": torch.zeros(1)})
@@ -107,12 +107,12 @@ def test_weight_update_mid_flight_finishes_on_old_weights(tiny_dir: Path) -> Non
         engine.close()
 
 
-def test_lora_load_use_and_unload(tiny_dir: Path, tmp_path: Path) -> None:
+def test_lora_load_use_and_unload(tiny_model_dir: Path, tmp_path: Path) -> None:
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     peft_model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
     with torch.no_grad():
         for name, param in peft_model.named_parameters():
@@ -120,7 +120,7 @@ def test_lora_load_use_and_unload(tiny_dir: Path, tmp_path: Path) -> None:
                 param.normal_(0, 0.5)
     peft_model.save_pretrained(tmp_path / "adapter")
 
-    engine = Engine(tiny_dir)
+    engine = Engine(tiny_model_dir)
     try:
         prompt = _prompt(engine)
         params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
@@ -144,10 +144,10 @@ def test_lora_load_use_and_unload(tiny_dir: Path, tmp_path: Path) -> None:
         engine.close()
 
 
-def test_closed_engine_refuses_work(tiny_dir: Path) -> None:
+def test_closed_engine_refuses_work(tiny_model_dir: Path) -> None:
     from agentgrad.inference import EngineError
 
-    engine = Engine(tiny_dir)
+    engine = Engine(tiny_model_dir)
     pending = engine.submit(_prompt(engine), SamplingParams(max_tokens=200, ignore_eos=True))
     done = threading.Event()
     pending.add_done_callback(lambda f: done.set())

@@ -50,8 +50,8 @@ def test_openai_sdk_raises_bad_request(proxy) -> None:
                                                                             previous_response_id="r")
 
 
-def test_oversized_body_is_refused_with_413(store, stub) -> None:
-    with LLMProxy(store, f"http://127.0.0.1:{stub.port}/v1", max_body_bytes=1000) as proxy:
+def test_oversized_body_is_refused_with_413(memory_store, stub) -> None:
+    with LLMProxy(memory_store, f"http://127.0.0.1:{stub.port}/v1", max_body_bytes=1000) as proxy:
         big = {"model": "m", "messages": [{"role": "user", "content": "x" * 2000}]}
         response = post(proxy, "/chat/completions", json=big)
         assert response.status_code == 413 and "limit" in response.json()["error"]["message"]
@@ -68,14 +68,14 @@ def test_unknown_route_is_404_json_but_chat_never_is(proxy) -> None:
     assert post(proxy, "/chat/completions", json={"model": "no-such-model", "messages": MESSAGES}).status_code == 200
 
 
-def test_upstream_error_passes_through_with_status_and_body(store, attempt) -> None:
-    with StubUpstream(["x"], fail_first=5) as stub, LLMProxy(store, f"http://127.0.0.1:{stub.port}/v1") as proxy:
+def test_upstream_error_passes_through_with_status_and_body(memory_store, attempt) -> None:
+    with StubUpstream(["x"], fail_first=5) as stub, LLMProxy(memory_store, f"http://127.0.0.1:{stub.port}/v1") as proxy:
         client = openai.OpenAI(base_url=proxy.endpoint_for(attempt.rollout.rollout_id, attempt.attempt.attempt_id),
                                api_key="k", max_retries=0)
         with pytest.raises(openai.InternalServerError, match="scripted failure"):
             client.chat.completions.create(model="m", messages=MESSAGES)
         assert proxy.metrics.upstream_errors == 1
-    assert not store.query_spans(attempt.rollout.rollout_id, name=semconv.SPAN_LLM_CALL)
+    assert not memory_store.query_spans(attempt.rollout.rollout_id, name=semconv.SPAN_LLM_CALL)
 
 
 def _free_port() -> int:
@@ -84,18 +84,18 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_unreachable_upstream_gives_502_and_keeps_stored_data(store, stub, attempt) -> None:
+def test_unreachable_upstream_gives_502_and_keeps_stored_data(memory_store, stub, attempt) -> None:
     endpoint_args = (attempt.rollout.rollout_id, attempt.attempt.attempt_id)
-    with LLMProxy(store, f"http://127.0.0.1:{stub.port}/v1") as good:
+    with LLMProxy(memory_store, f"http://127.0.0.1:{stub.port}/v1") as good:
         openai.OpenAI(base_url=good.endpoint_for(*endpoint_args), api_key="k").chat.completions.create(
             model="m", messages=MESSAGES)
-    with LLMProxy(store, f"http://127.0.0.1:{_free_port()}/v1") as dead:
+    with LLMProxy(memory_store, f"http://127.0.0.1:{_free_port()}/v1") as dead:
         for stream in (False, True):
             response = httpx.post(dead.endpoint_for(*endpoint_args) + "/chat/completions",
                                   json={"model": "m", "messages": MESSAGES, "stream": stream})
             assert response.status_code == 502
             assert "unreachable" in response.json()["error"]["message"]
         assert dead.metrics.upstream_unreachable == 2
-    spans = store.query_spans(attempt.rollout.rollout_id, name=semconv.SPAN_LLM_CALL)
+    spans = memory_store.query_spans(attempt.rollout.rollout_id, name=semconv.SPAN_LLM_CALL)
     assert len(spans) == 1 and spans[0].attributes[semconv.LLM_COMPLETION_TOKEN_IDS]
-    assert store.get_rollout(attempt.rollout.rollout_id).llm_calls == 1
+    assert memory_store.get_rollout(attempt.rollout.rollout_id).llm_calls == 1

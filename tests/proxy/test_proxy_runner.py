@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import openai
+from proxy_support import new_attempt
 
 from agentgrad import semconv
 from agentgrad.emit import agent as agent_scope
@@ -18,8 +19,6 @@ from agentgrad.runner import Runner
 from agentgrad.store import open_store
 from agentgrad.trainer import Trainer
 from agentgrad.types import LLM, AttemptedRollout, Resources
-
-from conftest import new_attempt
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,8 +34,8 @@ def silent_agent(task: dict, llm: LLM) -> float:
     return 0.0  # never calls its LLM: a rollout without training data
 
 
-def test_resources_hook_rewrites_llm_endpoints(store) -> None:
-    claimed: AttemptedRollout = new_attempt(store)
+def test_resources_hook_rewrites_llm_endpoints(memory_store) -> None:
+    claimed: AttemptedRollout = new_attempt(memory_store)
     resources = Resources(resources_id="r", version=1, items={"policy": LLM(endpoint="http://engine/v1", model="p"),
                                                              "temperature": 0.5})
     hooked = ProxyResourcesHook("http://127.0.0.1:9/v1")(resources, claimed)
@@ -47,32 +46,32 @@ def test_resources_hook_rewrites_llm_endpoints(store) -> None:
     assert empty.items["llm"].endpoint == expected
 
 
-def test_trainer_with_proxy_captures_every_rollout(store, proxy) -> None:
-    trainer = Trainer(store, proxy=proxy, concurrency=2, console=None)
+def test_trainer_with_proxy_captures_every_rollout(memory_store, proxy) -> None:
+    trainer = Trainer(memory_store, proxy=proxy, concurrency=2, console=None)
     report = trainer.dev(calling_agent, [{"q": f"What is {i} + 1?"} for i in range(4)],
                          {"llm": LLM(endpoint="http://unused.invalid/v1", model="gpt-4o-mini")},
                          timeout=60, print_summary=False)
     assert report.succeeded
-    rollouts = store.query_rollouts()
+    rollouts = memory_store.query_rollouts()
     assert len(rollouts) == 4 and all(r.llm_calls == 1 for r in rollouts)
     for rollout in rollouts:
-        (span,) = store.query_spans(rollout.rollout_id, name=semconv.SPAN_LLM_CALL)
+        (span,) = memory_store.query_spans(rollout.rollout_id, name=semconv.SPAN_LLM_CALL)
         assert span.attributes[semconv.AGENT_NAME] == "solver"
         assert span.attributes[semconv.LLM_PROMPT_TOKEN_IDS]
     assert proxy.metrics.unattributed == 0
     assert proxy.metrics.as_dict()["attempts_with_calls"] == 4
 
 
-def test_rollout_without_llm_calls_is_flagged(store, proxy, caplog) -> None:
-    store.enqueue_rollout({"q": "x"})
-    runner = Runner(silent_agent, store, max_rollouts=1, llm_proxy_url=proxy.url, poll_timeout=0.1)
+def test_rollout_without_llm_calls_is_flagged(memory_store, proxy, caplog) -> None:
+    memory_store.enqueue_rollout({"q": "x"})
+    runner = Runner(silent_agent, memory_store, max_rollouts=1, llm_proxy_url=proxy.url, poll_timeout=0.1)
     with caplog.at_level(logging.WARNING, logger="agentgrad.runner"):
         stats = runner.run()
     assert stats.no_llm_calls == 1
     assert any("no captured LLM call" in record.getMessage() for record in caplog.records)
     from agentgrad.store.protocol import RolloutFilter
 
-    assert store.count_rollouts(RolloutFilter(no_llm_calls=True)) == 1
+    assert memory_store.count_rollouts(RolloutFilter(no_llm_calls=True)) == 1
 
 
 def test_cli_serves_until_sigterm(tmp_path, stub) -> None:

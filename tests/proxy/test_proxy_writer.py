@@ -12,16 +12,15 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from proxy_support import new_attempt
 
 from agentgrad import semconv
 from agentgrad.proxy import LLMProxy
-from agentgrad.testing.stub import StubUpstream
 from agentgrad.proxy.writer import FlushError, FlushTimeout
 from agentgrad.runner import Runner
 from agentgrad.store.protocol import Store
+from agentgrad.testing.stub import StubUpstream
 from agentgrad.types import LLM, AttemptedRollout, AttemptStatus
-
-from conftest import new_attempt
 
 MESSAGES = [{"role": "user", "content": "What is 2 + 3?"}]
 
@@ -63,13 +62,13 @@ def ids(claimed: AttemptedRollout) -> tuple[str, str]:
     return claimed.rollout.rollout_id, claimed.attempt.attempt_id
 
 
-def test_answer_does_not_wait_for_the_store_and_flush_is_the_barrier(store, stub, attempt) -> None:
-    slow = WrappedStore(store)
+def test_answer_does_not_wait_for_the_store_and_flush_is_the_barrier(memory_store, stub, attempt) -> None:
+    slow = WrappedStore(memory_store)
     slow.gate.clear()  # the store is stuck: the client still gets its answer
     with LLMProxy(slow, stub.start()) as proxy:
         reply = httpx.post(url_for(proxy, attempt), json={"model": "m", "messages": MESSAGES}, timeout=10)
         assert reply.status_code == 200 and reply.json()["choices"][0]["message"]
-        assert stored(store, attempt) == 0
+        assert stored(memory_store, attempt) == 0
         with pytest.raises(FlushTimeout):
             proxy.flush(*ids(attempt), timeout=0.2)
         timed_out = httpx.post(proxy.url + "/agentgrad/flush", timeout=10, json={
@@ -79,9 +78,9 @@ def test_answer_does_not_wait_for_the_store_and_flush_is_the_barrier(store, stub
         done = httpx.post(proxy.url + "/agentgrad/flush", timeout=10, json={
             "rollout_id": attempt.rollout.rollout_id, "attempt_id": attempt.attempt.attempt_id, "timeout": 10})
         assert done.status_code == 200
-        assert stored(store, attempt) == 1
+        assert stored(memory_store, attempt) == 1
         assert proxy.metrics.recorded == 1 and proxy.metrics.as_dict()["store_batches"] == 1
-        other = new_attempt(store)  # an attempt with no calls flushes at once
+        other = new_attempt(memory_store)  # an attempt with no calls flushes at once
         proxy.flush(*ids(other), timeout=0)
 
 
@@ -93,7 +92,7 @@ def test_flush_endpoint_refuses_bad_bodies(proxy) -> None:
         assert "rollout_id" in response.json()["error"]["message"]
 
 
-def test_flush_waits_for_an_in_flight_stream(store, stub, proxy, attempt) -> None:
+def test_flush_waits_for_an_in_flight_stream(memory_store, stub, proxy, attempt) -> None:
     stub.stream_gate = threading.Event()
     client = openai.OpenAI(base_url=proxy.endpoint_for(*ids(attempt)), api_key="k")
     stream = client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
@@ -111,10 +110,10 @@ def test_flush_waits_for_an_in_flight_stream(store, stub, proxy, attempt) -> Non
         pass
     waiter.join(20)
     assert flushed.is_set()
-    assert stored(store, attempt) == 1  # stored the instant flush returned
+    assert stored(memory_store, attempt) == 1  # stored the instant flush returned
 
 
-def test_aborted_stream_releases_the_barrier(store, stub, proxy, attempt) -> None:
+def test_aborted_stream_releases_the_barrier(memory_store, stub, proxy, attempt) -> None:
     stub.stream_gate = threading.Event()
     with httpx.stream("POST", url_for(proxy, attempt), timeout=10,
                       json={"model": "m", "messages": MESSAGES, "stream": True}) as response:
@@ -125,12 +124,12 @@ def test_aborted_stream_releases_the_barrier(store, stub, proxy, attempt) -> Non
     assert proxy.metrics.streams_aborted == 1  # at once: the upstream still holds the rest
     stub.stream_gate.set()
     proxy.flush(*ids(attempt), timeout=10)  # the abandoned call ends without a span
-    assert stored(store, attempt) == 0
+    assert stored(memory_store, attempt) == 0
 
 
-def test_concurrent_calls_share_store_transactions(store, stub) -> None:
-    counting = WrappedStore(store)
-    claimed = [new_attempt(store) for _ in range(4)]
+def test_concurrent_calls_share_store_transactions(memory_store, stub) -> None:
+    counting = WrappedStore(memory_store)
+    claimed = [new_attempt(memory_store) for _ in range(4)]
     counting.gate.clear()
     with LLMProxy(counting, stub.start()) as proxy:
 
@@ -146,16 +145,16 @@ def test_concurrent_calls_share_store_transactions(store, stub) -> None:
         counting.gate.set()
         for one in claimed:
             proxy.flush(*ids(one), timeout=20)
-            assert stored(store, one) == 6
+            assert stored(memory_store, one) == 6
         assert sum(counting.batches) == 24 and proxy.metrics.recorded == 24
         # the first span may go alone (the writer woke for it); the others queued behind it share one
         assert len(counting.batches) <= 2, counting.batches
         assert proxy.metrics.store_batches == len(counting.batches)
-        assert {r.llm_calls for r in (store.get_rollout(one.rollout.rollout_id) for one in claimed)} == {6}
+        assert {r.llm_calls for r in (memory_store.get_rollout(one.rollout.rollout_id) for one in claimed)} == {6}
 
 
-def test_back_to_back_calls_share_a_transaction_and_nobody_waits_for_the_linger(store, stub, attempt) -> None:
-    counting = WrappedStore(store)
+def test_back_to_back_calls_share_a_transaction_and_nobody_waits_for_the_linger(memory_store, stub, attempt) -> None:
+    counting = WrappedStore(memory_store)
     with LLMProxy(counting, f"http://127.0.0.1:{stub.port}/v1") as proxy:
         proxy.app.state.proxy.writer.linger = 60  # a flush or a stop that waited for it would time out
         for _ in range(3):
@@ -166,21 +165,21 @@ def test_back_to_back_calls_share_a_transaction_and_nobody_waits_for_the_linger(
         assert httpx.post(url_for(proxy, attempt), json={"model": "m", "messages": MESSAGES}).status_code == 200
         started = time.monotonic()
     assert time.monotonic() - started < 15  # the stop drained the lingering span at once
-    assert counting.batches == [3, 1] and stored(store, attempt) == 4
+    assert counting.batches == [3, 1] and stored(memory_store, attempt) == 4
 
 
-def test_transient_store_errors_are_retried(store, stub, attempt) -> None:
-    flaky = WrappedStore(store, fail=2)
+def test_transient_store_errors_are_retried(memory_store, stub, attempt) -> None:
+    flaky = WrappedStore(memory_store, fail=2)
     with LLMProxy(flaky, stub.start()) as proxy:
         proxy.app.state.proxy.writer.backoff = 0.01
         assert httpx.post(url_for(proxy, attempt), json={"model": "m", "messages": MESSAGES}).status_code == 200
         proxy.flush(*ids(attempt), timeout=10)
-        assert stored(store, attempt) == 1
+        assert stored(memory_store, attempt) == 1
         assert proxy.metrics.store_retries == 2 and proxy.metrics.store_errors == 0
 
 
-def test_lost_spans_are_counted_and_fail_the_flush(store, stub, attempt, caplog) -> None:
-    broken = WrappedStore(store, fail=10**6)
+def test_lost_spans_are_counted_and_fail_the_flush(memory_store, stub, attempt, caplog) -> None:
+    broken = WrappedStore(memory_store, fail=10**6)
     with LLMProxy(broken, stub.start()) as proxy:
         writer = proxy.app.state.proxy.writer
         writer.backoff, writer.retries = 0.001, 2
@@ -199,8 +198,8 @@ def test_lost_spans_are_counted_and_fail_the_flush(store, stub, attempt, caplog)
         proxy.flush(*ids(attempt), timeout=1)
 
 
-def test_a_refused_span_does_not_take_its_batch_down(store, stub, attempt) -> None:
-    held = WrappedStore(store)
+def test_a_refused_span_does_not_take_its_batch_down(memory_store, stub, attempt) -> None:
+    held = WrappedStore(memory_store)
     held.gate.clear()
     with LLMProxy(held, stub.start()) as proxy:
         first = httpx.post(url_for(proxy, attempt), json={"model": "m", "messages": MESSAGES})
@@ -211,23 +210,23 @@ def test_a_refused_span_does_not_take_its_batch_down(store, stub, attempt) -> No
         assert first.status_code == second.status_code == third.status_code == 200
         held.gate.set()
         proxy.flush(*ids(attempt), timeout=10)
-        assert stored(store, attempt) == 2
+        assert stored(memory_store, attempt) == 2
         with pytest.raises(FlushError):
             proxy.flush("ro-unknown", "at-unknown", timeout=10)
         assert proxy.metrics.store_retries == 0  # an unknown rollout is not worth retrying
 
 
-def test_stop_drains_the_queue(store, stub, attempt) -> None:
-    held = WrappedStore(store)
+def test_stop_drains_the_queue(memory_store, stub, attempt) -> None:
+    held = WrappedStore(memory_store)
     held.gate.clear()
     proxy = LLMProxy(held, stub.start())
     proxy.start()
     for _ in range(5):
         assert httpx.post(url_for(proxy, attempt), json={"model": "m", "messages": MESSAGES}).status_code == 200
-    assert stored(store, attempt) == 0
+    assert stored(memory_store, attempt) == 0
     threading.Timer(0.3, held.gate.set).start()
     proxy.stop()
-    assert stored(store, attempt) == 5 and proxy.metrics.recorded == 5
+    assert stored(memory_store, attempt) == 5 and proxy.metrics.recorded == 5
 
 
 # ---- the runner flushes before it reports -------------------------------------------------------------
@@ -253,13 +252,13 @@ class ObservedStore(WrappedStore):
 
 
 @pytest.mark.parametrize("via", ["http", "in_process"])
-def test_runner_flushes_before_reporting(store, via) -> None:
-    slow = WrappedStore(store)
+def test_runner_flushes_before_reporting(memory_store, via) -> None:
+    slow = WrappedStore(memory_store)
     original = slow.add_spans
     slow.add_spans = lambda spans: (time.sleep(0.3), original(spans))[1]  # type: ignore[method-assign]
-    observed = ObservedStore(store)
+    observed = ObservedStore(memory_store)
     for _ in range(2):
-        store.enqueue_rollout({"q": "x"})
+        memory_store.enqueue_rollout({"q": "x"})
     with StubUpstream(["The answer is 5."]) as stub, LLMProxy(slow, stub.start()) as proxy:
         extra = {"llm_proxy": proxy} if via == "in_process" else {}
         runner = Runner(calling_agent, observed, max_rollouts=2, llm_proxy_url=proxy.url, poll_timeout=0.1, **extra)
@@ -268,16 +267,16 @@ def test_runner_flushes_before_reporting(store, via) -> None:
     assert observed.calls_when_reported == [2, 2]
 
 
-def test_runner_reports_the_attempt_when_the_flush_fails(store, caplog) -> None:
-    broken = WrappedStore(store, fail=10**6)
-    store.enqueue_rollout({"q": "x"})
+def test_runner_reports_the_attempt_when_the_flush_fails(memory_store, caplog) -> None:
+    broken = WrappedStore(memory_store, fail=10**6)
+    memory_store.enqueue_rollout({"q": "x"})
     with StubUpstream(["The answer is 5."]) as stub, LLMProxy(broken, stub.start()) as proxy:
         writer = proxy.app.state.proxy.writer
         writer.backoff, writer.retries = 0.001, 1
-        runner = Runner(calling_agent, store, max_rollouts=1, llm_proxy_url=proxy.url, poll_timeout=0.1)
+        runner = Runner(calling_agent, memory_store, max_rollouts=1, llm_proxy_url=proxy.url, poll_timeout=0.1)
         with caplog.at_level(logging.WARNING, logger="agentgrad.runner"):
             stats = runner.run()
     assert stats.succeeded == 1 and len(stats.errors) == 1 and "flush" in stats.errors[0]
     assert any("could not confirm its calls are stored" in r.getMessage() for r in caplog.records)
-    (rollout,) = store.query_rollouts()
+    (rollout,) = memory_store.query_rollouts()
     assert rollout.status.value == "succeeded"

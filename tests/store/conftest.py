@@ -8,7 +8,9 @@ therefore runs once per backend registered in :data:`BACKENDS`. The tests only u
   the test's private ``tmp_path``; every call within one test must reach the same data for
   durable/shared backends (same SQLite file, same PostgreSQL schema, same server). ``options``
   always holds ``watchdog_interval`` (``None`` = no background watchdog; tests then call
-  ``check_watchdog()`` themselves).
+  ``check_watchdog()`` themselves) and may hold ``clock`` (a ``ManualClock`` from
+  ``tests/support/manual_clock.py``; the "http" backend hands it to the store behind its
+  in-process server).
 * capability flags: ``durable`` (data survives ``close()`` + reopen), ``shared`` (several
   ``Store`` objects may serve the same data at once, as separate processes would),
   ``file_based`` (the data is one file at ``backend.path``), ``child_source`` (Python source that
@@ -37,7 +39,6 @@ import service_backends  # openers of the "http" and "postgres" backends
 
 from agentgrad.store.protocol import Store
 from agentgrad.types import AttemptedRollout, Span
-
 
 # ---- backend registry ----------------------------------------------------------------------
 

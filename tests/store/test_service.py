@@ -379,16 +379,20 @@ def test_unexpected_store_error_is_a_json_500():
 
 
 def test_client_uses_the_lean_pool_only_for_plain_http(monkeypatch):
-    from agentgrad.store.client import _HttpxSender, _sender
-    from agentgrad.http.transport import ConnectionPool
+    from agentgrad.http.transport import ConnectionPool, HttpxTransport
+
+    def transport(url: str, **options) -> object:
+        client = StoreClient(url, **options)
+        client.close()
+        return client._transport
 
     for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(name, raising=False)
-    assert isinstance(_sender("http://127.0.0.1:1", {}, 1.0, None), ConnectionPool)
-    assert isinstance(_sender("https://store.test", {}, 1.0, None), _HttpxSender)
-    assert isinstance(_sender("http://127.0.0.1:1", {}, 1.0, httpx.HTTPTransport()), _HttpxSender)
+    assert isinstance(transport("http://127.0.0.1:1"), ConnectionPool)
+    assert isinstance(transport("https://store.test"), HttpxTransport)
+    assert isinstance(transport("http://127.0.0.1:1", transport=httpx.HTTPTransport()), HttpxTransport)
     monkeypatch.setenv("HTTP_PROXY", "http://proxy.test:3128")
-    assert isinstance(_sender("http://127.0.0.1:1", {}, 1.0, None), _HttpxSender)
+    assert isinstance(transport("http://127.0.0.1:1"), HttpxTransport)
 
 
 def test_client_encodes_models_exactly_as_model_dump_would():

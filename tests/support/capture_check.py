@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from agentgrad import semconv
-from agentgrad.inference.toolcalls import parse_tool_calls
 from agentgrad.demo.calc import run_calculator
+from agentgrad.inference.toolcalls import parse_tool_calls
 from agentgrad.proxy import LLMProxy
 from agentgrad.store import open_store
 from agentgrad.store.protocol import Store

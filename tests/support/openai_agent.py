@@ -6,10 +6,10 @@ import json
 from typing import Any
 
 import openai
+from capture_check import MAX_TOKENS, calculator
 
 from agentgrad.demo.calc import CALCULATOR_TOOL, SYSTEM_PROMPT
 from agentgrad.types import LLM
-from capture_check import MAX_TOKENS, calculator
 
 
 def _tool_result(call: Any) -> str:

@@ -9,7 +9,6 @@ exactly as against a hosted endpoint. Nothing here is a model: the "intelligence
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +18,8 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+
+from agentgrad.http.serve import http_url, listening_socket, serve_in_thread
 
 #: A script: the request's messages → the reply text, or an int to answer with that HTTP status.
 Script = Callable[[list[dict[str, Any]]], "str | int"]
@@ -65,19 +66,10 @@ class StandInChatServer:
         return app
 
     def start(self) -> str:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+        sock = listening_socket("127.0.0.1", 0)
         self._server = uvicorn.Server(uvicorn.Config(self._app(), log_level="warning"))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
-        self._thread.start()
-        deadline = time.time() + 10
-        while not self._server.started:
-            if time.time() > deadline:
-                raise RuntimeError("stand-in LLM server did not start")
-            time.sleep(0.02)
-        self.base_url = f"http://127.0.0.1:{port}/v1"
+        self._thread = serve_in_thread(self._server, sock, name="stand-in-llm", timeout=10)
+        self.base_url = http_url("127.0.0.1", sock.getsockname()[1]) + "/v1"
         return self.base_url
 
     def stop(self) -> None:

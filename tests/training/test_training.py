@@ -20,13 +20,6 @@ from agentgrad.training import PolicyTrainer, Sample, TrainConfig, micro_batches
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from agentgrad.demo.tiny import random_tiny_model
-
-    return random_tiny_model(tmp_path_factory.mktemp("tiny"))
-
-
 def test_ppo_clip_loss_matches_hand_computation():
     logprobs = torch.tensor([[-1.0, -2.0, -0.5, -0.3]])
     old = torch.tensor([[-1.5, -1.5, -0.5, float("nan")]])
@@ -61,8 +54,8 @@ def _samples():
     return good, bad
 
 
-def test_ppo_steps_raise_rewarded_completions_likelihood(model_dir):
-    trainer = PolicyTrainer(model_dir, TrainConfig(lr=3e-3))
+def test_ppo_steps_raise_rewarded_completions_likelihood(tiny_model_dir):
+    trainer = PolicyTrainer(tiny_model_dir, TrainConfig(lr=3e-3))
     good, bad = _samples()
     before_good, before_bad = trainer.sequence_logprob(good), trainer.sequence_logprob(bad)
     for s in good + bad:  # the engine's sampled logprobs play the old policy
@@ -76,13 +69,13 @@ def test_ppo_steps_raise_rewarded_completions_likelihood(model_dir):
     assert trainer.step == 4
 
 
-def test_epochs_and_mini_batches_make_several_clipped_updates_in_one_step(model_dir):
+def test_epochs_and_mini_batches_make_several_clipped_updates_in_one_step(tiny_model_dir):
     good, bad = _samples()
-    old = PolicyTrainer(model_dir, TrainConfig(lr=3e-3))
+    old = PolicyTrainer(tiny_model_dir, TrainConfig(lr=3e-3))
     for s in good + bad:  # sampled by the initial policy
         s.old_logprobs = [float(x) for x in _response_logprobs(old, s)]
-    single = PolicyTrainer(model_dir, TrainConfig(lr=3e-3)).ppo_step(good + bad)
-    trainer = PolicyTrainer(model_dir, TrainConfig(lr=3e-3, clip_eps_low=0.01, clip_eps_high=0.01))
+    single = PolicyTrainer(tiny_model_dir, TrainConfig(lr=3e-3)).ppo_step(good + bad)
+    trainer = PolicyTrainer(tiny_model_dir, TrainConfig(lr=3e-3, clip_eps_low=0.01, clip_eps_high=0.01))
     metrics = trainer.ppo_step(good + bad, mini_batches=3, epochs=2)
     assert trainer.step == 1 and metrics.updates == 6 and single.updates == 1
     assert metrics.tokens == 2 * single.tokens  # each epoch trains every token once
@@ -100,21 +93,21 @@ def _response_logprobs(trainer, sample):
     return logprobs[batch.mask.bool()].tolist()
 
 
-def test_micro_batching_and_prefix_sharing_do_not_change_the_update(model_dir):
+def test_micro_batching_and_prefix_sharing_do_not_change_the_update(tiny_model_dir):
     good, bad = _samples()
     results = []
     for budget in (10_000, 1):  # one micro-batch with a shared prefix vs one sample per micro-batch
-        trainer = PolicyTrainer(model_dir, TrainConfig(lr=1e-3, micro_batch_tokens=budget))
+        trainer = PolicyTrainer(tiny_model_dir, TrainConfig(lr=1e-3, micro_batch_tokens=budget))
         trainer.ppo_step(good + bad)
         results.append({k: v.detach().clone() for k, v in trainer.model.named_parameters()})
     for name, value in results[0].items():
         assert torch.allclose(value, results[1][name], atol=1e-5), name
 
 
-def test_lora_kl_reference_is_the_disabled_adapter(model_dir):
+def test_lora_kl_reference_is_the_disabled_adapter(tiny_model_dir):
     from agentgrad.training import LoraSettings
 
-    trainer = PolicyTrainer(model_dir, TrainConfig(lr=1e-2, lora=LoraSettings(r=4), kl_coef=0.1))
+    trainer = PolicyTrainer(tiny_model_dir, TrainConfig(lr=1e-2, lora=LoraSettings(r=4), kl_coef=0.1))
     good, bad = _samples()
     first = trainer.ppo_step(good + bad)
     assert first.kl == pytest.approx(0.0, abs=1e-6)  # adapter starts at zero: policy == reference
@@ -140,13 +133,13 @@ _RESUME_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_sigkill_during_training_then_resume_continues_step_and_cursor(model_dir, tmp_path):
+def test_sigkill_during_training_then_resume_continues_step_and_cursor(tiny_model_dir, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(_RESUME_SCRIPT)
     ckpt = tmp_path / "ckpt"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    proc = subprocess.Popen([sys.executable, str(script), str(model_dir), str(ckpt), "100"], stdout=subprocess.PIPE,
-                            text=True, env=env)
+    proc = subprocess.Popen([sys.executable, str(script), str(tiny_model_dir), str(ckpt), "100"],
+                            stdout=subprocess.PIPE, text=True, env=env)
     seen = 0
     deadline = time.monotonic() + 120
     for line in proc.stdout:  # type: ignore[union-attr]
@@ -161,7 +154,7 @@ def test_sigkill_during_training_then_resume_continues_step_and_cursor(model_dir
 
     saved = json.loads((ckpt / (ckpt / "latest").read_text() / "state.json").read_text())
     assert saved["step"] >= 3 and saved["cursor"] == saved["step"] * 4
-    out = subprocess.run([sys.executable, str(script), str(model_dir), str(ckpt), str(saved["step"] + 2)],
+    out = subprocess.run([sys.executable, str(script), str(tiny_model_dir), str(ckpt), str(saved["step"] + 2)],
                          capture_output=True, text=True, env=env, timeout=120)
     lines = out.stdout.splitlines()
     assert lines[0] == f"start {saved['step']} {saved['cursor']}", out.stderr[-2000:]

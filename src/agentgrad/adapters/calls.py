@@ -2,13 +2,22 @@
 
 An LLM call span (``SPAN_LLM_CALL``, written by the capture proxy) carries the exact prompt and
 completion token ids the engine saw and sampled. This module only *reads* them: a call without
-token ids is reported, never re-tokenized (DESIGN.md §5), because re-tokenized text is not what
-the policy sampled and silently trains on the wrong tokens.
+token ids is reported, never re-tokenized (docs/architecture.md, "Rules of the road"), because
+re-tokenized text is not what the policy sampled and silently trains on the wrong tokens.
+
+It is the one reader of such spans: training (adapters, SFT, APO's traces) and the dashboard
+both see the same :class:`LLMCall`, so "this call can be trained on" means one thing everywhere
+(:attr:`LLMCall.has_token_ids`). Spans may come from any writer (OTLP, a hand-made span), so
+reading never raises: an attribute that is present but malformed (token ids that are not all
+integers, a bool among them, text that is not JSON) is read as absent and named in
+:attr:`LLMCall.problems`, rather than coerced (``int(2.7)`` or ``int(True)`` would train on
+tokens nobody sampled).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,10 +43,30 @@ class LLMCall:
     model_version: str | None
     request: dict[str, Any] = field(default_factory=dict)
     response: dict[str, Any] = field(default_factory=dict)
+    #: The model that answered (the response's, else the request's), for people reading the call.
+    model: str | None = None
+    finish_reason: str | None = None
+    #: Token counts the upstream reported (``gen_ai.usage.*``); :attr:`prompt_tokens` prefers the ids.
+    usage_input_tokens: int | None = None
+    usage_output_tokens: int | None = None
+    #: Attributes that were present but could not be read (each read as absent), one line each.
+    problems: list[str] = field(default_factory=list)
 
     @property
     def has_token_ids(self) -> bool:
+        """Whether this call can be trained on: the one definition of "trainable" for a call.
+
+        It needs the prompt's ids (a call without a prompt has no context to learn in) and the
+        completion's (which may be empty: the model stopped at once)."""
         return bool(self.prompt_ids) and self.completion_ids is not None
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        return len(self.prompt_ids) if self.prompt_ids is not None else self.usage_input_tokens
+
+    @property
+    def completion_tokens(self) -> int | None:
+        return len(self.completion_ids) if self.completion_ids is not None else self.usage_output_tokens
 
     # ---- views of the request/response used by credit rules -----------------------------------
     @property
@@ -71,16 +100,57 @@ def _as_dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _int_list(value: Any) -> list[int] | None:
-    if isinstance(value, str):
-        value = json.loads(value)
-    return [int(v) for v in value] if isinstance(value, list) else None
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _float_list(value: Any) -> list[float] | None:
+def _int_list(value: Any, key: str = "", problems: list[str] | None = None) -> list[int] | None:
+    """Token ids: a list (or its JSON text) of ints, none of them a bool; anything else is None.
+
+    A malformed list is refused whole, never coerced element by element: a wrong id would train
+    the policy on a token it never sampled. Absent (None) is not a problem; malformed is, and
+    is appended to ``problems``."""
+    if value is None:
+        return None
+    parsed = _json_list(value)
+    if parsed is not None and all(_is_int(v) for v in parsed):
+        return parsed
+    if problems is not None:
+        problems.append(f"{key} is not a list of integers: {_preview(value)}")
+    return None
+
+
+def _float_list(value: Any, key: str = "", problems: list[str] | None = None) -> list[float] | None:
+    """Logprobs: a list (or its JSON text) of numbers; a None entry (a token the upstream gave no
+    logprob for) reads as NaN, which the trainer treats as unknown. Anything else is None."""
+    if value is None:
+        return None
+    parsed = _json_list(value)
+    if parsed is not None and all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+                                  for v in parsed):
+        return [math.nan if v is None else float(v) for v in parsed]
+    if problems is not None:
+        problems.append(f"{key} is not a list of numbers: {_preview(value)}")
+    return None
+
+
+def _json_list(value: Any) -> list[Any] | None:
+    """``value`` itself when a list, or the list its JSON text holds (attributes may be flat text)."""
     if isinstance(value, str):
-        value = json.loads(value)
-    return [float(v) for v in value] if isinstance(value, list) else None
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    return value if isinstance(value, list) else None
+
+
+def _count(value: Any) -> int | None:
+    return value if _is_int(value) and value >= 0 else None
+
+
+def _preview(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def agent_name_of(span: Span, by_id: dict[str, Span]) -> str | None:
@@ -101,24 +171,37 @@ def agent_name_of(span: Span, by_id: dict[str, Span]) -> str | None:
     return None
 
 
+def read_call(span: Span, index: int, by_id: dict[str, Span]) -> LLMCall:
+    """One LLM call span as an :class:`LLMCall` (``by_id``: the attempt's spans, for agent names)."""
+    attrs = span.attributes
+    problems: list[str] = []
+
+    def text(key: str) -> str | None:
+        value = attrs.get(key)
+        return str(value) if value is not None and value != "" else None
+
+    return LLMCall(
+        rollout_id=span.rollout_id, attempt_id=span.attempt_id, index=index, span_id=span.span_id,
+        sequence_id=span.sequence_id or 0, agent_name=agent_name_of(span, by_id),
+        prompt_ids=_int_list(attrs.get(semconv.LLM_PROMPT_TOKEN_IDS), semconv.LLM_PROMPT_TOKEN_IDS, problems),
+        completion_ids=_int_list(attrs.get(semconv.LLM_COMPLETION_TOKEN_IDS), semconv.LLM_COMPLETION_TOKEN_IDS,
+                                 problems),
+        logprobs=_float_list(attrs.get(semconv.LLM_LOGPROBS), semconv.LLM_LOGPROBS, problems),
+        model_version=text(semconv.MODEL_VERSION),
+        request=_as_dict(attrs.get(semconv.LLM_REQUEST)), response=_as_dict(attrs.get(semconv.LLM_RESPONSE)),
+        model=text(semconv.GEN_AI_RESPONSE_MODEL) or text(semconv.GEN_AI_REQUEST_MODEL),
+        finish_reason=text(semconv.LLM_FINISH_REASON),
+        usage_input_tokens=_count(attrs.get(semconv.GEN_AI_USAGE_INPUT_TOKENS)),
+        usage_output_tokens=_count(attrs.get(semconv.GEN_AI_USAGE_OUTPUT_TOKENS)),
+        problems=problems,
+    )
+
+
 def extract_calls(spans: Sequence[Span]) -> list[LLMCall]:
     """Every LLM call among ``spans`` (one attempt), ordered by the store's ``sequence_id``."""
     by_id = {s.span_id: s for s in spans}
     ordered = sorted((s for s in spans if s.name == semconv.SPAN_LLM_CALL), key=lambda s: s.sequence_id or 0)
-    calls = []
-    for index, span in enumerate(ordered):
-        attrs = span.attributes
-        version = attrs.get(semconv.MODEL_VERSION)
-        calls.append(LLMCall(
-            rollout_id=span.rollout_id, attempt_id=span.attempt_id, index=index, span_id=span.span_id,
-            sequence_id=span.sequence_id or 0, agent_name=agent_name_of(span, by_id),
-            prompt_ids=_int_list(attrs.get(semconv.LLM_PROMPT_TOKEN_IDS)),
-            completion_ids=_int_list(attrs.get(semconv.LLM_COMPLETION_TOKEN_IDS)),
-            logprobs=_float_list(attrs.get(semconv.LLM_LOGPROBS)),
-            model_version=str(version) if version is not None else None,
-            request=_as_dict(attrs.get(semconv.LLM_REQUEST)), response=_as_dict(attrs.get(semconv.LLM_RESPONSE)),
-        ))
-    return calls
+    return [read_call(span, index, by_id) for index, span in enumerate(ordered)]
 
 
 def matches_agent(call: LLMCall, pattern: re.Pattern[str] | None) -> bool:

@@ -13,6 +13,7 @@ from typing import Protocol, runtime_checkable
 
 from agentgrad import semconv
 from agentgrad.adapters.calls import LLMCall
+from agentgrad.rewards import reward_number
 from agentgrad.types import Span
 
 TOOL_CALL_MARK = "<tool_call>"
@@ -75,8 +76,8 @@ class Discounted:
 
 
 def reward_value(span: Span) -> float | None:
-    value = span.attributes.get(semconv.REWARD_VALUE)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """A reward span's value; None when it is not a reward number (such a span counts as absent)."""
+    return reward_number(span.attributes.get(semconv.REWARD_VALUE))
 
 
 class Emitted:

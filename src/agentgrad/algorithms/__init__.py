@@ -1,6 +1,27 @@
 """Algorithms: what learns from the store (evaluation, GRPO, APO, SFT)."""
 
-from agentgrad.algorithms.base import Algorithm, AlgorithmContext
-from agentgrad.algorithms.baseline import Evaluate, EvaluationReport
+from __future__ import annotations
 
-__all__ = ["Algorithm", "AlgorithmContext", "Evaluate", "EvaluationReport"]
+from typing import TYPE_CHECKING
+
+from agentgrad._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from agentgrad.algorithms.apo import APO as APO
+    from agentgrad.algorithms.base import Algorithm as Algorithm
+    from agentgrad.algorithms.base import AlgorithmContext as AlgorithmContext
+    from agentgrad.algorithms.baseline import Evaluate as Evaluate
+    from agentgrad.algorithms.baseline import EvaluationReport as EvaluationReport
+    from agentgrad.algorithms.grpo import GRPO as GRPO
+    from agentgrad.algorithms.sft import SFT as SFT
+
+_EXPORTS = {
+    "Algorithm": "agentgrad.algorithms.base", "AlgorithmContext": "agentgrad.algorithms.base",
+    "Evaluate": "agentgrad.algorithms.baseline", "EvaluationReport": "agentgrad.algorithms.baseline",
+    "GRPO": "agentgrad.algorithms.grpo",
+    "APO": "agentgrad.algorithms.apo",
+    "SFT": "agentgrad.algorithms.sft",
+}
+
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

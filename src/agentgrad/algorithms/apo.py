@@ -49,6 +49,7 @@ from typing import Any
 from agentgrad import semconv
 from agentgrad.adapters.calls import extract_calls
 from agentgrad.algorithms.base import Algorithm, AlgorithmContext
+from agentgrad.algorithms.batch import StragglersError, wait_batch
 from agentgrad.algorithms.templates import TemplateError, validate_template
 from agentgrad.errors import AgentGradError, AlreadyExistsError
 from agentgrad.store.protocol import RolloutFilter, RolloutRequest, Store
@@ -108,7 +109,7 @@ class ChatEndpoint:
     def complete(self, messages: list[dict[str, str]]) -> str:
         """The first choice's text ("" when the reply has none); raises :class:`APOError` when the
         endpoint cannot be reached or refuses the request."""
-        import httpx  # lazy: only runs that call a critic need it
+        from agentgrad.http.transport import request_json  # lazy: only runs that call a critic need it
 
         url = self.base_url.rstrip("/") + "/chat/completions"
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -120,16 +121,16 @@ class ChatEndpoint:
                 time.sleep(self.backoff_seconds * 2 ** (attempt - 1))
             try:
                 with self._slots:
-                    response = httpx.post(url, json=body, headers=headers, timeout=self.timeout)
-            except httpx.TransportError as exc:
+                    response = request_json("POST", url, body, headers=headers, timeout=self.timeout)
+            except OSError as exc:  # unreachable, reset, timed out
                 problem = f"{type(exc).__name__}: {exc}"
                 continue
-            if response.status_code in _RETRY_STATUS:
-                problem = f"HTTP {response.status_code}: {response.text[:300]}"
+            if response.status in _RETRY_STATUS:
+                problem = f"HTTP {response.status}: {response.text[:300]}"
                 continue
-            if response.status_code >= 400:
+            if response.status >= 400:
                 raise APOError(f"{url} (model {self.model!r}) refused the request: "
-                               f"HTTP {response.status_code}: {response.text[:300]}")
+                               f"HTTP {response.status}: {response.text[:300]}")
             try:
                 choices = response.json().get("choices") or [{}]
                 return str((choices[0].get("message") or {}).get("content") or "")
@@ -427,11 +428,13 @@ class APO(Algorithm):
                     for task in tasks])
             ids[group] = [r.rollout_id for r in existing]
         every = [rid for group_ids in ids.values() for rid in group_ids]
-        finished = store.wait_for_rollouts(every, self.wait_timeout)
-        if len(finished) < len(every):
-            raise APOError(f"{len(every) - len(finished)} of {len(every)} rollout(s) did not finish within "
-                           f"{self.wait_timeout} s — are runners serving the agent? (the run resumes later)")
-        by_id = {r.rollout_id: r for r in finished}
+        # Scores from part of a batch would compare candidates unfairly: stop instead, leaving the
+        # stragglers running; a resumed run finds their groups in the store and waits again.
+        try:
+            batch = wait_batch(store, every, timeout=self.wait_timeout, on_straggler="raise", label="APO")
+        except StragglersError as exc:
+            raise APOError(f"{exc} (the run resumes later)") from exc
+        by_id = {r.rollout_id: r for r in batch.rollouts}
         return {group: [by_id[rid] for rid in group_ids] for group, group_ids in ids.items()}
 
     def _evaluate(self, store: Store, candidates: list[Candidate], val_batch: list[Any]) -> None:

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from agentgrad import semconv
 from agentgrad.algorithms.base import Algorithm, AlgorithmContext
-from agentgrad.errors import InvalidTransitionError
+from agentgrad.algorithms.batch import run_batch
 from agentgrad.store.protocol import RolloutRequest, Store
 from agentgrad.types import Rollout, RolloutConfig, RolloutMode, RolloutStatus
 
@@ -116,21 +116,11 @@ class Evaluate(Algorithm):
         tasks = list(context.val_tasks if self.mode != "train" and context.val_tasks else context.train_tasks)
         if not tasks:
             raise ValueError("nothing to evaluate: no tasks were given")
-        enqueued = store.enqueue_rollouts([
-            RolloutRequest(input=task, mode=self.mode, config=self.config or RolloutConfig(),
-                           resources_id=self.resources_id)
-            for task in tasks
-        ])
-        ids = [r.rollout_id for r in enqueued]
-        with context.console.status(f"running {len(ids)} rollout(s)…"):
-            finished = {r.rollout_id for r in store.wait_for_rollouts(ids, self.timeout)}
-        timed_out = 0
-        for rollout_id in ids:
-            if rollout_id not in finished:
-                try:
-                    store.cancel_rollout(rollout_id)
-                    timed_out += 1
-                except InvalidTransitionError:  # it finished between the wait and the cancel
-                    pass
-        final = [store.get_rollout(rollout_id) for rollout_id in ids]
-        return summarize(store, final, timed_out)
+        requests = [RolloutRequest(input=task, mode=self.mode, config=self.config or RolloutConfig(),
+                                   resources_id=self.resources_id)
+                    for task in tasks]
+        # A report is due at ``timeout``: stragglers are cancelled and reported as ``timed_out``.
+        with context.console.status(f"running {len(requests)} rollout(s)…"):
+            batch = run_batch(store, requests, timeout=self.timeout, on_straggler="cancel",
+                              label=f"evaluation ({self.mode})")
+        return summarize(store, batch.rollouts, batch.cancelled)

@@ -26,9 +26,9 @@ from typing import Any, Literal
 from agentgrad.adapters import CreditRule, TransitionAdapter, group_advantages
 from agentgrad.algorithms.base import Algorithm, AlgorithmContext
 from agentgrad.algorithms.baseline import Evaluate
-from agentgrad.errors import InvalidTransitionError
+from agentgrad.algorithms.batch import run_batch
 from agentgrad.store.protocol import RolloutRequest, Store
-from agentgrad.types import LLM, MetricRecord, Resources, Rollout, RolloutConfig, RolloutStatus, Transition
+from agentgrad.types import LLM, MetricRecord, Resources, RolloutConfig, RolloutStatus, Transition
 
 log = logging.getLogger(__name__)
 
@@ -134,19 +134,6 @@ class GRPO(Algorithm):
         items["agentgrad_policy"] = {"model_version": self.versions[-1], "purpose": tag}
         return store.add_resources(items)
 
-    # ---- rollouts --------------------------------------------------------------------------------
-    def _run_batch(self, store: Store, requests: list[RolloutRequest]) -> list[Rollout]:
-        """Enqueue, wait (cancelling stragglers after ``rollout_timeout``), return final rollouts."""
-        ids = [r.rollout_id for r in store.enqueue_rollouts(requests)]
-        done = {r.rollout_id for r in store.wait_for_rollouts(ids, self.rollout_timeout)}
-        for rollout_id in ids:
-            if rollout_id not in done:
-                try:
-                    store.cancel_rollout(rollout_id)
-                except InvalidTransitionError:
-                    pass
-        return [store.get_rollout(i) for i in ids]
-
     def _validate(self, context: AlgorithmContext, resources_id: str) -> float:
         report = Evaluate(mode="val", timeout=self.rollout_timeout, resources_id=resources_id,
                           config=self.rollout_config).run(
@@ -251,7 +238,10 @@ class GRPO(Algorithm):
                                    metadata={"group_id": f"{self.run_id}-s{step}-t{i}-r{empty_retries}", "step": step})
                     for i in indices for _ in range(self.group_size)
                 ]
-                rollouts = self._run_batch(store, requests)
+                # A step cannot wait forever for one stuck agent: stragglers are cancelled, and
+                # then count as failed rollouts (no transitions).
+                rollouts = run_batch(store, requests, timeout=self.rollout_timeout, on_straggler="cancel",
+                                     label=f"GRPO step {step}").rollouts
                 rollout_seconds = time.monotonic() - step_started
                 transitions, astats = self.adapter.adapt(store, rollouts)
                 transitions, stale, unknown = self._staleness_filter(transitions)

@@ -36,9 +36,19 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from agentgrad.adapters.calls import LLMCall, extract_calls, matches_agent
 from agentgrad.adapters.transitions import TransitionAdapter
 from agentgrad.algorithms.base import Algorithm, AlgorithmContext
+from agentgrad.algorithms.batch import run_batch
 from agentgrad.errors import AgentGradError
 from agentgrad.store.protocol import RolloutFilter, RolloutRequest, Store
-from agentgrad.types import LLM, JsonResource, MetricRecord, Rollout, RolloutConfig, RolloutMode, RolloutStatus, Transition
+from agentgrad.types import (
+    LLM,
+    JsonResource,
+    MetricRecord,
+    Rollout,
+    RolloutConfig,
+    RolloutMode,
+    RolloutStatus,
+    Transition,
+)
 
 if TYPE_CHECKING:
     from agentgrad.training import PolicyTrainer, Published, Publisher, StepMetrics, TrainConfig
@@ -287,6 +297,8 @@ class SFT(Algorithm):
         model_dir: the policy's Hugging Face directory (the weights the engine serves).
         train_config: optimizer, LoRA (``TrainConfig(lora=LoraSettings())``) or full fine-tuning.
         checkpoint_dir: resume point; training continues from its latest checkpoint.
+        wait_timeout: how long one iteration's sampling may take (None: no limit); rollouts still
+            running then stop the run with an error asking whether runners serve the agent.
     """
 
     def __init__(
@@ -337,12 +349,9 @@ class SFT(Algorithm):
                                    resources_id=latest.resources_id if latest else None,
                                    metadata={"sft_run": self.run_id, "sft_iteration": iteration})
                     for task in context.train_tasks for _ in range(self.samples_per_task)]
-        ids = [r.rollout_id for r in store.enqueue_rollouts(requests)]
-        with context.console.status(f"SFT iteration {iteration}: running {len(ids)} rollout(s)…"):
-            finished = store.wait_for_rollouts(ids, self.wait_timeout)
-        if len(finished) < len(ids):
-            raise AgentGradError(f"{len(ids) - len(finished)} of {len(ids)} SFT rollout(s) did not finish within "
-                                 f"{self.wait_timeout} s — are runners serving the agent?")
+        with context.console.status(f"SFT iteration {iteration}: running {len(requests)} rollout(s)…"):
+            run_batch(store, requests, timeout=self.wait_timeout, on_straggler="raise",
+                      label=f"SFT iteration {iteration}")
 
     def _announce(self, store: Store, published: Published) -> None:
         """A resources snapshot naming the new policy, so rollouts record what they ran on."""

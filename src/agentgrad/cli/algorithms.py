@@ -63,8 +63,9 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 
 
 def _cmd_apo(args: argparse.Namespace) -> int:
+    from agentgrad.agents import load_agent
     from agentgrad.algorithms.apo import APO, ChatEndpoint
-    from agentgrad.cli import load_agent, read_tasks
+    from agentgrad.tasks import read_tasks
     from agentgrad.trainer import Trainer
     from agentgrad.types import LLM, PromptTemplate, RolloutConfig
 

@@ -6,14 +6,24 @@ import argparse
 import os
 from typing import Any
 
-TOKEN_ENV = "AGENTGRAD_TOKEN"
+from agentgrad.store import TOKEN_ENV
+
+#: The dashboard's first name for the same token, still read (docs/dashboard.md shows it), and
+#: first, so a setup that gave the dashboard a token of its own keeps it.
+LEGACY_TOKEN_ENV = "AGENTGRAD_TOKEN"
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    """``--token``, else ``$AGENTGRAD_TOKEN``, else the store service's ``$AGENTGRAD_STORE_TOKEN``:
+    one token guards a store's data over HTTP, whether the dashboard runs alone or is mounted by
+    ``agentgrad store serve``."""
+    return args.token or os.environ.get(LEGACY_TOKEN_ENV) or os.environ.get(TOKEN_ENV) or None
 
 
 def _cmd_dashboard(args: argparse.Namespace) -> int:
     from agentgrad.dashboard.app import serve  # lazy: FastAPI/Jinja2 only when serving
 
-    serve(args.store, args.host, args.port, args.token or os.environ.get(TOKEN_ENV) or None,
-          log_level="info" if args.verbose else "warning")
+    serve(args.store, args.host, args.port, _token(args), log_level="info" if args.verbose else "warning")
     return 0
 
 
@@ -28,5 +38,6 @@ def add_commands(subparsers: Any) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8766, help="port to listen on (0 picks a free one)")
     parser.add_argument("--token", default=None,
-                        help=f"require this token to see any data (default: ${TOKEN_ENV}; off when unset)")
+                        help=f"require this token to see any data (default: ${LEGACY_TOKEN_ENV}, else "
+                        f"${TOKEN_ENV}; off when neither is set)")
     parser.set_defaults(func=_cmd_dashboard)

@@ -43,8 +43,6 @@ def serve_model(args: argparse.Namespace) -> int:
     model = _resolve_model(args.model)
     if args.engine == "vllm":
         return _serve_vllm(args, model)
-    import threading
-
     from agentgrad.inference.engine import Engine
     from agentgrad.inference.server import ModelServer
 
@@ -53,15 +51,12 @@ def serve_model(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"error: cannot load model {args.model!r}: {exc}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
     server = ModelServer(engine, args.host, args.port, served_model_name=args.served_model_name)
     try:
-        url = server.start()
+        url = server.bind()  # listening: a client connecting now waits in the backlog
         log.info("serving %s (version %s) at %s", args.served_model_name or Path(model).name,
                  engine.model_version, url)
-        stop.wait()
+        server.run()  # until SIGTERM/SIGINT
     finally:
         server.stop()
         engine.close()

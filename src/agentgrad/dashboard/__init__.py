@@ -7,22 +7,15 @@ imported only when one of these is used, so ``import agentgrad.dashboard`` stays
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from agentgrad._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from agentgrad.dashboard.app import create_app
-    from agentgrad.dashboard.router import create_router
+    from agentgrad.dashboard.app import create_app as create_app
+    from agentgrad.dashboard.router import create_router as create_router
 
-__all__ = ["create_router", "create_app"]
+_EXPORTS = {"create_router": "agentgrad.dashboard.router", "create_app": "agentgrad.dashboard.app"}
 
-
-def __getattr__(name: str) -> Any:
-    if name == "create_router":
-        from agentgrad.dashboard.router import create_router
-
-        return create_router
-    if name == "create_app":
-        from agentgrad.dashboard.app import create_app
-
-        return create_app
-    raise AttributeError(f"module 'agentgrad.dashboard' has no attribute {name!r}")
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

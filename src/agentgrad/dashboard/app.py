@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import logging
-import signal
 from typing import Any
 
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import RedirectResponse
 
-from agentgrad.http.serve import http_url, listening_socket
 from agentgrad.dashboard.router import create_router
+from agentgrad.http.serve import http_url, listening_socket, serve_until_signal
 from agentgrad.store.protocol import Store
 
 log = logging.getLogger(__name__)
@@ -58,19 +57,7 @@ def serve(store_url: str, host: str = "127.0.0.1", port: int = 8766, token: str 
               "Ctrl-C to stop)", flush=True)
         server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False,
                                                timeout_graceful_shutdown=5))
-        # uvicorn turns SIGTERM/SIGINT into a graceful shutdown, then re-raises the signal to the
-        # handlers that were installed before it started: make those a no-op so the process gets
-        # to close the store and exit 0 instead of dying from the re-raised signal.
-        previous = {signum: signal.signal(signum, _already_handled) for signum in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            server.run(sockets=[sock])
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+        serve_until_signal(server, sock)  # then the store is closed, and the process exits 0
     finally:
         store.close()
     log.info("dashboard stopped")
-
-
-def _already_handled(signum: int, frame: object) -> None:
-    """Receives the signal uvicorn re-raises after its graceful shutdown; nothing is left to do."""

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentgrad import semconv
+from agentgrad.adapters.calls import LLMCall, extract_calls
+from agentgrad.rewards import reward_number
 from agentgrad.types import LLM, Attempt, JsonResource, MetricRecord, PromptTemplate, Resource, Rollout, Span
 
 # ---- formatting -----------------------------------------------------------------------------
@@ -75,7 +77,8 @@ def rollout_duration(rollout: Rollout, now: float) -> float | None:
 
 
 def lacks_llm_calls(rollout: Rollout) -> bool:
-    """A finished rollout with no captured LLM call: no training data (DESIGN.md §5)."""
+    """A finished rollout with no captured LLM call: no training data, which must be loud
+    (docs/architecture.md, "Rules of the road")."""
     return rollout.status.is_terminal and rollout.llm_calls == 0
 
 
@@ -160,7 +163,7 @@ def _label(span: Span) -> str:
         model = attrs.get(semconv.GEN_AI_RESPONSE_MODEL) or attrs.get(semconv.GEN_AI_REQUEST_MODEL) or ""
         return str(model)
     if kind == "reward":
-        return f"reward = {fmt_number(_as_float(attrs.get(semconv.REWARD_VALUE)))}"
+        return f"reward = {fmt_number(reward_number(attrs.get(semconv.REWARD_VALUE)))}"
     if kind == "agent":
         return str(attrs.get(semconv.AGENT_NAME, ""))
     if kind == "operation":
@@ -251,25 +254,54 @@ class Token:
 
 
 @dataclass
-class LLMCall:
-    """An ``agentgrad.llm.call`` span unpacked for display."""
+class CallView:
+    """An ``agentgrad.llm.call`` span laid out for display.
+
+    What the call *is* comes from :class:`agentgrad.adapters.calls.LLMCall`, the reader training
+    uses too, so the dashboard's "cannot be trained on" is exactly the trainer's; this class only
+    adds what a page needs (its anchor, the conversation as messages, colored tokens).
+    """
 
     anchor: str
+    call: LLMCall
     span: Span
-    model: str | None
-    model_version: str | None
-    agent_name: str | None
     duration: float | None
-    prompt_tokens: int | None
-    completion_tokens: int | None
     messages: list[ChatMessage]
     tools: list[str]
     response: list[ChatMessage]
     finish_reason: str | None
     tokens: list[Token]
-    #: True when the span lacks token ids: such a call cannot be trained on (DESIGN.md §5).
-    missing_token_ids: bool
     mean_logprob: float | None
+
+    @property
+    def model(self) -> str | None:
+        return self.call.model
+
+    @property
+    def model_version(self) -> str | None:
+        return self.call.model_version
+
+    @property
+    def agent_name(self) -> str | None:
+        return self.call.agent_name
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        return self.call.prompt_tokens
+
+    @property
+    def completion_tokens(self) -> int | None:
+        return self.call.completion_tokens
+
+    @property
+    def missing_token_ids(self) -> bool:
+        """True when the call cannot be trained on: ``not LLMCall.has_token_ids``."""
+        return not self.call.has_token_ids
+
+    @property
+    def problems(self) -> list[str]:
+        """Attributes present but malformed (read as absent), so a bad span says why it is flagged."""
+        return self.call.problems
 
 
 def _text(content: Any) -> str:
@@ -356,23 +388,14 @@ def _response_messages(response: Any) -> tuple[list[ChatMessage], str | None, li
     return [ChatMessage("response", pretty_json(response))], None, []
 
 
-def _as_float(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
+#: A number fit to show or plot: the reward rule (finite, never a bool), which suits every
+#: number the dashboard draws (logprobs, metric values) as well as rewards.
+_finite = reward_number
 
 
-def _int_list(value: Any) -> list[int] | None:
-    value = _maybe_json(value)
-    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return value
-    return None
-
-
-def _tokens(ids: list[int] | None, logprobs: Any, entries: list[Any]) -> list[Token]:
+def _tokens(ids: list[int] | None, logprobs: list[float] | None, entries: list[Any]) -> list[Token]:
     """Completion tokens: ids and logprobs from the span; token text from the response when it has it."""
-    values = _maybe_json(logprobs)
-    lps = [_as_float(v) for v in values] if isinstance(values, list) else []
+    lps = [_finite(v) for v in logprobs] if logprobs is not None else []  # NaN: the upstream gave none
     texts = [e.get("token") if isinstance(e, dict) else None for e in entries]
     count = len(ids) if ids is not None else len(texts)
     tokens = []
@@ -381,44 +404,42 @@ def _tokens(ids: list[int] | None, logprobs: Any, entries: list[Any]) -> list[To
         text = texts[i] if i < len(texts) and isinstance(texts[i], str) else None
         logprob = lps[i] if i < len(lps) else None
         if logprob is None and i < len(entries) and isinstance(entries[i], dict):
-            logprob = _as_float(entries[i].get("logprob"))
+            logprob = _finite(entries[i].get("logprob"))
         tokens.append(Token(text if text is not None else f"⟨{token_id}⟩", token_id, logprob))
     return tokens
 
 
-def llm_calls(rows: list[SpanRow]) -> list[LLMCall]:
+def _shown(parsed: dict[str, Any], raw: Any) -> Any:
+    """The body as :class:`LLMCall` read it, else the raw attribute: a body that is not a JSON
+    object is not usable for training, but a person should still see what was recorded."""
+    return parsed if parsed else _maybe_json(raw)
+
+
+def llm_calls(rows: list[SpanRow]) -> list[CallView]:
     """Every LLM-call span of the tree, in tree order, with its conversation and tokens."""
-    calls = []
+    read = {call.span_id: call for call in extract_calls([row.span for row in rows])}
+    views = []
     for row in rows:
         if row.kind != "llm" or row.llm_anchor is None:
             continue
-        attrs = row.span.attributes
-        messages, tools = _request_messages(_maybe_json(attrs.get(semconv.LLM_REQUEST)))
-        response, finish, entries = _response_messages(_maybe_json(attrs.get(semconv.LLM_RESPONSE)))
-        prompt_ids = _int_list(attrs.get(semconv.LLM_PROMPT_TOKEN_IDS))
-        completion_ids = _int_list(attrs.get(semconv.LLM_COMPLETION_TOKEN_IDS))
-        tokens = _tokens(completion_ids, attrs.get(semconv.LLM_LOGPROBS), entries)
+        call, attrs = read[row.span.span_id], row.span.attributes
+        messages, tools = _request_messages(_shown(call.request, attrs.get(semconv.LLM_REQUEST)))
+        response, finish, entries = _response_messages(_shown(call.response, attrs.get(semconv.LLM_RESPONSE)))
+        tokens = _tokens(call.completion_ids, call.logprobs, entries)
         known = [t.logprob for t in tokens if t.logprob is not None]
-        usage_in = attrs.get(semconv.GEN_AI_USAGE_INPUT_TOKENS)
-        usage_out = attrs.get(semconv.GEN_AI_USAGE_OUTPUT_TOKENS)
-        calls.append(LLMCall(
+        views.append(CallView(
             anchor=row.llm_anchor,
+            call=call,
             span=row.span,
-            model=attrs.get(semconv.GEN_AI_RESPONSE_MODEL) or attrs.get(semconv.GEN_AI_REQUEST_MODEL),
-            model_version=attrs.get(semconv.MODEL_VERSION),
-            agent_name=attrs.get(semconv.AGENT_NAME),
             duration=row.duration,
-            prompt_tokens=len(prompt_ids) if prompt_ids is not None else usage_in,
-            completion_tokens=len(completion_ids) if completion_ids is not None else usage_out,
             messages=messages,
             tools=tools,
             response=response,
-            finish_reason=finish or attrs.get(semconv.LLM_FINISH_REASON),
+            finish_reason=finish or call.finish_reason,
             tokens=tokens,
-            missing_token_ids=prompt_ids is None or completion_ids is None,
             mean_logprob=sum(known) / len(known) if known else None,
         ))
-    return calls
+    return views
 
 
 @dataclass
@@ -438,10 +459,11 @@ def reward_rows(spans: list[Span]) -> list[RewardRow]:
             continue
         attrs = span.attributes
         special = {semconv.REWARD_VALUE, semconv.REWARD_PRIMARY}
-        dims = {k[len(semconv.REWARD_PREFIX):]: v for k, v in attrs.items()
-                if k.startswith(semconv.REWARD_PREFIX) and k not in special and _as_float(v) is not None}
+        dims = {k[len(semconv.REWARD_PREFIX):]: number for k, v in attrs.items()
+                if k.startswith(semconv.REWARD_PREFIX) and k not in special
+                and (number := reward_number(v)) is not None}
         primary = attrs.get(semconv.REWARD_PRIMARY)
-        rows.append(RewardRow(span, _as_float(attrs.get(semconv.REWARD_VALUE)),
+        rows.append(RewardRow(span, reward_number(attrs.get(semconv.REWARD_VALUE)),
                               str(primary) if primary else None, dims))
     return rows
 
@@ -500,8 +522,8 @@ def charts(records: list[MetricRecord], width: int = 480, height: int = 150, pad
     series: dict[str, list[tuple[int, float]]] = {}
     for record in records:
         for name, value in record.values.items():
-            number = _as_float(value)
-            if number is not None and math.isfinite(number):
+            number = _finite(value)
+            if number is not None:
                 series.setdefault(name, []).append((record.step, number))
     return [_chart(name, sorted(series[name]), width, height, pad) for name in sorted(series, key=_metric_key)]
 

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-
 #: Settings measured on 2 CPU cores (see examples/calc/README.md).
 DEMO_SETTINGS: dict[str, Any] = {
     "batch_size": 16, "group_size": 8, "lr": 5e-4, "temperature": 1.0, "mini_batches": 1, "epochs": 1,
@@ -50,20 +49,19 @@ def run_demo(*, steps: int = 30, minutes: float = 8.0, output_dir: str | Path = 
              store_url: str | None = None, concurrency: int = 24, settings: dict[str, Any] | None = None,
              model_dir: str | Path | None = None, resume: bool = False, threads: int = 1) -> dict[str, Any]:
     """Run the whole demo; returns a summary (also written to ``summary.json``)."""
+    import torch
     from rich.console import Console
 
     from agentgrad.algorithms.grpo import GRPO
-    from agentgrad.inference import Engine, ModelServer
     from agentgrad.demo.agent import calc_agent
     from agentgrad.demo.calc import generate_problems
     from agentgrad.demo.tiny import ensure_tiny_model
+    from agentgrad.inference import Engine, ModelServer
     from agentgrad.proxy import LLMProxy
     from agentgrad.store import open_store
     from agentgrad.trainer import Trainer
     from agentgrad.training import TrainConfig
     from agentgrad.types import LLM, RolloutConfig
-
-    import torch
 
     # One intra-op thread: on a small shared CPU, torch's spinning thread pool loses several-fold
     # to oversubscription, and the engine and trainer take turns anyway (measured: 4× faster).

@@ -33,7 +33,6 @@ from agentgrad.demo import calc
 from agentgrad.demo.template import CHAT_TEMPLATE
 from agentgrad.demo.threads import AdaptiveThreads
 
-
 TINY_NAME = "tiny-calc"
 VOCAB_SIZE = 640
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

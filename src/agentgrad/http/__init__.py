@@ -1,7 +1,9 @@
 """HTTP plumbing shared by every service and client of the package.
 
 One home for what the store service, the capture proxy, the model server and their clients
-all need: the lean synchronous transport (``transport``), the asyncio upstream client the proxy
-forwards through (``upstream``), listening sockets and serving helpers (``serve``) and the
-OpenAI-style error body (``openai_errors``). Nothing here knows about rollouts or spans.
+all need: the synchronous transport every blocking client sends through, with its one
+stale-connection retry rule (``transport``: a lean HTTP/1.1 pool, httpx for TLS and proxies),
+its asyncio twin the proxy forwards through (``upstream``), listening sockets and uvicorn run
+in a thread or until SIGTERM (``serve``), and the OpenAI-style error body (``openai_errors``).
+Nothing here knows about rollouts or spans.
 """

@@ -1,12 +1,14 @@
-"""OpenAI-style error bodies, so every client SDK surfaces the proxy's refusals as it would the API's."""
+"""OpenAI-style error bodies, ``{"error": {"message", "type", "param", "code"}}``: the one format of
+the capture proxy's and the model server's refusals, so every client SDK surfaces them as it would
+the API's. (The store service answers in its own format, :mod:`agentgrad.store.service.responses`.)"""
 
 from __future__ import annotations
 
 import json
 
 
-class ProxyError(Exception):
-    """A request the proxy refuses; becomes ``{"error": {...}}`` with ``status``."""
+class OpenAIError(Exception):
+    """A request refused with an OpenAI-style body (:meth:`body`) and HTTP ``status``."""
 
     def __init__(self, message: str, *, status: int = 400, param: str | None = None,
                  kind: str = "invalid_request_error", code: str | None = None) -> None:

@@ -1,16 +1,25 @@
-"""A lean HTTP/1.1 client for the store service: a thread-safe pool of keep-alive TCP connections.
+"""The one synchronous HTTP transport of the package, and the lean HTTP/1.1 pool behind it.
 
-Why not httpx on this path: the store's calls are small JSON requests, and profiling showed httpx
-spending ~0.4 ms of client CPU on each (URL merging, cookies, the h11 state machine, headers and
-body in separate writes) — more than the server needed to answer. Here a request is one
+Every blocking HTTP client of the package sends through a :class:`Transport`: the store client,
+the runner's flush of the capture proxy, APO's critic and editor calls, the vLLM publisher and
+launcher. :func:`transport_for` picks one for a URL: the lean :class:`ConnectionPool` (a
+thread-safe pool of keep-alive TCP connections) for plain ``http://`` URLs, an ``httpx.Client``
+(:class:`HttpxTransport`) for ``https`` URLs, proxies named by the environment and custom httpx
+transports. Both raise :class:`OSError` when the server cannot be reached or breaks off its answer
+(:class:`TimeoutError` when it is too slow), so callers handle failures one way;
+:func:`request_json` is a one-off JSON request over either.
+
+Why not httpx on the store's path: the store's calls are small JSON requests, and profiling showed
+httpx spending ~0.4 ms of client CPU on each (URL merging, cookies, the h11 state machine, headers
+and body in separate writes) — more than the server needed to answer. Here a request is one
 ``sendall`` and a response one header parse. It speaks just the HTTP/1.1 the service needs:
-``Content-Length`` or chunked bodies, keep-alive and ``Connection: close``. ``https`` URLs,
-proxies and custom transports keep using httpx (see :mod:`agentgrad.store.client`).
+``Content-Length`` or chunked bodies, keep-alive and ``Connection: close``.
 
 Errors are :class:`OSError` (refused, reset, timed out…) or :class:`ProtocolError`; the caller
 decides whether to retry. A connection that failed mid-request is closed, never reused. The one
 failure handled here is a pooled connection that the server closed while it sat idle: the server
-never saw the request, so it is sent again at once on a new connection.
+never saw the request, so it is sent again at once on a new connection (:func:`resend_once`, the
+rule the proxy's async :mod:`~agentgrad.http.upstream` client follows too).
 
 System calls are the client's main cost on a loopback or LAN, so a call makes as few as it can:
 sockets are blocking, with their time limits set in the kernel (``SO_RCVTIMEO``/``SO_SNDTIMEO``)
@@ -21,14 +30,21 @@ caught anyway, as above). One request is then a ``send`` and, usually, one ``rec
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
 import sys
 import time
+import urllib.parse
 from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agentgrad._version import __version__
 from agentgrad.http.serve import header_lines
+
+if TYPE_CHECKING:
+    import httpx
 
 _MAX_HEAD = 64 * 1024
 _NO_BODY_STATUS = (204, 304)
@@ -42,8 +58,34 @@ class ProtocolError(ConnectionError):
     """The peer answered something that is not an HTTP/1.1 response."""
 
 
-class _NoAnswer(ProtocolError):
+class NoAnswer(ProtocolError):
     """The connection was closed or reset before any byte of the response arrived."""
+
+
+def resend_once(reused: bool, error: BaseException) -> bool:
+    """Whether a request that failed with ``error`` is sent again, once, on a new connection.
+
+    The one retry both lean clients make (this pool and the proxy's async upstream): only when the
+    connection came from the idle pool (``reused``) and ended before one byte of the answer
+    (:class:`NoAnswer`). The server then closed it while it sat idle (its keep-alive timeout, a
+    restart) and never saw the request, so sending it again is safe even for a non-idempotent
+    POST. Any other failure (a fresh connection dropped, a timeout, an answer cut short or not
+    HTTP) the server may have acted on: it goes to the caller, who knows whether a retry is safe.
+    """
+    return reused and isinstance(error, NoAnswer)
+
+
+class Transport(Protocol):
+    """Sends one request to the service it was made for; ``target`` is the path plus query.
+
+    Returns (status, body); raises :class:`OSError` when the service could not be reached or
+    broke off its answer (:class:`TimeoutError` when it was too slow).
+    """
+
+    def request(self, method: str, target: str, body: bytes | None = None, *, headers: dict[str, str] | None = None,
+                timeout: float = 30.0) -> tuple[int, bytes]: ...
+
+    def close(self) -> None: ...
 
 
 class _Connection:
@@ -97,7 +139,7 @@ class _Connection:
         except (ConnectionResetError, BrokenPipeError) as exc:
             if self.answered:
                 raise
-            raise _NoAnswer(f"connection reset before the response ({exc})") from exc
+            raise NoAnswer(f"connection reset before the response ({exc})") from exc
         except BlockingIOError as exc:  # a kernel time limit ran out
             raise TimeoutError(f"timed out after {timeout} s") from exc
 
@@ -119,7 +161,7 @@ class _Connection:
         chunk = self.sock.recv(256 * 1024)
         if not chunk:
             if not self.answered:
-                raise _NoAnswer("connection closed by the server before it answered")
+                raise NoAnswer("connection closed by the server before it answered")
             raise ProtocolError("connection closed by the server before the response was complete")
         self.answered = True
         self.buffer += chunk
@@ -204,7 +246,7 @@ class ConnectionPool:
         self.address = (host, port)
         self.prefix = prefix
         authority = f"[{host}]" if ":" in host else host
-        fixed = {"Host": f"{authority}:{port}", "User-Agent": f"agentgrad-store-client/{__version__}", **(headers or {})}
+        fixed = {"Host": f"{authority}:{port}", "User-Agent": f"agentgrad/{__version__}", **(headers or {})}
         self._fixed = header_lines(fixed)
         self.max_idle = max_idle
         self.idle_expiry = idle_expiry
@@ -221,13 +263,15 @@ class ConnectionPool:
             head += header_lines(headers)
         request = (head + "\r\n").encode("latin-1") + (body or b"")
         head_only = method == "HEAD"
-        idle = self._idle_connection()
-        if idle is not None:
+        conn = self._idle_connection()
+        reused = conn is not None
+        while True:
             try:
-                return self._exchange(idle, request, timeout, head_only)
-            except _NoAnswer:
-                pass  # the server closed it while we reused it; it never saw the request
-        return self._exchange(self._connect(timeout), request, timeout, head_only)
+                return self._exchange(conn or self._connect(timeout), request, timeout, head_only)
+            except OSError as exc:
+                if not resend_once(reused, exc):
+                    raise
+                conn, reused = None, False  # the server closed it while idle; it never saw the request
 
     def _exchange(self, conn: _Connection, request: bytes, timeout: float, head_only: bool) -> tuple[int, bytes]:
         try:
@@ -264,3 +308,92 @@ class ConnectionPool:
         self._closed = True
         while self._idle:
             self._idle.pop().close()
+
+
+class HttpxTransport:
+    """The httpx route, for what the lean pool does not do: TLS, proxies, custom httpx transports.
+
+    httpx is imported here, on first use: most processes only ever talk plain HTTP.
+    """
+
+    def __init__(self, url: str, *, headers: dict[str, str] | None = None, timeout: float = 30.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        import httpx
+
+        self._transport_error, self._timeout_error = httpx.TransportError, httpx.TimeoutException
+        self._http = httpx.Client(
+            base_url=url,
+            headers=headers,
+            timeout=timeout,
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=60),
+            transport=transport,
+        )
+
+    def request(self, method: str, target: str, body: bytes | None = None, *, headers: dict[str, str] | None = None,
+                timeout: float = 30.0) -> tuple[int, bytes]:
+        try:
+            response = self._http.request(method, target, content=body, headers=headers, timeout=timeout)
+        except self._timeout_error as exc:
+            raise TimeoutError(f"{type(exc).__name__}: {exc}") from exc
+        except self._transport_error as exc:
+            raise ConnectionError(f"{type(exc).__name__}: {exc}") from exc
+        return response.status_code, response.content
+
+    def close(self) -> None:
+        self._http.close()
+
+
+def transport_for(url: str, *, headers: dict[str, str] | None = None, timeout: float = 30.0,
+                  httpx_transport: httpx.BaseTransport | None = None) -> Transport:
+    """A transport for requests under ``url`` (its path prefixes every target).
+
+    The lean pool where it applies (plain http, no proxy in the environment, no custom httpx
+    transport); httpx otherwise, so TLS and proxy settings behave as httpx users expect.
+    """
+    import urllib.request  # lazy: it imports a good part of the standard library
+
+    parts = urllib.parse.urlsplit(url)
+    proxies = urllib.request.getproxies()
+    if (httpx_transport is None and parts.scheme == "http" and parts.hostname
+            and not (proxies.get("http") or proxies.get("all"))):
+        return ConnectionPool(parts.hostname, parts.port or 80, headers=headers, prefix=parts.path.rstrip("/"))
+    return HttpxTransport(url, headers=headers, timeout=timeout, transport=httpx_transport)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What :func:`request_json` got back: the status and the raw body."""
+
+    status: int
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        """The body parsed as JSON (:class:`ValueError` when it is not)."""
+        return json.loads(self.body)
+
+
+def request_json(method: str, url: str, payload: Any = None, *, headers: dict[str, str] | None = None,
+                 timeout: float = 30.0) -> Reply:
+    """One request to the full ``url`` with ``payload`` (if any) sent as JSON, on a connection of
+    its own; for the occasional call (an LLM critic, a vLLM admin endpoint, a health check).
+
+    Raises :class:`OSError` when the server cannot be reached or breaks off its answer
+    (:class:`TimeoutError` past ``timeout``); an HTTP error status is returned, not raised.
+    """
+    parts = urllib.parse.urlsplit(url)
+    root = urllib.parse.urlunsplit((parts.scheme, parts.netloc, "", "", ""))
+    target = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
+    sent = dict(headers or {})
+    body = None
+    if payload is not None:
+        body = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        sent.setdefault("Content-Type", "application/json")
+    transport = transport_for(root, timeout=timeout)
+    try:
+        return Reply(*transport.request(method, target, body, headers=sent or None, timeout=timeout))
+    finally:
+        transport.close()

@@ -7,6 +7,8 @@ request/response cycle there against ~2 µs for httptools (llhttp, in C; install
 ``uvicorn[standard]``), and a stream costs a future and a buffer copy per read. The proxy needs
 little: POST/GET with a body, keep-alive connection reuse, content-length and chunked responses
 read whole (:meth:`UpstreamResponse.read`) or piece by piece (:meth:`UpstreamResponse.iter_raw`).
+A pooled connection the upstream closed while idle is replaced by the rule of the synchronous
+transport (:func:`agentgrad.http.transport.resend_once`): this is its asyncio twin.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from urllib.parse import urlsplit
 import httptools
 
 from agentgrad.http.serve import header_lines
+from agentgrad.http.transport import NoAnswer, resend_once
 
 #: Body bytes buffered for a stream that is read slower than the upstream writes it; reading from
 #: the socket pauses above this, so a slow client cannot make the proxy buffer a whole answer.
@@ -54,6 +57,7 @@ class _Connection(asyncio.Protocol):
         self.chunks: list[bytes] = []
         self.buffered = 0
         self.head_done = self.complete = self.reusable = self.paused = False
+        self.answered = False  # whether any byte of the response arrived yet
         self.error: Exception | None = None
         self._waiter: asyncio.Future[None] | None = None
 
@@ -65,6 +69,7 @@ class _Connection(asyncio.Protocol):
         if self.complete:  # nothing asked for this (e.g. a 408 before an idle close): the connection is spoilt
             self.close()
             return
+        self.answered = True
         try:
             self.parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
@@ -77,7 +82,9 @@ class _Connection(asyncio.Protocol):
         if self.head_done and not self.complete and self._ends_at_close():
             self.complete = True
         elif not self.complete and self.error is None:
-            self.error = _Broken(f"connection closed before the end of the response{f': {exc}' if exc else ''}")
+            reason = f": {exc}" if exc else ""
+            self.error = (_Broken(f"connection closed before the end of the response{reason}") if self.answered
+                          else NoAnswer(f"connection closed before any byte of the response{reason}"))
         self._wake()
 
     # ---- httptools callbacks ----------------------------------------------------------------------
@@ -180,7 +187,7 @@ class UpstreamResponse:
     async def _wait(self, timeout: float) -> None:
         try:
             await self._connection.wait(timeout)
-        except _Broken as exc:
+        except (_Broken, NoAnswer) as exc:
             self._abandon()
             raise UpstreamUnreachable(f"{self._client.address} broke off its answer: {exc}") from exc
         except BaseException:  # timeout, cancellation: the rest of the answer would be on no one's request
@@ -249,23 +256,25 @@ class Upstream:
                       ) -> UpstreamResponse:
         """Send a request and return once the status line and headers have arrived."""
         payload = self._head(method, path, body, headers) + body
-        for fresh in (False, True):  # a pooled connection may have been closed by the upstream: retry once
-            connection = (None if fresh else self._pooled()) or await self._connect()
+        connection = self._pooled()
+        reused = connection is not None
+        while True:
+            connection = connection or await self._connect()
             connection.start()
             connection.transport.write(payload)  # flow control not needed: the answer comes after it all
             try:
                 while not connection.head_done:
                     await connection.wait(self.timeout)
-            except _Broken as exc:
+            except (_Broken, NoAnswer) as exc:
                 connection.close()
-                if fresh:
-                    raise UpstreamUnreachable(f"{self.address} dropped the connection: {exc}") from exc
-                continue
+                if resend_once(reused, exc):  # closed by the upstream while idle: it never saw the request
+                    connection, reused = None, False
+                    continue
+                raise UpstreamUnreachable(f"{self.address} dropped the connection: {exc}") from exc
             except BaseException:  # timeout, cancellation: the answer may still come, on no one's request
                 connection.close()
                 raise
             return UpstreamResponse(self, connection)
-        raise AssertionError("unreachable")
 
     async def aclose(self) -> None:
         while self._idle:

@@ -8,9 +8,23 @@ and FastAPI load when an engine or app is created.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-_LAZY = {
+from agentgrad._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from agentgrad.inference.app import create_app as create_app
+    from agentgrad.inference.engine import Engine as Engine
+    from agentgrad.inference.engine import EngineError as EngineError
+    from agentgrad.inference.engine import GenerationResult as GenerationResult
+    from agentgrad.inference.engine import RequestError as RequestError
+    from agentgrad.inference.engine import SamplingParams as SamplingParams
+    from agentgrad.inference.engine import TokenEvent as TokenEvent
+    from agentgrad.inference.server import ModelServer as ModelServer
+    from agentgrad.inference.toolcalls import parse_tool_calls as parse_tool_calls
+    from agentgrad.inference.vllm import launch_vllm as launch_vllm
+
+_EXPORTS = {
     "Engine": "agentgrad.inference.engine", "SamplingParams": "agentgrad.inference.engine",
     "GenerationResult": "agentgrad.inference.engine", "TokenEvent": "agentgrad.inference.engine",
     "EngineError": "agentgrad.inference.engine", "RequestError": "agentgrad.inference.engine",
@@ -18,15 +32,5 @@ _LAZY = {
     "parse_tool_calls": "agentgrad.inference.toolcalls", "launch_vllm": "agentgrad.inference.vllm",
 }
 
-__all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'agentgrad.inference' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

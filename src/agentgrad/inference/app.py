@@ -6,7 +6,7 @@ and ``/v1/update_weights``. Responses carry ``model_version``; with ``return_tok
 they carry ``prompt_token_ids`` and per-choice ``token_ids`` (vLLM's field names), in streams too.
 
 Bad input gets HTTP 400 with an OpenAI-style body ``{"error": {"message", "type", "param",
-"code"}}`` naming the field. An unknown ``model`` is served by the loaded model and echoed back
+"code"}}`` naming the field (:mod:`agentgrad.http.openai_errors`, the capture proxy's format too). An unknown ``model`` is served by the loaded model and echoed back
 (some frameworks switch APIs after a 404); a loaded LoRA adapter's name selects that adapter.
 """
 
@@ -19,9 +19,10 @@ import uuid
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from agentgrad.http.openai_errors import OpenAIError, error_body
 from agentgrad.inference.engine import Engine, EngineError, GenerationResult, RequestError, SamplingParams, TokenEvent
 from agentgrad.inference.toolcalls import TOOL_CALL_OPEN, parse_tool_calls
 
@@ -116,14 +117,8 @@ class CompletionRequest(_Sampling):
         return value
 
 
-class _HTTPError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, type_: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.param, self.type = status, message, param, type_
-
-
-def _error_body(message: str, param: str | None, type_: str = "invalid_request_error") -> dict[str, Any]:
-    return {"error": {"message": message, "type": type_, "param": param, "code": None}}
+def _error_response(body: bytes, status: int) -> Response:
+    return Response(body, status_code=status, media_type="application/json")
 
 
 def _normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -227,7 +222,7 @@ class _Server:
             text = self.tokenizer.apply_chat_template(
                 _normalize_messages(req.messages), tools=tools, add_generation_prompt=True, tokenize=False)
         except Exception as exc:  # jinja errors name the problem in the template's words
-            raise _HTTPError(400, f"could not apply the chat template: {exc}", "messages") from exc
+            raise OpenAIError(f"could not apply the chat template: {exc}", param="messages") from exc
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     async def chat(self, req: ChatRequest) -> Any:
@@ -436,10 +431,10 @@ class _Server:
         for p in prompt:
             ids = self.tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else list(p)
             if not ids:
-                raise _HTTPError(400, "prompt must not be empty", "prompt")
+                raise OpenAIError("prompt must not be empty", param="prompt")
             out.append(ids)
         if not out:
-            raise _HTTPError(400, "prompt must not be empty", "prompt")
+            raise OpenAIError("prompt must not be empty", param="prompt")
         return out
 
     async def _completion_stream(self, req: CompletionRequest, prompts: list[list[int]],
@@ -480,15 +475,15 @@ def create_app(engine: Engine, *, served_model_name: str | None = None) -> FastA
         try:
             payload = json.loads(await request.body())
         except ValueError as exc:
-            raise _HTTPError(400, f"malformed JSON body: {exc}", "body") from exc
+            raise OpenAIError(f"malformed JSON body: {exc}", param="body") from exc
         if not isinstance(payload, dict):
-            raise _HTTPError(400, "the request body must be a JSON object", "body")
+            raise OpenAIError("the request body must be a JSON object", param="body")
         try:
             return model.model_validate(payload)
         except ValidationError as exc:
             err = exc.errors()[0]
             param = ".".join(str(p) for p in err["loc"]) or None
-            raise _HTTPError(400, f"{param}: {err['msg']}", param) from exc
+            raise OpenAIError(f"{param}: {err['msg']}", param=param) from exc
 
     async def respond(result: Any) -> Any:
         if isinstance(result, dict):
@@ -502,23 +497,24 @@ def create_app(engine: Engine, *, served_model_name: str | None = None) -> FastA
             try:
                 async for item in iterator:
                     yield item
-            except (RequestError, EngineError, _HTTPError) as exc:
-                yield f"data: {json.dumps(_error_body(str(exc), getattr(exc, 'param', None), 'server_error'))}\n\n"
+            except (RequestError, EngineError, OpenAIError) as exc:
+                body = error_body(str(exc), kind="server_error", param=getattr(exc, "param", None))
+                yield f"data: {body.decode()}\n\n"
 
         return StreamingResponse(body(), media_type="text/event-stream")
 
-    @app.exception_handler(_HTTPError)
-    async def _http_error(request: Request, exc: _HTTPError) -> JSONResponse:
-        return JSONResponse(_error_body(exc.message, exc.param, exc.type), status_code=exc.status)
+    @app.exception_handler(OpenAIError)
+    async def _refused(request: Request, exc: OpenAIError) -> Response:
+        return _error_response(exc.body(), exc.status)
 
     @app.exception_handler(RequestError)
-    async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
+    async def _request_error(request: Request, exc: RequestError) -> Response:
         message = f"{exc.param}: {exc}" if exc.param else str(exc)
-        return JSONResponse(_error_body(message, exc.param), status_code=400)
+        return _error_response(error_body(message, param=exc.param), 400)
 
     @app.exception_handler(EngineError)
-    async def _engine_error(request: Request, exc: EngineError) -> JSONResponse:
-        return JSONResponse(_error_body(str(exc), None, "server_error"), status_code=503)
+    async def _engine_error(request: Request, exc: EngineError) -> Response:
+        return _error_response(error_body(str(exc), kind="server_error"), 503)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
@@ -545,11 +541,11 @@ def create_app(engine: Engine, *, served_model_name: str | None = None) -> FastA
     async def load_lora(request: Request) -> dict[str, Any]:
         body = await parse(request, _LoraRequest)
         if not body.lora_path:
-            raise _HTTPError(400, "lora_path is required", "lora_path")
+            raise OpenAIError("lora_path is required", param="lora_path")
         try:
             await asyncio.to_thread(engine.load_lora, body.lora_name, body.lora_path)
         except (FileNotFoundError, ValueError) as exc:
-            raise _HTTPError(400, str(exc), "lora_path") from exc
+            raise OpenAIError(str(exc), param="lora_path") from exc
         return {"status": "ok", "lora_name": body.lora_name}
 
     @app.post("/v1/unload_lora_adapter")
@@ -558,7 +554,8 @@ def create_app(engine: Engine, *, served_model_name: str | None = None) -> FastA
         try:
             await asyncio.to_thread(engine.unload_lora, body.lora_name)
         except KeyError as exc:
-            raise _HTTPError(404, f"lora {body.lora_name!r} is not loaded", "lora_name", "not_found_error") from exc
+            raise OpenAIError(f"lora {body.lora_name!r} is not loaded", status=404, param="lora_name",
+                              kind="not_found_error") from exc
         return {"status": "ok", "lora_name": body.lora_name}
 
     @app.post("/v1/update_weights")
@@ -567,7 +564,7 @@ def create_app(engine: Engine, *, served_model_name: str | None = None) -> FastA
         try:
             version = await asyncio.to_thread(engine.update_weights, body.path, body.version)
         except (FileNotFoundError, ValueError) as exc:
-            raise _HTTPError(400, str(exc), "path") from exc
+            raise OpenAIError(str(exc), param="path") from exc
         return {"status": "ok", "model_version": version}
 
     return app

@@ -1,22 +1,23 @@
-"""Run the model server in a background thread (for the embedded demo, notebooks and tests)."""
+"""Run the model server from a background thread (for the embedded demo, notebooks and tests) or
+in the foreground until SIGTERM/SIGINT (``agentgrad serve-model``)."""
 
 from __future__ import annotations
 
+import socket
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
-from agentgrad.http.serve import listening_socket
+from agentgrad.http.serve import http_url, listening_socket, serve_in_thread, serve_until_signal
 from agentgrad.inference.engine import Engine
 
 
 class ModelServer:
-    """Serve an engine (or a model directory) over HTTP on ``host:port`` from a background thread.
+    """Serve an engine (or a model directory) over HTTP on ``host:port``.
 
-    ``port=0`` binds a free port. ``start()`` returns the OpenAI base URL
-    (``http://127.0.0.1:PORT/v1``); ``stop()`` shuts uvicorn down, and closes the engine when the
-    server created it.
+    ``port=0`` binds a free port. ``start()`` serves from a background thread and returns the
+    OpenAI base URL (``http://127.0.0.1:PORT/v1``); ``stop()`` shuts uvicorn down, and closes the
+    engine when the server created it. ``bind()`` then ``run()`` serve in the foreground instead.
     """
 
     def __init__(self, engine_or_model_dir: Engine | str | Path, host: str = "127.0.0.1", port: int = 0,
@@ -29,29 +30,47 @@ class ModelServer:
         self.served_model_name = served_model_name
         self._server: Any = None
         self._thread: threading.Thread | None = None
+        self._socket: socket.socket | None = None
         self.base_url: str | None = None
 
-    def start(self, timeout: float = 30.0) -> str:
-        """Start serving; returns the base URL once the server accepts connections."""
+    def bind(self) -> str:
+        """Bind the listening socket now (resolving port 0); returns the OpenAI base URL."""
+        if self._socket is None:
+            self._socket = listening_socket(self.host, self.port)
+            self.port = self._socket.getsockname()[1]
+            self.base_url = http_url(self.host, self.port) + "/v1"
+        return self.base_url  # type: ignore[return-value]
+
+    def _uvicorn(self) -> Any:
         import uvicorn
 
         from agentgrad.inference.app import create_app
 
         app = create_app(self.engine, served_model_name=self.served_model_name)
-        sock = listening_socket(self.host, self.port)
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
-                                        name="agentgrad-model-server", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"model server failed to start on {self.host}:{self.port}")
-            time.sleep(0.02)
-        self.base_url = f"http://{self.host}:{self.port}/v1"
-        return self.base_url
+        return uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5))
+
+    def _take_socket(self) -> socket.socket:
+        self.bind()
+        sock, self._socket = self._socket, None
+        return sock  # type: ignore[return-value]
+
+    def start(self, timeout: float = 30.0) -> str:
+        """Start serving; returns the base URL once the server accepts connections."""
+        url = self.bind()
+        self._server = self._uvicorn()
+        self._thread = serve_in_thread(self._server, self._take_socket(), name="agentgrad-model-server",
+                                       timeout=timeout)
+        return url
+
+    def run(self) -> None:
+        """Serve in the foreground until SIGTERM/SIGINT, then return normally (the engine stays
+        open unless the server created it: see :meth:`stop`)."""
+        self.bind()
+        self._server = self._uvicorn()
+        try:
+            serve_until_signal(self._server, self._take_socket())
+        finally:
+            self._server = None
 
     def stop(self) -> None:
         """Stop serving (idempotent)."""
@@ -59,7 +78,10 @@ class ModelServer:
             self._server.should_exit = True
             if self._thread is not None:
                 self._thread.join(timeout=15)
-            self._server = None
+            self._server = self._thread = None
+        if self._socket is not None:  # bound, never served
+            self._socket.close()
+            self._socket = None
         if self._owns_engine:
             self.engine.close()
 

@@ -16,7 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
+from agentgrad.http.serve import http_url
+from agentgrad.http.transport import request_json
 
 
 def vllm_command(model: str | Path, *, host: str = "127.0.0.1", port: int = 8000,
@@ -45,15 +46,15 @@ def launch_vllm(model: str | Path, *, host: str = "127.0.0.1", port: int = 8000,
     env = dict(os.environ, VLLM_ALLOW_RUNTIME_LORA_UPDATING="True")
     proc = subprocess.Popen(vllm_command(model, host=host, port=port, served_model_name=served_model_name,
                                          extra_args=extra_args), env=env)
-    base = f"http://{host}:{port}"
+    base = http_url(host, port)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"vLLM exited with code {proc.returncode} before becoming healthy")
         try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+            if request_json("GET", f"{base}/health", timeout=2).status == 200:
                 return proc, f"{base}/v1"
-        except httpx.HTTPError:
+        except OSError:  # not listening yet
             pass
         time.sleep(1)
     proc.terminate()

@@ -8,20 +8,20 @@ not import Starlette and httpx.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from agentgrad.proxy.hooks import ProxyResourcesHook, rollout_endpoint
+from agentgrad._lazy import lazy_exports
 
-__all__ = ["LLMProxy", "ProxyResourcesHook", "create_proxy_app", "rollout_endpoint"]
+if TYPE_CHECKING:
+    from agentgrad.proxy.app import create_proxy_app as create_proxy_app
+    from agentgrad.proxy.hooks import ProxyResourcesHook as ProxyResourcesHook
+    from agentgrad.proxy.hooks import rollout_endpoint as rollout_endpoint
+    from agentgrad.proxy.server import LLMProxy as LLMProxy
 
+_EXPORTS = {
+    "LLMProxy": "agentgrad.proxy.server", "create_proxy_app": "agentgrad.proxy.app",
+    "ProxyResourcesHook": "agentgrad.proxy.hooks", "rollout_endpoint": "agentgrad.proxy.hooks",
+}
 
-def __getattr__(name: str) -> Any:
-    if name == "LLMProxy":
-        from agentgrad.proxy.server import LLMProxy
-
-        return LLMProxy
-    if name == "create_proxy_app":
-        from agentgrad.proxy.app import create_proxy_app
-
-        return create_proxy_app
-    raise AttributeError(name)
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

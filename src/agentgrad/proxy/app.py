@@ -38,13 +38,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from agentgrad import semconv
+from agentgrad.http.openai_errors import OpenAIError, error_body
+from agentgrad.http.upstream import UpstreamUnreachable
 from agentgrad.proxy.capture import Api, CallContext, Capture, Requested, strip_for_client, upstream_body
-from agentgrad.http.openai_errors import ProxyError, error_body
 from agentgrad.proxy.incoming import API_ROUTES, ROLLOUT_PREFIX, Incoming, api_route
 from agentgrad.proxy.jsonio import dumps, loads
 from agentgrad.proxy.relay import RelayResponse, responses_view
 from agentgrad.proxy.responses import to_chat_request
-from agentgrad.http.upstream import UpstreamUnreachable
 from agentgrad.proxy.state import DEFAULT_MAX_BODY_BYTES, Call, ProxyState, RecordMode
 from agentgrad.proxy.writer import FlushError, FlushTimeout
 
@@ -84,19 +84,19 @@ def _parse(raw: bytes, api: Api) -> dict[str, Any]:
     try:
         body = loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ProxyError(f"request body is not valid JSON: {exc}") from None
+        raise OpenAIError(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
-        raise ProxyError(f"request body must be a JSON object, got {type(body).__name__}")
+        raise OpenAIError(f"request body must be a JSON object, got {type(body).__name__}")
     if api == "chat" and (not isinstance(body.get("messages"), list) or not body["messages"]):
-        raise ProxyError("'messages' must be a non-empty list", param="messages")
+        raise OpenAIError("'messages' must be a non-empty list", param="messages")
     if api == "completions" and not isinstance(body.get("prompt"), (str, list)):
-        raise ProxyError("'prompt' must be a string or a list", param="prompt")
+        raise OpenAIError("'prompt' must be a string or a list", param="prompt")
     if "stream" in body and not isinstance(body["stream"], bool):
-        raise ProxyError("'stream' must be a boolean", param="stream")
+        raise OpenAIError("'stream' must be a boolean", param="stream")
     return body
 
 
-def _error(exc: ProxyError) -> Response:
+def _error(exc: OpenAIError) -> Response:
     return Response(exc.body(), status_code=exc.status, media_type=_JSON)
 
 
@@ -115,7 +115,7 @@ async def _handle(state: ProxyState, request: Incoming, api: Api) -> Response:
         raw = await request.body(state.max_body_bytes)
         body = _parse(raw, api)
         chat = to_chat_request(body) if api == "responses" else body
-    except ProxyError as exc:
+    except OpenAIError as exc:
         state.metrics.rejected += 1
         return _error(exc)
     context = call_context(request)
@@ -247,8 +247,8 @@ def create_proxy_app(store: Store, upstream_url: str, *, model: str | None = Non
             if not isinstance(rollout_id, str) or not isinstance(attempt_id, str) or not timeout >= 0:
                 raise TypeError
         except (ValueError, KeyError, TypeError, AttributeError):
-            return _error(ProxyError("flush needs a JSON body {\"rollout_id\": str, \"attempt_id\": str, "
-                                     "\"timeout\": seconds ≥ 0}"))
+            return _error(OpenAIError("flush needs a JSON body {\"rollout_id\": str, \"attempt_id\": str, "
+                                      "\"timeout\": seconds ≥ 0}"))
         return await flush_response(state, rollout_id, attempt_id, timeout)
 
     async def health(request: Request) -> Response:

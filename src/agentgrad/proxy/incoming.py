@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from agentgrad.http.openai_errors import OpenAIError
 from agentgrad.proxy.capture import Api
-from agentgrad.http.openai_errors import ProxyError
 
 #: The API routes, each also under :data:`ROLLOUT_PREFIX`.
 API_ROUTES: dict[str, Api] = {"/v1/chat/completions": "chat", "/v1/responses": "responses",
@@ -33,19 +33,20 @@ class Incoming:
         self._receive = receive
 
     async def body(self, limit: int) -> bytes:
-        """The whole body; :class:`ProxyError` 413 beyond ``limit`` bytes (declared or received)."""
+        """The whole body; :class:`OpenAIError` 413 beyond ``limit`` bytes (declared or received)."""
         declared = self.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
-            raise ProxyError(f"request body of {declared} bytes exceeds the proxy's limit of {limit} bytes", status=413)
+            raise OpenAIError(f"request body of {declared} bytes exceeds the proxy's limit of {limit} bytes",
+                              status=413)
         chunks, size = [], 0
         while True:
             message = await self._receive()
             if message["type"] == "http.disconnect":  # nobody to answer: the error response goes nowhere
-                raise ProxyError("the client disconnected before sending its whole request", status=499)
+                raise OpenAIError("the client disconnected before sending its whole request", status=499)
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                raise ProxyError(f"request body exceeds the proxy's limit of {limit} bytes", status=413)
+                raise OpenAIError(f"request body exceeds the proxy's limit of {limit} bytes", status=413)
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)

@@ -15,8 +15,8 @@ from agentgrad.proxy.jsonio import dumps, loads
 from agentgrad.proxy.responses import ResponsesStreamWriter, from_chat_completion
 
 if TYPE_CHECKING:
-    from agentgrad.proxy.state import Call, ProxyState
     from agentgrad.http.upstream import UpstreamResponse
+    from agentgrad.proxy.state import Call, ProxyState
 
 _HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 

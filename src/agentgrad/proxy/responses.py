@@ -16,7 +16,7 @@ import time
 import uuid
 from typing import Any
 
-from agentgrad.http.openai_errors import ProxyError
+from agentgrad.http.openai_errors import OpenAIError
 
 #: Responses request fields copied to the chat request under the same name.
 _SAME_NAME = ("temperature", "top_p", "parallel_tool_calls", "stream", "seed", "stop", "user")
@@ -31,7 +31,7 @@ def _text_of(content: Any, field: str) -> str | list[dict[str, Any]]:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise ProxyError(f"{field} must be a string or a list of content parts", param=field)
+        raise OpenAIError(f"{field} must be a string or a list of content parts", param=field)
     parts: list[dict[str, Any]] = []
     for index, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
@@ -40,7 +40,7 @@ def _text_of(content: Any, field: str) -> str | list[dict[str, Any]]:
         elif kind == "input_image":
             parts.append({"type": "image_url", "image_url": {"url": part.get("image_url", "")}})
         else:
-            raise ProxyError(f"unsupported content part type {kind!r}", param=f"{field}[{index}].type")
+            raise OpenAIError(f"unsupported content part type {kind!r}", param=f"{field}[{index}].type")
     if all(p["type"] == "text" for p in parts):
         return "".join(p["text"] for p in parts)
     return parts
@@ -54,16 +54,16 @@ def _chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     if isinstance(items, str):
         return [*messages, {"role": "user", "content": items}]
     if not isinstance(items, list):
-        raise ProxyError("'input' must be a string or a list of items", param="input")
+        raise OpenAIError("'input' must be a string or a list of items", param="input")
     for index, item in enumerate(items):
         field = f"input[{index}]"
         if not isinstance(item, dict):
-            raise ProxyError(f"{field} must be an object", param=field)
+            raise OpenAIError(f"{field} must be an object", param=field)
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
-                raise ProxyError(f"{field}.role must be user, assistant, system or developer", param=f"{field}.role")
+                raise OpenAIError(f"{field}.role must be user, assistant, system or developer", param=f"{field}.role")
             messages.append({"role": "system" if role == "developer" else role,
                              "content": _text_of(item.get("content", ""), f"{field}.content")})
         elif kind == "function_call":
@@ -81,19 +81,19 @@ def _chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         elif kind == "reasoning":
             continue  # chat models have no reasoning items to replay
         else:
-            raise ProxyError(f"unsupported input item type {kind!r}", param=f"{field}.type")
+            raise OpenAIError(f"unsupported input item type {kind!r}", param=f"{field}.type")
     return messages
 
 
 def _chat_tools(tools: Any) -> list[dict[str, Any]]:
     if not isinstance(tools, list):
-        raise ProxyError("'tools' must be a list", param="tools")
+        raise OpenAIError("'tools' must be a list", param="tools")
     converted = []
     for index, tool in enumerate(tools):
         if not isinstance(tool, dict) or tool.get("type") != "function":
             kind = tool.get("type") if isinstance(tool, dict) else None
-            raise ProxyError(f"only function tools can be served by a chat upstream, got {kind!r}",
-                             param=f"tools[{index}].type")
+            raise OpenAIError(f"only function tools can be served by a chat upstream, got {kind!r}",
+                              param=f"tools[{index}].type")
         function = {"name": tool.get("name", "")}
         for key in ("description", "parameters", "strict"):
             if tool.get(key) is not None:
@@ -121,10 +121,10 @@ def _chat_response_format(text: Any) -> dict[str, Any] | None:
 def to_chat_request(body: dict[str, Any]) -> dict[str, Any]:
     """A Responses request as the equivalent Chat Completions request."""
     if body.get("previous_response_id"):
-        raise ProxyError("previous_response_id needs server-side conversation state, which the proxy does not "
-                         "keep: send the full input instead", param="previous_response_id")
+        raise OpenAIError("previous_response_id needs server-side conversation state, which the proxy does not "
+                          "keep: send the full input instead", param="previous_response_id")
     if "input" not in body:
-        raise ProxyError("missing required field 'input'", param="input")
+        raise OpenAIError("missing required field 'input'", param="input")
     chat: dict[str, Any] = {"model": body.get("model"), "messages": _chat_messages(body)}
     for key in _SAME_NAME:
         if body.get(key) is not None:

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import signal
 import socket
 import threading
-import time
 from typing import TYPE_CHECKING, Any
 
-from agentgrad.http.serve import listening_socket
+from agentgrad.http.serve import http_url, listening_socket, serve_in_thread, serve_until_signal
 from agentgrad.proxy.app import create_proxy_app
-from agentgrad.proxy.metrics import ProxyMetrics
 from agentgrad.proxy.hooks import rollout_endpoint
+from agentgrad.proxy.metrics import ProxyMetrics
 
 if TYPE_CHECKING:
     import uvicorn
@@ -23,24 +20,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def serve_in_thread(server: uvicorn.Server, timeout: float = 30.0) -> tuple[uvicorn.Server, threading.Thread, int]:
-    """Run a uvicorn server from a daemon thread; returns it, the thread and the bound port."""
-    thread = threading.Thread(target=server.run, name="agentgrad-http", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + timeout
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"server did not start on {server.config.host}:{server.config.port}")
-        time.sleep(0.01)
-    return server, thread, server.servers[0].sockets[0].getsockname()[1]
-
-
-def uvicorn_server(app: Any, host: str, port: int) -> uvicorn.Server:
-    """A quiet uvicorn server for ``app`` (no access log: the proxy is on every LLM call)."""
+def uvicorn_server(app: Any) -> uvicorn.Server:
+    """A quiet uvicorn server for ``app`` (no access log: the proxy is on every LLM call), to run on
+    a socket of :func:`~agentgrad.http.serve.listening_socket`."""
     import uvicorn  # lazy: only a serving process needs it
 
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=5)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=5)
     return uvicorn.Server(config)
 
 
@@ -72,8 +57,8 @@ class LLMProxy:
 
     @property
     def url(self) -> str:
-        """The proxy's root URL (``http://host:port``); valid once started."""
-        return f"http://{self.host}:{self.port}"
+        """The proxy's root URL (``http://host:port``); valid once bound or started."""
+        return http_url(self.host, self.port)
 
     @property
     def base_url(self) -> str:
@@ -92,13 +77,17 @@ class LLMProxy:
         """The OpenAI base URL that attributes calls to one attempt."""
         return rollout_endpoint(self.url, rollout_id, attempt_id)
 
-    def _make_server(self) -> uvicorn.Server:
-        return uvicorn_server(self.app, self.host, self.port)
+    def _take_socket(self) -> socket.socket:
+        self.bind()
+        sock, self._socket = self._socket, None
+        return sock  # type: ignore[return-value]
 
     def start(self, timeout: float = 30.0) -> str:
         """Serve from a background thread; returns the OpenAI base URL (``http://127.0.0.1:PORT/v1``)."""
         if self._thread is None:
-            self._server, self._thread, self.port = serve_in_thread(self._make_server(), timeout)
+            self._server = uvicorn_server(self.app)
+            self._thread = serve_in_thread(self._server, self._take_socket(), name="agentgrad-llm-proxy",
+                                           timeout=timeout)
             log.info("LLM proxy listening on %s, forwarding to %s", self.url, self.upstream_url)
         return self.base_url
 
@@ -111,27 +100,13 @@ class LLMProxy:
         return self.base_url
 
     def run(self) -> None:
-        """Serve in the foreground until SIGTERM/SIGINT, then return normally.
-
-        uvicorn re-raises the signal after its graceful shutdown (the process would die of it);
-        our own handlers only ask the server to exit, so the caller can close the store and
-        exit 0. A second signal forces the exit.
-        """
-        self.bind()
-        server = self._make_server()
-        self._server = server
-
-        def on_signal(signum: int, frame: Any) -> None:
-            server.force_exit = server.should_exit
-            server.should_exit = True
-
-        previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGTERM, signal.SIGINT)}
-        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+        """Serve in the foreground until SIGTERM/SIGINT, then return normally (after draining the
+        span writer), so the caller can close the store and exit 0
+        (:func:`~agentgrad.http.serve.serve_until_signal`)."""
+        self._server = uvicorn_server(self.app)
         try:
-            server.run(sockets=[self._socket])
+            serve_until_signal(self._server, self._take_socket())
         finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
             self.app.state.proxy.writer.close()
 
     def stop(self, timeout: float = 10.0) -> None:

@@ -8,16 +8,30 @@ service; its token comes from ``$AGENTGRAD_STORE_TOKEN``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agentgrad.store.protocol import RolloutFilter, RolloutRequest, Store
+from agentgrad._lazy import lazy_exports
 
-__all__ = ["Store", "RolloutFilter", "RolloutRequest", "open_store", "MemoryStore", "SqliteStore", "TOKEN_ENV"]
+if TYPE_CHECKING:
+    from agentgrad.store.client import StoreClient as StoreClient
+    from agentgrad.store.memory import MemoryStore as MemoryStore
+    from agentgrad.store.postgres import PostgresStore as PostgresStore
+    from agentgrad.store.protocol import RolloutFilter as RolloutFilter
+    from agentgrad.store.protocol import RolloutRequest as RolloutRequest
+    from agentgrad.store.protocol import Store as Store
+    from agentgrad.store.sqlite import SqliteStore as SqliteStore
+    from agentgrad.store.wire import TOKEN_ENV as TOKEN_ENV
 
-#: The store service's bearer token, when none is passed: ``agentgrad store serve`` and every
-#: ``StoreClient`` read it, so runners join a protected service without the token on their
-#: command line (where ``ps`` would show it) and runner processes inherit it.
-TOKEN_ENV = "AGENTGRAD_STORE_TOKEN"
+_EXPORTS = {
+    "Store": "agentgrad.store.protocol", "RolloutFilter": "agentgrad.store.protocol",
+    "RolloutRequest": "agentgrad.store.protocol",
+    "MemoryStore": "agentgrad.store.memory", "SqliteStore": "agentgrad.store.sqlite",
+    "PostgresStore": "agentgrad.store.postgres", "StoreClient": "agentgrad.store.client",
+    "TOKEN_ENV": "agentgrad.store.wire",
+}
+
+__all__ = list(_EXPORTS) + ["open_store"]
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 def open_store(url: str, *, watchdog: bool = True, **options: Any) -> Store:
@@ -52,16 +66,3 @@ def open_store(url: str, *, watchdog: bool = True, **options: Any) -> Store:
     raise ValueError(
         f"unknown store URL {url!r}: use memory, sqlite:///path, postgresql://… or http://host:port"
     )
-
-
-def __getattr__(name: str) -> Any:
-    # Lazy exports keep `import agentgrad.store` cheap.
-    if name == "MemoryStore":
-        from agentgrad.store.memory import MemoryStore
-
-        return MemoryStore
-    if name == "SqliteStore":
-        from agentgrad.store.sqlite import SqliteStore
-
-        return SqliteStore
-    raise AttributeError(name)

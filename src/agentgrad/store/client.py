@@ -11,9 +11,10 @@ error body). On top of that it survives a flaky network:
 * long waits (``dequeue_rollouts(timeout=…)``, ``wait_for_rollouts``) are server-side long
   polls, repeated until the caller's deadline — never client busy-polling.
 
-One pool of HTTP/1.1 keep-alive connections serves every thread: the lean one of
-:mod:`agentgrad.http.transport` for plain ``http://`` URLs, an ``httpx.Client`` for ``https://``, for
-a proxy named by the environment, or when a custom httpx transport is given.
+One pool of HTTP/1.1 keep-alive connections serves every thread, the package's sync transport
+(:func:`agentgrad.http.transport.transport_for`): the lean pool for plain ``http://`` URLs, an
+``httpx.Client`` for ``https://``, for a proxy named by the environment, or when a custom httpx
+transport is given.
 """
 
 from __future__ import annotations
@@ -24,18 +25,15 @@ import os
 import random
 import time
 import urllib.parse
-import urllib.request
 import uuid
 from collections.abc import Sequence
-from typing import Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-import httpx
 from pydantic import BaseModel, TypeAdapter
 
 from agentgrad.errors import AgentGradError, InvalidInputError
-from agentgrad.store import TOKEN_ENV
-from agentgrad.store.service import wire
-from agentgrad.http.transport import ConnectionPool
+from agentgrad.http.transport import transport_for
+from agentgrad.store import wire
 from agentgrad.store.core import evolved
 from agentgrad.store.jsoncheck import normalize_json, normalize_span
 from agentgrad.store.protocol import RolloutFilter, RolloutRequest, Store
@@ -51,6 +49,9 @@ from agentgrad.types import (
     Worker,
     new_id,
 )
+
+if TYPE_CHECKING:
+    import httpx
 
 M = TypeVar("M", bound=BaseModel)
 _SPAN_LIST = TypeAdapter(list[Span])
@@ -117,50 +118,6 @@ def _rebuild(cls: type[AgentGradError], message: str, fields: dict[str, Any]) ->
     return exc
 
 
-class _Sender(Protocol):
-    """Sends one request; raises :class:`OSError` when the service could not be reached."""
-
-    def request(self, method: str, target: str, body: bytes | None = None, *, headers: dict[str, str] | None = None,
-                timeout: float = 30.0) -> tuple[int, bytes]: ...
-
-    def close(self) -> None: ...
-
-
-class _HttpxSender:
-    """The httpx route, for what the lean pool does not do: TLS, proxies, custom transports."""
-
-    def __init__(self, url: str, headers: dict[str, str], timeout: float,
-                 transport: httpx.BaseTransport | None) -> None:
-        self._http = httpx.Client(
-            base_url=url,
-            headers=headers,
-            timeout=timeout,
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=60),
-            transport=transport,
-        )
-
-    def request(self, method: str, target: str, body: bytes | None = None, *, headers: dict[str, str] | None = None,
-                timeout: float = 30.0) -> tuple[int, bytes]:
-        try:
-            response = self._http.request(method, target, content=body, headers=headers, timeout=timeout)
-        except httpx.TransportError as exc:
-            raise ConnectionError(f"{type(exc).__name__}: {exc}") from exc
-        return response.status_code, response.content
-
-    def close(self) -> None:
-        self._http.close()
-
-
-def _sender(url: str, headers: dict[str, str], timeout: float, transport: httpx.BaseTransport | None) -> _Sender:
-    """The lean pool where it applies (plain http, no proxy in the environment, no custom
-    transport); httpx otherwise, so TLS and proxy settings behave exactly as before."""
-    parts = urllib.parse.urlsplit(url)
-    proxies = urllib.request.getproxies()
-    if transport is None and parts.scheme == "http" and parts.hostname and not (proxies.get("http") or proxies.get("all")):
-        return ConnectionPool(parts.hostname, parts.port or 80, headers=headers, prefix=parts.path.rstrip("/"))
-    return _HttpxSender(url, headers, timeout, transport)
-
-
 class StoreClient(Store):
     """A :class:`Store` served by ``agentgrad store serve`` at ``url``.
 
@@ -186,7 +143,7 @@ class StoreClient(Store):
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.url = url.rstrip("/")
-        self.token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+        self.token = token if token is not None else os.environ.get(wire.TOKEN_ENV) or None
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
@@ -194,7 +151,7 @@ class StoreClient(Store):
         headers = {"Content-Type": "application/json"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        self._sender = _sender(self.url, headers, timeout, transport)
+        self._transport = transport_for(self.url, headers=headers, timeout=timeout, httpx_transport=transport)
 
     # ---- transport ------------------------------------------------------------------------------
     def _request(
@@ -226,7 +183,7 @@ class StoreClient(Store):
                 delay = min(2.0, self.backoff * 2 ** (attempt - 1))
                 time.sleep(delay * (0.5 + random.random()))
             try:
-                status, body = self._sender.request(method, target, content, headers=headers, timeout=timeout)
+                status, body = self._transport.request(method, target, content, headers=headers, timeout=timeout)
             except OSError as exc:
                 problem = f"{type(exc).__name__}: {exc}"
                 continue
@@ -391,7 +348,7 @@ class StoreClient(Store):
         return self.url
 
     def close(self) -> None:
-        self._sender.close()
+        self._transport.close()
 
     def __repr__(self) -> str:
         return f"StoreClient({self.url!r})"

@@ -12,10 +12,9 @@ import abc
 import contextlib
 import functools
 import logging
-import math
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, NamedTuple, Protocol, TypeVar
 
 from pydantic import BaseModel
@@ -27,6 +26,7 @@ from agentgrad.errors import (
     InvalidTransitionError,
     NotFoundError,
 )
+from agentgrad.rewards import reward_number
 from agentgrad.store.jsoncheck import normalize_field, normalize_json, normalize_span
 from agentgrad.store.protocol import RolloutFilter, RolloutRequest, Store
 from agentgrad.types import (
@@ -219,14 +219,6 @@ def _heard_from(attempt_id: str, attempts: dict[str, Attempt], spans: list[Span]
     return len(attempts) == 1 or any(span.attempt_id == attempt_id for span in spans)
 
 
-def _number(value: Any) -> float | None:
-    """A finite float from a reward attribute, or None (rewards must be numbers)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
 class TransactionalStore(Store):
     """Store semantics over a backend's transactional primitives.
 
@@ -236,11 +228,21 @@ class TransactionalStore(Store):
         external_poll_interval: for backends that other processes write to (SQLite files,
             PostgreSQL), how often waiters re-check for changes made elsewhere. Changes made in
             this process always wake waiters at once.
+        clock: the wall clock (seconds since the epoch) the store reads for every time it records
+            or judges: enqueue/start/end stamps, heartbeats, and the watchdog's timeout and
+            silence checks. Tests inject a manual one to move time without sleeping. Blocking
+            waits (``dequeue_rollouts(timeout=)``, ``wait_for_rollouts``) and the interval
+            between background sweeps stay on real time: they pace threads, not records.
     """
 
     def __init__(
-        self, *, watchdog_interval: float | None = 0.5, external_poll_interval: float | None = None
+        self,
+        *,
+        watchdog_interval: float | None = 0.5,
+        external_poll_interval: float | None = None,
+        clock: Callable[[], float] = now,
     ) -> None:
+        self._clock = clock
         self._changed = threading.Condition()
         self._change_count = 0
         self._waiting = 0  # callers inside _wait_until
@@ -309,7 +311,7 @@ class TransactionalStore(Store):
             where = f"rollout {index}: " if len(parsed) > 1 else ""
             normalize_field(request, "input", "input", where)
             _checked_metadata(normalize_field(request, "metadata", "metadata", where), where)
-        stamp = now()
+        stamp = self._clock()
         rollouts = [
             trusted(
                 Rollout,
@@ -356,7 +358,7 @@ class TransactionalStore(Store):
                 view = tx.peek_rollout(rollout_id)
                 if view is None or not view.status.is_queued:
                     continue
-                stamp = now()
+                stamp = self._clock()
                 attempt = trusted(
                     Attempt,
                     rollout_id=rollout_id,
@@ -395,7 +397,7 @@ class TransactionalStore(Store):
             rollout = self._require_rollout(tx, rollout_id)
             if rollout.status.is_terminal:
                 raise InvalidTransitionError("rollout", rollout_id, rollout.status.value, "cancelled")
-            stamp = now()
+            stamp = self._clock()
             if rollout.status.is_queued:
                 tx.remove_from_queue(rollout_id)
             attempts = tx.get_attempts(rollout_id)
@@ -477,7 +479,7 @@ class TransactionalStore(Store):
             return None, False
         if attempt.status.is_terminal or status == AttemptStatus.PREPARING:
             raise InvalidTransitionError("attempt", attempt.attempt_id, attempt.status.value, status.value)
-        stamp = now()
+        stamp = self._clock()
         if status.is_terminal:
             attempt = evolved(attempt, status=status, end_time=stamp, error=error or attempt.error)
         else:
@@ -507,14 +509,14 @@ class TransactionalStore(Store):
             attempt = self._require_attempt(tx, rollout_id, attempt_id, view=True)
             if attempt.status.is_terminal:
                 return self._require_attempt(tx, rollout_id, attempt_id)  # a copy, not the view
-            attempt = evolved(attempt, last_heartbeat_time=now())
+            attempt = evolved(attempt, last_heartbeat_time=self._clock())
             tx.save_attempt(attempt)
             return attempt
 
     def check_watchdog(self) -> list[Attempt]:
         changed: list[Attempt] = []
         with self._transaction() as tx:
-            stamp = now()
+            stamp = self._clock()
             for clock in tx.attempt_clocks():
                 last_sign = clock.last_heartbeat_time or clock.start_time
                 if clock.timeout_seconds is not None and stamp - clock.start_time > clock.timeout_seconds:
@@ -597,7 +599,7 @@ class TransactionalStore(Store):
         if not spans:
             return False
         wake = False
-        stamp = now()
+        stamp = self._clock()
         latest = None
         for attempt_id, attempt in attempts.items():
             if attempt.sequence_id == rollout.num_attempts:
@@ -617,7 +619,9 @@ class TransactionalStore(Store):
                 if name == _LLM_CALL:
                     llm_calls += 1
                 elif name == _REWARD:
-                    value = _number(span.attributes.get(semconv.REWARD_VALUE))
+                    # A span that is not a reward number leaves the reward as it was (the
+                    # store reads spans written by anyone; it does not refuse them for this).
+                    value = reward_number(span.attributes.get(semconv.REWARD_VALUE))
                     if value is not None:
                         reward = value
         if llm_calls != rollout.llm_calls or reward != rollout.reward:
@@ -656,7 +660,7 @@ class TransactionalStore(Store):
                 )
             latest = tx.latest_resources()
             snapshot.version = (latest.version if latest else 0) + 1
-            snapshot.create_time = now()
+            snapshot.create_time = self._clock()
             tx.insert_resources(snapshot)
         return snapshot
 

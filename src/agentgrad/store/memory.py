@@ -34,7 +34,7 @@ from agentgrad.store.core import (
 )
 from agentgrad.store.protocol import RolloutFilter
 from agentgrad.store.query import filter_and_page
-from agentgrad.types import Attempt, AttemptStatus, MetricRecord, Resources, Rollout, RolloutStatus, Span, Worker
+from agentgrad.types import Attempt, AttemptStatus, MetricRecord, Resources, Rollout, RolloutStatus, Span, Worker, now
 
 
 class _SpanLog:
@@ -283,9 +283,9 @@ class _Locked:
 class MemoryStore(TransactionalStore):
     """An in-process store backed by dictionaries under one lock."""
 
-    def __init__(self, *, watchdog_interval: float | None = 0.5) -> None:
+    def __init__(self, *, watchdog_interval: float | None = 0.5, clock: Callable[[], float] = now) -> None:
         self._locked = _Locked(threading.RLock(), _MemoryTx(_MemoryData()))
-        super().__init__(watchdog_interval=watchdog_interval)
+        super().__init__(watchdog_interval=watchdog_interval, clock=clock)
 
     def _transaction(self) -> _Locked:
         return self._locked

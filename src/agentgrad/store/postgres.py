@@ -28,6 +28,7 @@ from psycopg import sql
 from agentgrad.errors import StoreFileError
 from agentgrad.store.core import StoreTx, TransactionalStore
 from agentgrad.store.sql import POSTGRES, SCHEMA_VERSION, RowViews, SqlTx
+from agentgrad.types import now
 
 #: The query parameter of a store URL that names the schema (``postgresql://…/db?schema=run7``).
 #: It is AgentGrad's, not libpq's: :func:`split_schema` takes it out before connecting.
@@ -89,6 +90,7 @@ class PostgresStore(TransactionalStore):
         schema: keep the tables in this schema instead of the connection's default one (the
             same as the URL's ``schema=``; naming two different ones is an error).
         pool_size: most connections this object opens at once.
+        clock: the wall clock of every stamp and watchdog check (see :class:`TransactionalStore`).
     """
 
     def __init__(
@@ -100,6 +102,7 @@ class PostgresStore(TransactionalStore):
         schema: str | None = None,
         pool_size: int = 8,
         connect_timeout: float = 10.0,
+        clock: Callable[[], float] = now,
     ) -> None:
         url, named = split_schema(url)
         if named is not None and schema is not None and named != schema:
@@ -116,7 +119,9 @@ class PostgresStore(TransactionalStore):
         except BaseException:
             self._pool.close()
             raise
-        super().__init__(watchdog_interval=watchdog_interval, external_poll_interval=external_poll_interval)
+        super().__init__(
+            watchdog_interval=watchdog_interval, external_poll_interval=external_poll_interval, clock=clock
+        )
 
     def _connect(self) -> psycopg.Connection:
         try:

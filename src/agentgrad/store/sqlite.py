@@ -15,13 +15,14 @@ import contextlib
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal
 
 from agentgrad.errors import StoreFileError
 from agentgrad.store.core import StoreTx, TransactionalStore
 from agentgrad.store.sql import SCHEMA_VERSION, SQLITE, RowViews, SqlTx
+from agentgrad.types import now
 
 _MIN_SQLITE = (3, 35, 0)  # the documented floor (upserts, partial indexes and json_extract need less)
 
@@ -37,6 +38,7 @@ class SqliteStore(TransactionalStore):
         external_poll_interval: float = 0.05,
         synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
         busy_timeout_seconds: float = 30.0,
+        clock: Callable[[], float] = now,
     ) -> None:
         if sqlite3.sqlite_version_info < _MIN_SQLITE:
             raise StoreFileError(f"SQLite ≥ 3.35 is required, this Python has {sqlite3.sqlite_version}")
@@ -48,7 +50,9 @@ class SqliteStore(TransactionalStore):
         self._lock = threading.RLock()
         self._views = RowViews()
         self._conn = self._open(busy_timeout_seconds, synchronous)
-        super().__init__(watchdog_interval=watchdog_interval, external_poll_interval=external_poll_interval)
+        super().__init__(
+            watchdog_interval=watchdog_interval, external_poll_interval=external_poll_interval, clock=clock
+        )
 
     def _open(self, busy_timeout_seconds: float, synchronous: str) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=busy_timeout_seconds)

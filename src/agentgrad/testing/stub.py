@@ -19,7 +19,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from agentgrad.proxy.server import serve_in_thread, uvicorn_server
+from agentgrad.http.serve import listening_socket, serve_in_thread
+from agentgrad.proxy.server import uvicorn_server
 
 STUB_MODEL = "stub-model"
 
@@ -67,7 +68,10 @@ class StubUpstream:
     # ---- serving ---------------------------------------------------------------------------------
     def start(self) -> str:
         """Serve on a free port of 127.0.0.1; returns the OpenAI base URL."""
-        self._server, self._thread, self.port = serve_in_thread(uvicorn_server(self.app, "127.0.0.1", 0))
+        sock = listening_socket("127.0.0.1", 0)
+        self.port = sock.getsockname()[1]
+        self._server = uvicorn_server(self.app)
+        self._thread = serve_in_thread(self._server, sock, name="agentgrad-stub-upstream")
         return f"http://127.0.0.1:{self.port}/v1"
 
     def stop(self) -> None:

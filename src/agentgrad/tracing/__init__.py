@@ -5,6 +5,17 @@
 
 from __future__ import annotations
 
-from agentgrad.tracing.instrument import instrument, rollout_headers
+from typing import TYPE_CHECKING
 
-__all__ = ["instrument", "rollout_headers"]
+from agentgrad._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from agentgrad.tracing.instrument import instrument as instrument
+    from agentgrad.tracing.instrument import rollout_headers as rollout_headers
+
+_EXPORTS = {
+    "instrument": "agentgrad.tracing.instrument", "rollout_headers": "agentgrad.tracing.instrument",
+}
+
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -1,22 +1,39 @@
 """Policy training (transformers + peft): PPO-clip and NLL steps, checkpoints, weight publishing.
 
-Importing this package imports torch; nothing on ``import agentgrad``'s path imports it.
+``policy`` imports torch; this package's names load it on first use, so ``import
+agentgrad.training`` stays light and nothing on ``import agentgrad``'s path imports torch.
 """
 
-from agentgrad.training.policy import (
-    LoraSettings,
-    PolicyTrainer,
-    Sample,
-    StepMetrics,
-    TrainConfig,
-    fit_sequences,
-    micro_batches,
-    nll_loss,
-    ppo_clip_loss,
-)
-from agentgrad.training.publish import LocalEnginePublisher, Published, Publisher, VLLMLoRAPublisher
+from __future__ import annotations
 
-__all__ = [
-    "LocalEnginePublisher", "LoraSettings", "PolicyTrainer", "Published", "Publisher", "Sample", "StepMetrics",
-    "TrainConfig", "VLLMLoRAPublisher", "fit_sequences", "micro_batches", "nll_loss", "ppo_clip_loss",
-]
+from typing import TYPE_CHECKING
+
+from agentgrad._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from agentgrad.training.policy import LoraSettings as LoraSettings
+    from agentgrad.training.policy import PolicyTrainer as PolicyTrainer
+    from agentgrad.training.policy import Sample as Sample
+    from agentgrad.training.policy import StepMetrics as StepMetrics
+    from agentgrad.training.policy import TrainConfig as TrainConfig
+    from agentgrad.training.policy import fit_sequences as fit_sequences
+    from agentgrad.training.policy import micro_batches as micro_batches
+    from agentgrad.training.policy import nll_loss as nll_loss
+    from agentgrad.training.policy import ppo_clip_loss as ppo_clip_loss
+    from agentgrad.training.publish import LocalEnginePublisher as LocalEnginePublisher
+    from agentgrad.training.publish import Published as Published
+    from agentgrad.training.publish import Publisher as Publisher
+    from agentgrad.training.publish import VLLMLoRAPublisher as VLLMLoRAPublisher
+
+_EXPORTS = {
+    "TrainConfig": "agentgrad.training.policy", "LoraSettings": "agentgrad.training.policy",
+    "PolicyTrainer": "agentgrad.training.policy", "Sample": "agentgrad.training.policy",
+    "StepMetrics": "agentgrad.training.policy", "fit_sequences": "agentgrad.training.policy",
+    "micro_batches": "agentgrad.training.policy", "nll_loss": "agentgrad.training.policy",
+    "ppo_clip_loss": "agentgrad.training.policy",
+    "Publisher": "agentgrad.training.publish", "Published": "agentgrad.training.publish",
+    "LocalEnginePublisher": "agentgrad.training.publish", "VLLMLoRAPublisher": "agentgrad.training.publish",
+}
+
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -64,19 +64,19 @@ class VLLMLoRAPublisher:
         self._current: str | None = None
 
     def publish(self, trainer: PolicyTrainer) -> Published:
-        import httpx
+        from agentgrad.http.transport import request_json
 
         if not trainer.is_lora:
             raise ValueError("VLLMLoRAPublisher needs a LoRA policy (TrainConfig(lora=LoraSettings()))")
         name = f"{self.prefix}-{trainer.step}"
         path = (self.adapter_dir / name).resolve()
         trainer.model.save_pretrained(str(path))
-        response = httpx.post(f"{self.base_url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)},
-                              headers=self.headers, timeout=self.timeout)
-        if response.status_code >= 400:
-            raise RuntimeError(f"vLLM refused adapter {name}: HTTP {response.status_code} {response.text[:300]}")
+        response = request_json("POST", f"{self.base_url}/v1/load_lora_adapter",
+                                {"lora_name": name, "lora_path": str(path)}, headers=self.headers, timeout=self.timeout)
+        if response.status >= 400:
+            raise RuntimeError(f"vLLM refused adapter {name}: HTTP {response.status} {response.text[:300]}")
         if self._current is not None:
-            httpx.post(f"{self.base_url}/v1/unload_lora_adapter", json={"lora_name": self._current},
-                       headers=self.headers, timeout=self.timeout)
+            request_json("POST", f"{self.base_url}/v1/unload_lora_adapter", {"lora_name": self._current},
+                         headers=self.headers, timeout=self.timeout)
         self._current = name
         return Published(version=name, model=name)

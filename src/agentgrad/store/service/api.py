@@ -29,7 +29,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentgrad.errors import AgentGradError
-from agentgrad.store.service import wire
+from agentgrad.store import wire
 from agentgrad.store.service.responses import HTTP_KINDS, error_response, json_response, store_error, validation_error
 from agentgrad.store.service.routes import Context, Endpoint
 

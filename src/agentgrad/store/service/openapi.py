@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from agentgrad.store.service import wire
+from agentgrad.store import wire
 from agentgrad.store.service.routes import Endpoint
 
 _REF = "#/components/schemas/{model}"

@@ -13,7 +13,7 @@ from typing import Any
 from starlette.responses import Response
 
 from agentgrad.errors import AgentGradError
-from agentgrad.store.service import wire
+from agentgrad.store import wire
 
 log = logging.getLogger(__name__)
 

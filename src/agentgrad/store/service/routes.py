@@ -5,7 +5,7 @@ the function that calls the store. :mod:`agentgrad.store.service.api` serves thi
 :mod:`agentgrad.store.service.openapi` documents it, so what runs and what ``/openapi.json`` describes
 come from the same place.
 
-Ids travel in bodies and query strings, never in paths (see :mod:`agentgrad.store.service.wire`).
+Ids travel in bodies and query strings, never in paths (see :mod:`agentgrad.store.wire`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from agentgrad.store.service import wire
+from agentgrad.store import wire
 from agentgrad.store.protocol import RolloutFilter, Store
 from agentgrad.types import Attempt, Resources, Rollout, Span, Worker
 

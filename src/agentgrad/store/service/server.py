@@ -8,7 +8,7 @@ worker threads, so they never block the event loop.
 Endpoints:
 
 * ``/v1/...`` — one endpoint per Store method (:mod:`agentgrad.store.service.routes`, served as bare ASGI
-  by :mod:`agentgrad.store.service.api`; JSON bodies are the models of :mod:`agentgrad.store.service.wire`, see
+  by :mod:`agentgrad.store.service.api`; JSON bodies are the models of :mod:`agentgrad.store.wire`, see
   ``/docs`` or ``/openapi.json``);
 * ``POST /v1/traces`` — OTLP/HTTP trace export (protobuf or JSON);
 * ``/health`` (never authenticated) and ``/metrics`` (Prometheus text format).
@@ -23,7 +23,6 @@ import asyncio
 import gc
 import hmac
 import logging
-import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -40,12 +39,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentgrad._version import __version__
 from agentgrad.errors import AgentGradError, InvalidInputError, NotFoundError
-from agentgrad.http.serve import http_url, listening_socket
-from agentgrad.store.service import wire
-from agentgrad.store.service.api import StoreAPI
+from agentgrad.http.serve import http_url, listening_socket, serve_in_thread, serve_until_signal
+from agentgrad.store import wire
 from agentgrad.store.memory import MemoryStore
-from agentgrad.store.service.openapi import ERROR_DOCS, document
 from agentgrad.store.protocol import RolloutFilter, Store
+from agentgrad.store.service.api import StoreAPI
+from agentgrad.store.service.openapi import ERROR_DOCS, document
 from agentgrad.store.service.responses import HTTP_KINDS, error_response, store_error, validation_error
 from agentgrad.store.service.routes import ENDPOINTS, Context, Endpoint
 from agentgrad.store.sqlite import SqliteStore
@@ -302,7 +301,7 @@ def _service_routes(app: FastAPI, store: Store, metrics: _Metrics, max_body: int
     @app.post("/v1/traces", tags=["spans"], openapi_extra=_OTLP_DOC, responses=ERROR_DOCS)
     async def otlp_traces(request: Request) -> Response:
         """OTLP/HTTP trace export; spans name their attempt with agentgrad.rollout_id/attempt_id."""
-        from agentgrad.store import otlp  # protobuf is only loaded when traces arrive
+        from agentgrad.store.service import otlp  # protobuf is only loaded when traces arrive
 
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         reply_type = otlp.PROTOBUF if content_type == otlp.PROTOBUF else otlp.JSON
@@ -475,15 +474,8 @@ class StoreServer:
         sock = listening_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
         self._server = uvicorn.Server(_config(self.app, self._log_level))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
-                                        name=f"agentgrad-store-server:{self.port}", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                sock.close()
-                raise RuntimeError(f"store server failed to start on {self.host}:{self.port}")
-            time.sleep(0.005)
+        self._thread = serve_in_thread(self._server, sock, name=f"agentgrad-store-server:{self.port}",
+                                       timeout=timeout)
         self.url = http_url(self.host, self.port)
         return self.url
 
@@ -534,16 +526,12 @@ def serve(
         log.info("AgentGrad store service: %r listening on %s (auth %s)", store,
                  http_url(host, sock.getsockname()[1]), "on" if token else "off")
         if threading.current_thread() is threading.main_thread():  # the process is ours
-            # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to the
-            # handler that was there before; a no-op one lets us close the store and exit 0.
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, lambda *_: None)
             # Every request allocates thousands of objects (a batch of spans), so collections
             # run often; frozen, the modules and objects of start-up are no longer traversed
             # by each of them (a sixth of the server's CPU time on batched spans).
             gc.collect()
             gc.freeze()
-        server.run(sockets=[sock])
+        serve_until_signal(server, sock)  # then the store is closed, and the process exits 0
         log.info("AgentGrad store service stopped")
     finally:
         store.close()

@@ -32,6 +32,11 @@ from agentgrad.types import (
     Worker,
 )
 
+#: The store service's bearer token, when none is passed: ``agentgrad store serve`` and every
+#: ``StoreClient`` read it, so runners join a protected service without the token on their
+#: command line (where ``ps`` would show it) and runner processes inherit it.
+TOKEN_ENV = "AGENTGRAD_STORE_TOKEN"
+
 #: The longest a single long-poll request (dequeue, wait) blocks on the server, in seconds.
 MAX_WAIT_SECONDS = 60.0
 
