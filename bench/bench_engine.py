@@ -25,9 +25,9 @@ def main() -> None:
 
     import torch
 
-    from agentgrad.inference import Engine, SamplingParams
     from agentgrad.demo import calc
     from agentgrad.demo.tiny import random_tiny_model
+    from agentgrad.inference import Engine, SamplingParams
 
     model_dir = args.model or random_tiny_model(tempfile.mkdtemp(prefix="bench-tiny-"))
     engine = Engine(model_dir, max_batch_size=64)

@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentgrad.inference.toolcalls import parse_tool_calls
 from agentgrad.demo.calc import CALCULATOR_TOOL, SYSTEM_PROMPT, generate_problems, run_calculator
+from agentgrad.inference.toolcalls import parse_tool_calls
 
 MAX_NEW = 48
 

@@ -46,6 +46,7 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO / "src")}
 
 from agentgrad.proxy.hooks import rollout_endpoint  # noqa: E402
 from agentgrad.store import open_store  # noqa: E402
+
 #: Asks for what the proxy asks for anyway, so the upstream does the same work on both paths.
 BODY = {"model": "m", "messages": [{"role": "user", "content": "What is 2 + 3?"}], "max_tokens": 8,
         "temperature": 0, "return_token_ids": True, "logprobs": True}
