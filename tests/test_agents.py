@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import sys
 from typing import Any
 
 import agents_for_tests
 import pytest
 
 from agentgrad import emit_reward
-from agentgrad.agents import Agent, FunctionAgent, rollout
+from agentgrad.agents import EXPECTED_AGENT, Agent, FunctionAgent, NotAnAgentError, as_agent, load_agent, rollout
+from agentgrad.errors import InvalidInputError
 from agentgrad.runner import Runner
 from agentgrad.store.memory import MemoryStore
 from agentgrad.types import LLM, AttemptStatus, PromptTemplate, Resources, Rollout, RolloutStatus
@@ -235,3 +237,76 @@ def test_bad_return_values_fail_with_a_message(memory_store, bad):
     assert r.status == RolloutStatus.FAILED and attempt.status == AttemptStatus.FAILED
     assert attempt.error.type == "RewardError"
     assert "reward" in attempt.error.message
+
+
+# ---- as_agent and load_agent("module:attribute") -----------------------------------------------------
+
+def test_load_agent_instantiates_an_agent_subclass(memory_store):
+    agent = load_agent("agents_for_tests:EchoAgent")
+    assert type(agent) is agents_for_tests.EchoAgent and agent.name == "echo"
+    assert [r.reward for r in run_tasks(memory_store, agent, [0])] == [1.0]
+
+
+def test_load_agent_uses_an_instance_and_a_function_as_they_are():
+    assert load_agent("agents_for_tests:echo_agent") is agents_for_tests.echo_agent
+    assert load_agent("agents_for_tests:reward_agent") is agents_for_tests.reward_agent
+    plain = load_agent("agents_for_tests:plain_agent")
+    assert isinstance(plain, FunctionAgent) and plain.func is agents_for_tests.plain_agent
+    assert load_agent("agents_for_tests:Holder.agent") is agents_for_tests.Holder.agent
+
+
+def test_load_agent_from_a_file_path(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "my_file_agent", raising=False)
+    (tmp_path / "my_file_agent.py").write_text(
+        "from agentgrad import Agent\n\n"
+        "class MyAgent(Agent):\n"
+        "    def rollout(self, task, resources, rollout):\n"
+        "        return 1.0\n"
+    )
+    agent = load_agent(f"{tmp_path / 'my_file_agent.py'}:MyAgent")
+    assert type(agent).__name__ == "MyAgent" and isinstance(agent, Agent)
+
+
+@pytest.mark.parametrize(
+    ("attribute", "needles"),
+    [
+        ("NeedsArgsAgent", ["needs constructor argument(s) model", "no arguments", "NeedsArgsAgent(...)"]),
+        ("NotAnAgentClass", ["NotAnAgentClass is a class that does not subclass agentgrad.Agent", EXPECTED_AGENT]),
+        ("not_an_agent", ["got a str", EXPECTED_AGENT]),
+        ("bad_signature", ["temperature"]),
+    ],
+    ids=["subclass-needing-arguments", "class-not-an-agent", "not-callable", "function-of-a-bad-shape"],
+)
+def test_load_agent_names_what_was_expected(attribute, needles):
+    with pytest.raises(InvalidInputError) as info:
+        load_agent(f"agents_for_tests:{attribute}")
+    message = str(info.value)
+    assert message.startswith(f"agents_for_tests:{attribute} is not an agent: "), message
+    for needle in needles:
+        assert needle in message
+    assert "parameter" not in message or attribute == "bad_signature"  # the old, misleading message
+
+
+def test_the_agents_own_constructor_error_comes_through():
+    with pytest.raises(RuntimeError, match="cannot reach the tool server"):
+        load_agent("agents_for_tests:BrokenConstructorAgent")
+
+
+def test_load_agent_spec_errors():
+    with pytest.raises(InvalidInputError, match="module:attribute"):
+        load_agent("agents_for_tests")
+    with pytest.raises(InvalidInputError, match="cannot import 'no_such_module_xyz'"):
+        load_agent("no_such_module_xyz:agent")
+    with pytest.raises(InvalidInputError, match="has no attribute 'Holder.missing'"):
+        load_agent("agents_for_tests:Holder.missing")
+
+
+def test_as_agent_accepts_a_class_and_refuses_other_shapes():
+    assert isinstance(as_agent(SyncAgent), SyncAgent)
+    with pytest.raises(NotAnAgentError, match="needs constructor argument"):
+        as_agent(agents_for_tests.NeedsArgsAgent)
+    with pytest.raises(TypeError, match="got an int"):  # NotAnAgentError is a TypeError, as before
+        as_agent(3)  # type: ignore[arg-type]
+    with pytest.raises(NotAnAgentError, match="does not subclass agentgrad.Agent"):
+        as_agent(dict)  # type: ignore[arg-type]

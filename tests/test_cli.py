@@ -130,3 +130,72 @@ def test_runner_command_serves_until_sigterm(tmp_path):
     (worker,) = store.query_workers()
     assert worker.worker_id == "cli-runner" and worker.status == "stopped"
     store.close()
+
+
+def test_dev_with_a_wrong_llm_endpoint_names_the_url(tasks_file):
+    """Once, every rollout failed on a bare "APIConnectionError: Connection error."."""
+    result = agentgrad("dev", "llm_resource_agent:main_llm_agent", "--tasks", str(tasks_file),
+                       "--llm-endpoint", "http://127.0.0.1:9/v1", "--llm-resource", "main_llm", "--timeout", "30")
+    assert result.returncode == 1
+    assert "--llm-endpoint http://127.0.0.1:9/v1: cannot reach it" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    bad = agentgrad("dev", "agents_for_tests:reward_agent", "--tasks", str(tasks_file), "--proxy", "localhost:8400")
+    assert bad.returncode == 1 and "--proxy 'localhost:8400' is not an http:// or https:// URL" in bad.stderr
+    alone = agentgrad("dev", "agents_for_tests:reward_agent", "--tasks", str(tasks_file), "--llm-resource", "x")
+    assert alone.returncode == 1 and "--llm-resource names the LLM resource of --llm-endpoint or --proxy" in alone.stderr
+
+
+def test_dev_and_runner_capture_through_the_proxy(tmp_path, tasks_file):
+    """``dev --proxy`` and ``runner --proxy``: each attempt's LLM resource (named by
+    ``--llm-resource``) points through the capture proxy, and its calls are flushed into the store
+    before the attempt is reported — no false "no captured LLM call"."""
+    from agentgrad.proxy import LLMProxy
+    from agentgrad.testing.stub import StubUpstream
+
+    db = tmp_path / "proxied.db"
+    store = SqliteStore(db, watchdog_interval=None)
+    with StubUpstream(["The answer is 5."]) as upstream, \
+            LLMProxy(store, f"http://127.0.0.1:{upstream.port}/v1") as proxy:
+        result = agentgrad("dev", "llm_resource_agent:main_llm_agent", "--tasks", str(tasks_file), "--store",
+                           f"sqlite://{db}", "--proxy", proxy.url, "--llm-resource", "main_llm", "--model", "stub",
+                           "--json", "--timeout", "60")
+        assert result.returncode == 0, result.stderr
+        summary = json.loads(result.stdout.strip().splitlines()[-1])
+        assert summary["succeeded"] == 4 and summary["rollouts_without_llm_calls"] == 0
+        assert "captured no LLM call" not in result.stdout + result.stderr
+
+        ids = [store.enqueue_rollout({"x": x}, resources_id=store.get_latest_resources().resources_id).rollout_id
+               for x in range(2)]
+        process = subprocess.Popen(
+            [sys.executable, "-m", "agentgrad", "runner", "llm_resource_agent:main_llm_agent", "--store",
+             f"sqlite://{db}", "--proxy", proxy.url], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            done = store.wait_for_rollouts(ids, timeout=60)
+            process.send_signal(signal.SIGTERM)
+            out, err = process.communicate(timeout=20)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert [r.status for r in done] == [RolloutStatus.SUCCEEDED] * 2, err
+    assert f"LLM calls through the proxy {proxy.url}" in out
+    assert "no captured LLM call" not in err
+    for rollout_id in ids:  # stored before the attempt was reported: no waiting needed
+        assert len(store.query_spans(rollout_id, name="agentgrad.llm.call")) == 1
+    store.close()
+
+
+@pytest.mark.parametrize(("argv", "missing", "extra"), [
+    (["store", "serve", "--backend", "memory", "--port", "0"], "fastapi", "server"),
+    (["dashboard", "--store", "memory"], "fastapi", "server"),
+    (["train", "agents_for_tests:reward_agent", "--model", "tiny", "--tasks", "t.jsonl"], "torch", "train"),
+    (["demo", "--steps", "1"], "torch", "train"),
+])
+def test_a_command_without_its_extra_names_the_extra(tmp_path, argv, missing, extra):
+    (tmp_path / "t.jsonl").write_text('{"x": 1}\n')
+    code = (f"import sys; sys.modules[{missing!r}] = None\n"  # as on a core install: the import fails
+            "from agentgrad.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+    done = subprocess.run([sys.executable, "-c", code, *argv], cwd=tmp_path, env=ENV, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert f"pip install 'agentgrad[{extra}]'" in done.stderr and "Traceback" not in done.stderr

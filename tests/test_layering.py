@@ -33,8 +33,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / PACKAGE
 #: ``agentgrad.store``). The entry ``agentgrad`` names the package's own ``__init__`` only.
 LAYERS: tuple[tuple[str, ...], ...] = (
     # foundations: the data model, span names, errors, the reward rule, the version
-    ("agentgrad._version", "agentgrad._lazy", "agentgrad.errors", "agentgrad.semconv", "agentgrad.types",
-     "agentgrad.rewards"),
+    ("agentgrad._version", "agentgrad._lazy", "agentgrad.config", "agentgrad.errors", "agentgrad.semconv",
+     "agentgrad.types", "agentgrad.rewards"),
     # the agent interface and task files
     ("agentgrad.agents", "agentgrad.tasks"),
     # HTTP plumbing shared by every service and client

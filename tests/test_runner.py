@@ -14,7 +14,7 @@ from typing import Any
 import agents_for_tests
 import pytest
 
-from agentgrad.runner import Runner, RunnerPool
+from agentgrad.runner import Runner, RunnerDiedError, RunnerPool
 from agentgrad.store.memory import MemoryStore
 from agentgrad.store.sqlite import SqliteStore
 from agentgrad.types import AttemptStatus, RolloutConfig, RolloutStatus
@@ -199,7 +199,7 @@ def test_invalid_options():
     store = MemoryStore(watchdog_interval=None)
     with pytest.raises(ValueError, match="concurrency"):
         Runner(agents_for_tests.reward_agent, store, concurrency=0)
-    with pytest.raises(TypeError, match="Agent or a @rollout function"):
+    with pytest.raises(TypeError, match="expected an Agent"):
         Runner(42, store)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="n_runners"):
         RunnerPool(agents_for_tests.reward_agent, "memory", n_runners=0)
@@ -248,6 +248,24 @@ def test_sigterm_hands_back_or_finishes(tmp_path):
     store.close()
 
 
+def test_a_runner_process_that_fails_reports_its_exception():
+    """The process ran our code and raised (here: its store cannot be opened): check() names the
+    exception, not just the exit code."""
+    pool = RunnerPool(agents_for_tests.reward_agent, "nosuch://nowhere", n_runners=1, poll_timeout=0.1).start()
+    try:
+        (process,) = pool.processes
+        process.join(60)
+        assert process.exitcode == 1
+        with pytest.raises(RunnerDiedError) as caught:
+            pool.check()
+    finally:
+        pool.stop(timeout=5)
+    message = str(caught.value)
+    assert message.startswith("runner process agentgrad-runner-0") and "exited with code 1: " in message
+    assert "ValueError: unknown store URL 'nosuch://nowhere'" in message and "Traceback" in message  # its exception, with the child's traceback
+    assert "while starting" not in message
+
+
 def test_sigkill_is_caught_by_the_watchdog_and_retried(tmp_path):
     path = tmp_path / "kill.db"
     store = SqliteStore(path, watchdog_interval=0.2)
@@ -258,9 +276,12 @@ def test_sigkill_is_caught_by_the_watchdog_and_retried(tmp_path):
     try:
         wait_for(lambda: store.query_spans(rollout.rollout_id), timeout=20)  # the agent is in its hang
         (process,) = pool.processes
+        pool.check()  # alive: nothing to report
         os.kill(process.pid, signal.SIGKILL)
         process.join(5)
         assert process.exitcode == -signal.SIGKILL
+        with pytest.raises(RunnerDiedError, match=r"agentgrad-runner-0 \(pid \d+\) was killed by SIGKILL"):
+            pool.check()  # whoever waits on the pool's work learns it
     finally:
         pool.stop(timeout=5)
     wait_for(lambda: store.get_rollout(rollout.rollout_id).status == RolloutStatus.REQUEUING, timeout=10)

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import io
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
 
 import agents_for_tests
 import pytest
 from rich.console import Console
 
 from agentgrad.algorithms.base import Algorithm, AlgorithmContext
+from agentgrad.runner import Runner, RunnerDiedError
 from agentgrad.store.memory import MemoryStore
 from agentgrad.store.sqlite import SqliteStore
 from agentgrad.trainer import Trainer
@@ -144,7 +152,7 @@ class TwoRounds(Algorithm):
                    for t in context.train_tasks]
             done = store.wait_for_rollouts(ids, timeout=20)
             means.append(sum(r.reward for r in done) / len(done))
-        return {"means": means, "extras": sorted(context.extras), "initial": context.initial_resources}
+        return {"means": means, "policy": context.policy, "initial": context.initial_resources}
 
 
 def test_fit_runs_a_custom_algorithm():
@@ -154,7 +162,96 @@ def test_fit_runs_a_custom_algorithm():
         return task + resources.get("round").value
 
     trainer = Trainer(store, algorithm=TwoRounds(), runner_options=FAST, console=console())
-    result = trainer.fit(agent, train_tasks=[1, 2], resources={"round": -1}, engine="fake")
-    assert result == {"means": [1.5, 2.5], "extras": ["engine"], "initial": {"round": -1}}
+    result = trainer.fit(agent, train_tasks=[1, 2], resources={"round": -1})
+    assert result == {"means": [1.5, 2.5], "policy": None, "initial": {"round": -1}}
     assert [r.version for r in store.query_resources()] == [1, 2, 3]
+    store.close()
+
+
+# ---- wrong calls fail with what to do instead --------------------------------------------------------
+
+@pytest.mark.parametrize(("keyword", "hint"), [("train_dataset", "use train_tasks="), ("val_dataset", "use val_tasks="),
+                                               ("engine", "Trainer(policy=LocalPolicy(model_dir))")])
+def test_fit_refuses_unknown_keywords_and_says_what_to_use(keyword, hint):
+    """Once, ``fit(agent, train_dataset=…)`` silently ran with 0 tasks."""
+    store = MemoryStore(watchdog_interval=None)
+    trainer = Trainer(store, algorithm=TwoRounds(), runner_options=FAST, console=console())
+    with pytest.raises(TypeError, match=re.escape(hint)) as caught:
+        trainer.fit(agents_for_tests.reward_agent, **{keyword: [{"x": 1}]})
+    assert repr(keyword) in str(caught.value) and "fit(agent, train_tasks=(), val_tasks=(), resources=None)" in str(caught.value)
+    assert store.count_rollouts() == 0  # refused before anything ran
+    with pytest.raises(TypeError, match="read_tasks"):
+        trainer.fit(agents_for_tests.reward_agent, "train.jsonl")
+    store.close()
+
+
+def test_invalid_trainer_options():
+    with pytest.raises(ValueError, match="n_runners"):
+        Trainer(n_runners=-1)
+    with pytest.raises(ValueError, match="concurrency"):
+        Trainer(concurrency=0)
+
+
+# ---- dead runners end the wait, with the reason ---------------------------------------------------------
+
+def test_runner_processes_that_die_at_start_fail_dev_fast_with_the_reason():
+    """The pool's processes die while unpickling the agent (its module refuses to import there):
+    ``dev()`` without a timeout used to wait forever; now it fails within seconds, naming the exit
+    code and the spawn start method's usual cause."""
+    import agent_dies_in_runner
+
+    store = MemoryStore(watchdog_interval=None)
+    trainer = Trainer(store, n_runners=2, runner_options=FAST, console=console())
+    started = time.monotonic()
+    with pytest.raises(RunnerDiedError) as caught:
+        trainer.dev(agent_dies_in_runner.agent, [{"x": 1}, {"x": 2}], print_summary=False)
+    assert time.monotonic() - started < 30
+    message = str(caught.value)
+    assert "exited with code 1 while starting" in message and "if __name__ == \"__main__\":" in message
+    assert "spawn" in message
+    store.close()
+
+
+def test_a_script_without_a_main_guard_fails_with_the_hint_instead_of_hanging(tmp_path):
+    """The new user's script: Trainer(n_runners=2) at module level, no ``if __name__ == "__main__":``.
+    Each runner process re-runs the script and refuses the nested start; the parent says why."""
+    script = tmp_path / "train_no_guard.py"
+    script.write_text(
+        "import agents_for_tests\n"
+        "from agentgrad.trainer import Trainer\n"
+        "Trainer(n_runners=2).dev(agents_for_tests.reward_agent, [{'x': 1}, {'x': 2}], print_summary=False)\n"
+        "print('finished')\n")
+    support = Path(__file__).parent / "support"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(support), os.environ.get("PYTHONPATH")]))}
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env,
+                            cwd=tmp_path)
+    assert time.monotonic() - started < 90
+    assert result.returncode != 0 and "finished" not in result.stdout
+    assert "RunnerDiedError" in result.stderr and "exited with code 1 while starting" in result.stderr
+    assert "Trainer.dev() was called while a runner process imported the main script" in result.stderr  # a child's
+    assert "if __name__ == \"__main__\":" in result.stderr
+
+
+# ---- n_runners=0: runners are started elsewhere ---------------------------------------------------------
+
+def test_fit_with_no_runners_of_its_own_uses_runners_started_elsewhere():
+    store = MemoryStore(watchdog_interval=None)
+    out = console()
+
+    def agent(task, resources):
+        return task + resources.get("round").value
+
+    elsewhere = Runner(agent, store, **FAST)  # e.g. `agentgrad runner` against the same store
+    thread = threading.Thread(target=elsewhere.run, daemon=True)
+    thread.start()
+    try:
+        trainer = Trainer(store, n_runners=0, algorithm=TwoRounds(), console=out)
+        result = trainer.fit(agent, train_tasks=[1, 2], resources={"round": -1})
+    finally:
+        elsewhere.stop()
+        thread.join(10)
+    assert result["means"] == [1.5, 2.5]
+    assert elsewhere.stats.succeeded == 4
+    assert "n_runners=0" in out.file.getvalue() and "agentgrad runner" in out.file.getvalue()
     store.close()

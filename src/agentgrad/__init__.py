@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from agentgrad.algorithms.apo import APO as APO
     from agentgrad.algorithms.baseline import Evaluate as Evaluate
     from agentgrad.algorithms.grpo import GRPO as GRPO
+    from agentgrad.algorithms.grpo import GRPOConfig as GRPOConfig
     from agentgrad.algorithms.sft import SFT as SFT
     from agentgrad.emit import agent as agent
     from agentgrad.emit import emit_exception as emit_exception
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from agentgrad.tasks import read_tasks as read_tasks
     from agentgrad.tracing.instrument import instrument as instrument
     from agentgrad.trainer import Trainer as Trainer
+    from agentgrad.training.local import LocalPolicy as LocalPolicy
     from agentgrad.training.policy import TrainConfig as TrainConfig
     from agentgrad.types import LLM as LLM
     from agentgrad.types import Attempt as Attempt
@@ -73,9 +75,11 @@ _EXPORTS = {
     "Trainer": "agentgrad.trainer",
     "instrument": "agentgrad.tracing.instrument",
     # training: algorithms, the policy trainer's settings, the proxy and a local model
-    "GRPO": "agentgrad.algorithms.grpo", "APO": "agentgrad.algorithms.apo",
+    "GRPO": "agentgrad.algorithms.grpo", "GRPOConfig": "agentgrad.algorithms.grpo",
+    "APO": "agentgrad.algorithms.apo",
     "SFT": "agentgrad.algorithms.sft", "Evaluate": "agentgrad.algorithms.baseline",
     "TrainConfig": "agentgrad.training.policy",
+    "LocalPolicy": "agentgrad.training.local",
     "LLMProxy": "agentgrad.proxy.server",
     "Engine": "agentgrad.inference.engine", "ModelServer": "agentgrad.inference.server",
 }

@@ -141,20 +141,70 @@ def rollout(func: Callable[..., Any]) -> FunctionAgent:
     return FunctionAgent(func)
 
 
-def as_agent(agent: Agent | Callable[..., Any]) -> Agent:
-    """An :class:`Agent` as it is, a function wrapped as with :func:`rollout`."""
+#: What :func:`as_agent` and :func:`load_agent` accept, named in their errors.
+EXPECTED_AGENT = "an Agent subclass, an Agent instance or a function (task, llm|prompt_template|resources[, rollout])"
+
+
+class NotAnAgentError(TypeError):
+    """What :func:`as_agent` was given is none of the shapes in :data:`EXPECTED_AGENT`."""
+
+
+def as_agent(agent: Agent | type[Agent] | Callable[..., Any]) -> Agent:
+    """An :class:`Agent` from any shape a user may hand over.
+
+    An ``Agent`` instance is used as it is; an ``Agent`` subclass is instantiated with no
+    arguments; a function is wrapped as with :func:`rollout`. Anything else is a
+    :class:`NotAnAgentError` (a ``TypeError``) naming what was expected; so is a subclass whose
+    constructor needs arguments, and a function of an unsupported shape.
+    """
     if isinstance(agent, Agent):
         return agent
+    if isinstance(agent, type):
+        if not issubclass(agent, Agent):
+            raise NotAnAgentError(f"{agent.__qualname__} is a class that does not subclass agentgrad.Agent; "
+                                  f"expected {EXPECTED_AGENT}")
+        return _instantiate(agent)
     if callable(agent):
-        return FunctionAgent(agent)
-    raise TypeError(f"expected an Agent or a @rollout function, got {type(agent).__name__}")
+        try:
+            return FunctionAgent(agent)
+        except NotAnAgentError:
+            raise
+        except TypeError as exc:  # a function of an unsupported shape: FunctionAgent names it
+            raise NotAnAgentError(str(exc)) from None
+        except (AttributeError, ValueError) as exc:  # a callable without a signature or a name
+            raise NotAnAgentError(f"{_a(type(agent).__name__)} that cannot be read as a function ({exc}); "
+                                  f"expected {EXPECTED_AGENT}") from None
+    raise NotAnAgentError(f"got {_a(type(agent).__name__)}; expected {EXPECTED_AGENT}")
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+
+
+def _instantiate(cls: type[Agent]) -> Agent:
+    """``cls()``, or an error saying which constructor arguments it needs."""
+    try:
+        signature = inspect.signature(cls)
+    except (TypeError, ValueError):  # no signature to read (a C-level __init__): just try it
+        return cls()
+    needed = [name for name, p in signature.parameters.items()
+              if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if needed:
+        raise NotAnAgentError(
+            f"the Agent subclass {cls.__qualname__} needs constructor argument(s) {', '.join(needed)}, "
+            "and an agent named by its class is created with no arguments: give them defaults, or "
+            f"create the agent in the module (my_agent = {cls.__qualname__}(...)) and name that instead")
+    return cls()  # errors raised by the user's own constructor keep their traceback
 
 
 def load_agent(spec: str) -> Agent:
-    """``package.module:attribute`` → the agent object (a file path also works for the module).
+    """``package.module:attribute`` → the agent (a file path also works for the module).
 
-    The current directory (or the file's folder) goes on ``sys.path`` first, as ``python -m`` does,
-    so that a user's own agent module is found without installing it.
+    The attribute may be anything :func:`as_agent` accepts: an ``Agent`` instance, an ``Agent``
+    subclass (instantiated with no arguments) or a ``@rollout``-shaped function. The current
+    directory (or the file's folder) goes on ``sys.path`` first, as ``python -m`` does, so that a
+    user's own agent module is found without installing it. Errors are
+    :class:`~agentgrad.errors.InvalidInputError` naming the spec and what was expected.
     """
     module_name, sep, attribute = spec.partition(":")
     if not sep or not attribute:
@@ -163,19 +213,23 @@ def load_agent(spec: str) -> Agent:
         )
     if module_name.endswith(".py"):
         path = Path(module_name).resolve()
-        sys.path.insert(0, str(path.parent))
+        folder = str(path.parent)
         module_name = path.stem
     else:
-        sys.path.insert(0, str(Path.cwd()))
+        folder = str(Path.cwd())
+    if not sys.path or sys.path[0] != folder:
+        sys.path.insert(0, folder)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise InvalidInputError(f"cannot import {module_name!r}: {exc}") from None
-    try:
-        target = getattr(module, attribute)
-    except AttributeError:
-        raise InvalidInputError(f"module {module_name!r} has no attribute {attribute!r}") from None
+    target: Any = module
+    for part in attribute.split("."):  # module:Class.attribute reaches a nested attribute
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise InvalidInputError(f"module {module_name!r} has no attribute {attribute!r}") from None
     try:
         return as_agent(target)
-    except TypeError as exc:  # not an agent, or a function of an unsupported shape
+    except NotAnAgentError as exc:
         raise InvalidInputError(f"{spec} is not an agent: {exc}") from None

@@ -13,7 +13,10 @@ Failure model:
   the rest back as failed attempts (``RunnerStopped``), which the store retries per the rollout's
   ``retry_on``;
 * a runner killed outright (SIGKILL) leaves attempts that stop heartbeating: the store's
-  watchdog marks them ``unresponsive`` and retries them.
+  watchdog marks them ``unresponsive`` and retries them;
+* a runner *process* that dies (an error, a signal, or a start that never got as far as the agent:
+  the spawn start method and a script without ``if __name__ == "__main__":``) is reported by
+  :meth:`RunnerPool.check`, which the ``Trainer`` calls while it waits for rollouts.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from agentgrad import semconv
 from agentgrad.agents import Agent, as_agent
 from agentgrad.context import RolloutContext, use_context
 from agentgrad.emit import emit_reward
+from agentgrad.errors import AgentGradError
 from agentgrad.http.transport import Transport, transport_for
 from agentgrad.rewards import reward_number
 from agentgrad.store.protocol import Store
@@ -382,20 +386,53 @@ class _Superseded(Exception):
 
 # ---- process pool -----------------------------------------------------------------------------
 
-def _runner_process(agent: Agent, store_url: str, options: dict[str, Any], store_token: str | None) -> None:
+#: What to do when a runner process dies while starting: named in every such error.
+MAIN_GUARD_HINT = (
+    "runner processes are started with the 'spawn' method: each imports the main script again (as "
+    "__mp_main__) and unpickles the agent by reference. If your script starts the Trainer at module "
+    "level, put that code under `if __name__ == \"__main__\":`; and define the agent at module level "
+    "of a module the new process can import."
+)
+
+
+class RunnerDiedError(AgentGradError, RuntimeError):
+    """A runner serving the Trainer died: a process that exited with an error or was killed, or the
+    in-process runner's thread (the message says which and why)."""
+
+
+def check_not_bootstrapping(what: str) -> None:
+    """Refuse ``what`` while this process is a spawned child still importing its parent's main script.
+
+    That is where a script without ``if __name__ == "__main__":`` lands: the child would start a
+    second trainer (load a model, serve a store) before failing on :mod:`multiprocessing`'s own
+    check. Failing first, and saying why, costs the child nothing.
+    """
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise RuntimeError(f"{what} was called while a runner process imported the main script: {MAIN_GUARD_HINT}")
+
+
+def _runner_process(agent: Agent, store_url: str, options: dict[str, Any], store_token: str | None,
+                    reports: Any = None, index: int = 0) -> None:
     from agentgrad.store import TOKEN_ENV, open_store
 
+    if reports is not None:
+        reports.put(("started", index, ""))
     logging.basicConfig(level=os.environ.get("AGENTGRAD_LOG_LEVEL", "WARNING"))
-    if store_token:
-        os.environ[TOKEN_ENV] = store_token  # this process's own environment: it is the runner's
-    store = open_store(store_url, watchdog=False)
-    runner = Runner(agent, store, **options)
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: runner.stop())
     try:
-        runner.run()
-    finally:
-        store.close()
+        if store_token:
+            os.environ[TOKEN_ENV] = store_token  # this process's own environment: it is the runner's
+        store = open_store(store_url, watchdog=False)
+        runner = Runner(agent, store, **options)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: runner.stop())
+        try:
+            runner.run()
+        finally:
+            store.close()
+    except BaseException as exc:  # the parent reports it: stderr may be nobody's
+        if reports is not None:
+            reports.put(("error", index, "".join(traceback.format_exception(exc)).rstrip()))
+        raise
 
 
 class RunnerPool:
@@ -405,6 +442,12 @@ class RunnerPool:
     the store by URL (``sqlite:///…``, ``postgresql://…`` or the store service's
     ``http://…``; ``store_token`` is its bearer token, passed outside the URL). The agent is
     pickled: define it at module level.
+
+    :meth:`check` is the pool's health: it raises :class:`RunnerDiedError` once a runner
+    process has died (a non-zero exit code or a signal), with the reason — the exception it
+    raised, or, when it died before running any of our code, the spawn start method's usual
+    cause. Whoever waits on the runners' work calls it now and then (``Trainer`` does, between
+    slices of every wait for rollouts), so a dead pool fails in seconds instead of never.
     """
 
     def __init__(self, agent: Agent | Callable[..., Any], store_url: str, *, n_runners: int = 1,
@@ -417,17 +460,62 @@ class RunnerPool:
         self.n_runners = n_runners
         self.runner_options = runner_options
         self.processes: list[multiprocessing.process.BaseProcess] = []
+        self._reports: Any = None
+        self._started: set[int] = set()
+        self._errors: dict[int, str] = {}
+        self._check_lock = threading.Lock()
 
     def start(self) -> RunnerPool:
         ctx = multiprocessing.get_context("spawn")
+        self._reports = ctx.SimpleQueue()
         for index in range(self.n_runners):
             options = {**self.runner_options}
             options.setdefault("worker_id", f"runner-{index}-{new_id('w')[2:8]}")
-            process = ctx.Process(target=_runner_process, args=(self.agent, self.store_url, options, self.store_token),
+            process = ctx.Process(target=_runner_process,
+                                  args=(self.agent, self.store_url, options, self.store_token, self._reports, index),
                                   name=f"agentgrad-runner-{index}", daemon=True)
             process.start()
             self.processes.append(process)
         return self
+
+    def check(self) -> None:
+        """Raise :class:`RunnerDiedError` if a runner process has died (see the class doc).
+
+        A process that exited with code 0 (it ran its ``max_rollouts``, or was stopped) is not
+        dead. Cheap: a non-blocking look at each process and at what they reported.
+        """
+        with self._check_lock:
+            self._read_reports()
+            for index, process in enumerate(self.processes):
+                code = process.exitcode
+                if code:
+                    self._read_reports()  # a report written just before the exit
+                    raise RunnerDiedError(self._death(index, process, code))
+
+    def _read_reports(self) -> None:
+        while self._reports is not None and not self._reports.empty():
+            kind, index, text = self._reports.get()
+            if kind == "started":
+                self._started.add(index)
+            else:
+                self._errors[index] = text
+
+    def _death(self, index: int, process: multiprocessing.process.BaseProcess, code: int) -> str:
+        who = f"runner process {process.name} (pid {process.pid})"
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            how = f"{who} was killed by {name}"
+            return how + (" (out of memory?)" if name == "SIGKILL" else "")
+        if index in self._errors:
+            last = self._errors[index].splitlines()[-1]
+            return f"{who} exited with code {code}: {last}\n{self._errors[index]}"
+        if index not in self._started:
+            return (f"{who} exited with code {code} while starting, before it could run the agent (its "
+                    f"traceback is on stderr): {MAIN_GUARD_HINT}")
+        return f"{who} exited with code {code} (its traceback, if any, is on stderr)"
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM every runner (they finish or hand back work), then wait; kill stragglers."""
@@ -441,6 +529,9 @@ class RunnerPool:
                 process.kill()
                 process.join(5)
         self.processes.clear()
+        if self._reports is not None:
+            self._reports.close()
+            self._reports = None
 
     def __enter__(self) -> RunnerPool:
         return self.start()

@@ -293,6 +293,8 @@ class Resources(BaseModel):
             raise KeyError(f"resources {self.resources_id!r} have no item named {name!r} "
                            f"(have: {sorted(self.items)})") from None
 
+    __getitem__ = get  # ``resources["llm"]``: what an agent's author writes first
+
     def first(self, kind: type[Resource]) -> Resource | None:
         """The first item of a kind (e.g. the one ``LLM``), or None."""
         return next((v for v in self.items.values() if isinstance(v, kind)), None)

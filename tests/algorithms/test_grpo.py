@@ -19,7 +19,7 @@ from agentgrad.context import require_context  # noqa: E402
 from agentgrad.store.memory import MemoryStore  # noqa: E402
 from agentgrad.trainer import Trainer  # noqa: E402
 from agentgrad.training import PolicyTrainer, Published, Sample, TrainConfig  # noqa: E402
-from agentgrad.types import LLM, RolloutConfig, Span  # noqa: E402
+from agentgrad.types import LLM, Span  # noqa: E402
 
 PROMPT = list(range(3, 30))
 GOOD, BAD = [100, 101, 102], [200, 201, 202]
@@ -80,9 +80,9 @@ def bad_reward_agent(task, llm):
 def test_grpo_trains_logs_checkpoints_and_resumes(tiny_model_dir, tmp_path):
     store = MemoryStore()
     publisher = RecordingPublisher()
-    grpo = GRPO(tiny_model_dir, steps=3, batch_size=2, group_size=4, train_config=TrainConfig(lr=3e-3), val_every=0,
+    grpo = GRPO(tiny_model_dir, steps=3, batch_size=2, group_size=4, train=TrainConfig(lr=3e-3), val_every=0,
                 output_dir=tmp_path, checkpoint_every=2, publisher=publisher, run_id="t",
-                rollout_config=RolloutConfig(timeout_seconds=60))
+                rollout_timeout_seconds=60)
     tasks = [{"k": 40 + i} for i in range(5)]
     result = Trainer(store, concurrency=4, algorithm=grpo).fit(
         coin_agent, tasks, tasks[:2], resources={"llm": LLM(endpoint="http://unused/v1", model="m")})
@@ -90,6 +90,11 @@ def test_grpo_trains_logs_checkpoints_and_resumes(tiny_model_dir, tmp_path):
     trained_steps = [h["step"] for h in result.history if "loss" in h]
     assert result.steps == 3 and trained_steps and publisher.versions == [f"v{s}" for s in trained_steps]
     assert [s for s, _ in result.validation] == [0, 3]
+    # The best-validation model and the final one are exported as Hugging Face directories.
+    best = max(result.validation, key=lambda v: v[1])
+    assert (result.best_step, result.best_score) == (best[0], best[1])
+    assert json.loads((tmp_path / "best.json").read_text()) == {"step": best[0], "score": best[1]}
+    assert (tmp_path / "best" / "config.json").is_file() and (tmp_path / "model" / "config.json").is_file()
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     trained = [m for m in lines if "loss" in m]
     assert trained and all(m["stale_transitions"] == 0 and m["unknown_version_transitions"] == 0 for m in trained)
@@ -104,7 +109,7 @@ def test_grpo_trains_logs_checkpoints_and_resumes(tiny_model_dir, tmp_path):
     assert fresh.sequence_logprob([Sample(PROMPT + [40], GOOD)])[0] > before
     # Resuming continues from the checkpoint's step (and republishes its weights first).
     grpo2 = GRPO(tiny_model_dir, steps=4, batch_size=2, group_size=4, val_every=0, output_dir=tmp_path,
-                 publisher=publisher, rollout_config=RolloutConfig(timeout_seconds=60))
+                 publisher=publisher, rollout_timeout_seconds=60)
     result2 = Trainer(store, concurrency=4, algorithm=grpo2).fit(
         coin_agent, tasks, resources={"llm": LLM(endpoint="http://unused/v1", model="m")})
     resumed_steps = [h["step"] for h in result2.history if "loss" in h]
@@ -116,7 +121,7 @@ def test_grpo_trains_logs_checkpoints_and_resumes(tiny_model_dir, tmp_path):
 def test_non_numeric_rewards_fail_rollouts_and_empty_batches_are_retried_not_trained(tiny_model_dir, tmp_path):
     store = MemoryStore()
     grpo = GRPO(tiny_model_dir, steps=2, batch_size=1, group_size=2, val_every=0, output_dir=tmp_path,
-                publisher=RecordingPublisher(), max_empty_retries=1, rollout_config=RolloutConfig(timeout_seconds=30))
+                publisher=RecordingPublisher(), max_empty_retries=1, rollout_timeout_seconds=30)
     with pytest.raises(RuntimeError, match="empty batches in a row"):
         Trainer(store, concurrency=2, algorithm=grpo).fit(
             bad_reward_agent, [{"k": 1}], resources={"llm": LLM(endpoint="http://unused/v1", model="m")})
@@ -134,7 +139,7 @@ def test_a_step_whose_groups_all_agree_is_skipped_without_an_update(tiny_model_d
     store = MemoryStore()
     publisher = RecordingPublisher()
     grpo = GRPO(tiny_model_dir, steps=2, batch_size=2, group_size=3, val_every=0, output_dir=tmp_path,
-                publisher=publisher, rollout_config=RolloutConfig(timeout_seconds=60))
+                publisher=publisher, rollout_timeout_seconds=60)
     tasks = [{"k": 40 + i} for i in range(4)]
     result = Trainer(store, concurrency=3, algorithm=grpo).fit(
         always_good_agent, tasks, resources={"llm": LLM(endpoint="http://unused/v1", model="m")})

@@ -9,8 +9,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from agentgrad.algorithms.base import AlgorithmContext
@@ -62,42 +60,23 @@ def test_sft_fast_trains_publishes_and_announces(demo_model_dir, tmp_path) -> No
     store.close()
 
 
-@pytest.fixture
-def served_tiny(demo_model_dir) -> Iterator[tuple[object, str]]:
-    """The tiny model in the local engine behind the OpenAI-compatible model server."""
-    inference = pytest.importorskip("agentgrad.inference")
-    model_server = getattr(inference, "ModelServer", None)
-    if model_server is None:
-        pytest.skip("agentgrad.inference.ModelServer is not available")
-    from agentgrad.inference.engine import Engine
-
-    engine = Engine(demo_model_dir, max_batch_size=32)
-    server = model_server(engine)
-    try:
-        yield engine, server.start()
-    finally:
-        server.stop()
-        engine.close()
-
-
 @pytest.mark.slow
-def test_rejection_sampling_raises_greedy_success(served_tiny, demo_model_dir) -> None:
+def test_rejection_sampling_raises_greedy_success(demo_model_dir) -> None:
     from agentgrad.demo.calc import generate_problems
     from agentgrad.training import TrainConfig
+    from agentgrad.training.local import LocalPolicy
 
-    engine, base_url = served_tiny
     store = MemoryStore()
     val = generate_problems(64, 1, "val")
     train = generate_problems(200, 1, "train")
-    greedy = {"llm": LLM(endpoint="unused", model="tiny", sampling={"temperature": 0.0})}
-    sampling = {"llm": LLM(endpoint="unused", model="tiny", sampling={"temperature": 1.0})}
-    with LLMProxy(store, base_url) as proxy:
-        trainer = Trainer(store, concurrency=16, runner_options={"resources_hook": ProxyResourcesHook(proxy.base_url)})
+    with LocalPolicy(demo_model_dir, max_batch_size=32, served_model_name="tiny").serving(store) as policy:
+        greedy, sampling = {"llm": policy.llm(temperature=0.0)}, {"llm": policy.llm(temperature=1.0)}
+        trainer = Trainer(store, concurrency=16, policy=policy)  # SFT publishes into the policy's engine
         before = trainer.dev(calc_agent, val, greedy, mode="val", print_summary=False).reward_mean
         trainer.algorithm = SFT(demo_model_dir, criteria=SelectionCriteria(min_reward=1.0),
                                 train_config=TrainConfig(lr=5e-4), iterations=3, samples_per_task=2, steps=40,
                                 batch_size=32)
-        result = trainer.fit(calc_agent, train, resources=sampling, engine=engine)
+        result = trainer.fit(calc_agent, train, resources=sampling)
         after = trainer.dev(calc_agent, val, greedy, mode="val", print_summary=False).reward_mean
     print(f"greedy success before {before:.3f} → after {after:.3f}; samples per iteration {result.samples}")
     assert after >= 0.8 > before

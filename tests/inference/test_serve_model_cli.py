@@ -16,14 +16,8 @@ import httpx
 from agentgrad.cli.serve_model import add_commands
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-RUNNER = """
-import argparse, sys
-from agentgrad.cli.serve_model import add_commands
-parser = argparse.ArgumentParser(prog="agentgrad")
-add_commands(parser.add_subparsers(dest="command", required=True))
-args = parser.parse_args(sys.argv[1:])
-sys.exit(args.func(args))
-"""
+#: The real entry point (``agentgrad …``): its logging set-up decides whether the URL line shows.
+RUNNER = "import sys\nfrom agentgrad.cli import main\nsys.exit(main(sys.argv[1:]))\n"
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -16,14 +16,8 @@ import pytest
 pytest.importorskip("uvicorn")
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-HARNESS = (
-    "import argparse, sys\n"
-    "from agentgrad.cli.store import add_commands\n"
-    "parser = argparse.ArgumentParser(prog='agentgrad')\n"
-    "add_commands(parser.add_subparsers(dest='command', required=True))\n"
-    "args = parser.parse_args(sys.argv[1:])\n"
-    "sys.exit(args.func(args))\n"
-)
+#: The real entry point (``agentgrad …``): its logging set-up decides whether the URL line shows.
+HARNESS = "import sys\nfrom agentgrad.cli import main\nsys.exit(main(sys.argv[1:]))\n"
 
 
 def _start(*argv: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:

@@ -72,3 +72,33 @@ def bad_signature(task, llm, temperature):  # noqa: ANN001 - an unsupported shap
 
 def plain_agent(task, resources):  # noqa: ANN001 - undecorated; Runner wraps it
     return 0.5
+
+
+class NeedsArgsAgent(Agent):
+    """An Agent subclass whose constructor needs arguments: ``module:NeedsArgsAgent`` is refused."""
+
+    def __init__(self, model: str, temperature: float = 0.0) -> None:
+        self.model, self.temperature = model, temperature
+
+    def rollout(self, task: Any, resources: Resources, rollout: Rollout) -> float:
+        return 1.0
+
+
+class NotAnAgentClass:
+    """A class that is not an Agent subclass (it even has a rollout method)."""
+
+    def rollout(self, task: Any, resources: Resources, rollout: Rollout) -> float:
+        return 1.0
+
+
+class BrokenConstructorAgent(Agent):
+    """An Agent subclass whose own constructor fails: the user's error comes through unchanged."""
+
+    def __init__(self) -> None:
+        raise RuntimeError("cannot reach the tool server")
+
+
+class Holder:
+    """Reaches an agent by ``module:Holder.agent``."""
+
+    agent = EchoAgent()

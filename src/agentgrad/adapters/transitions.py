@@ -39,6 +39,8 @@ class AdaptStats:
     rollouts_without_calls: int = 0
     calls: int = 0
     calls_other_agents: int = 0
+    #: The agent names of the calls ``agent_match`` left out, so an empty batch can say what it saw.
+    other_agents: set[str] = field(default_factory=set)
     #: (rollout_id, call index) of trainable calls that had no token ids: excluded, never re-tokenized.
     calls_without_token_ids: list[tuple[str, int]] = field(default_factory=list)
     #: Calls appended to the previous call's sequence (prompt extended prompt + completion exactly).
@@ -112,6 +114,7 @@ class TransitionAdapter:
         for call, reward in zip(calls, rewards):
             if not matches_agent(call, self.agent_match):
                 stats.calls_other_agents += 1
+                stats.other_agents.add(call.agent_name or "(no name)")
             elif not call.has_token_ids:
                 stats.calls_without_token_ids.append((call.rollout_id, call.index))
             else:

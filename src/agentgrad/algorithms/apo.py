@@ -50,10 +50,11 @@ from agentgrad import semconv
 from agentgrad.adapters.calls import extract_calls
 from agentgrad.algorithms.base import Algorithm, AlgorithmContext
 from agentgrad.algorithms.batch import StragglersError, wait_batch
+from agentgrad.algorithms.runlog import RunLog
 from agentgrad.algorithms.templates import TemplateError, validate_template
 from agentgrad.errors import AgentGradError, AlreadyExistsError
 from agentgrad.store.protocol import RolloutFilter, RolloutRequest, Store
-from agentgrad.types import JsonResource, MetricRecord, PromptTemplate, Rollout, RolloutConfig, RolloutStatus
+from agentgrad.types import JsonResource, PromptTemplate, Rollout, RolloutConfig, RolloutStatus
 
 log = logging.getLogger(__name__)
 
@@ -451,7 +452,8 @@ class APO(Algorithm):
     def _record(store: Store, run: str, step: int, values: dict[str, float]) -> None:
         """Append a metric once per (run, step): a resumed run does not log a step twice."""
         if all(m.step != step for m in store.query_metrics(run)):
-            store.add_metrics([MetricRecord(run_id=run, step=step, values=values)])
+            with RunLog(None, store, run) as run_log:
+                run_log.log(step, values)
 
     # ---- critic and editor --------------------------------------------------------------------------
     def _expand(self, store: Store, beam: list[Candidate], round_: int,

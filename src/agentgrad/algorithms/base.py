@@ -10,11 +10,14 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from agentgrad.store.protocol import Store
+
+if TYPE_CHECKING:
+    from agentgrad.training.local import LocalPolicy
 
 
 @dataclass
@@ -24,11 +27,12 @@ class AlgorithmContext:
     store: Store
     train_tasks: Sequence[Any] = ()
     val_tasks: Sequence[Any] = ()
-    #: Resources published before the run (``Trainer(resources=…)``), if any.
+    #: Resources published before the run (``Trainer.fit(resources=…)``), if any.
     initial_resources: dict[str, Any] | None = None
     console: Console = field(default_factory=Console)
-    #: Free-form objects an algorithm may need from the Trainer (e.g. a local engine).
-    extras: dict[str, Any] = field(default_factory=dict)
+    #: The local policy the runners' agents call (``Trainer(policy=…)``), started; None when the
+    #: model is served elsewhere. Weight-training algorithms publish through ``policy.publisher()``.
+    policy: LocalPolicy | None = None
 
 
 class Algorithm(abc.ABC):

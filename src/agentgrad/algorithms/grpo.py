@@ -1,10 +1,22 @@
 """GRPO: group-relative policy optimization of an unmodified agent from its captured LLM calls.
 
-One step: enqueue ``group_size`` rollouts of each of ``batch_size`` tasks (a group shares a
-``group_id``) → wait → adapt spans into transitions (credit assignment, agent_match, merging) →
-group-normalized advantages → one PPO-clip optimizer step → publish the new weights to the
-engine and new resources naming them → (every ``val_every`` steps) greedy validation → metrics to
-the console, ``metrics.jsonl`` and the store (for the dashboard).
+Read top to bottom, like a nanoGPT training loop: :class:`GRPOConfig` (every setting, one
+docstring each), then :class:`GRPO`, whose :meth:`GRPO.run` sets up (or resumes) in
+:meth:`GRPO._start` and then repeats one step:
+
+1. **sample** — ``group_size`` rollouts of each of ``batch_size`` tasks (a group shares a
+   ``group_id``), through the store, with the current policy;
+2. **transitions** — spans → token sequences (credit assignment, agent_match, merging), dropping
+   those sampled too many versions ago;
+3. **advantages** — rewards normalized within each group;
+4. **update** — one PPO-clip step;
+5. **publish** — the new weights to the engine, and resources naming them;
+6. **evaluate** — greedy validation every ``val_every`` steps, keeping the best model;
+7. **log** — ``metrics.jsonl``, the store (for the dashboard), any trackers, the progress bar.
+
+Each stage is a method a test can call alone. At the end the final model is exported to
+``output_dir/model`` (and the best-validation one is in ``output_dir/best``): Hugging Face
+directories that ``agentgrad serve-model``, transformers and vLLM load.
 
 Failure handling: rollouts that fail (including a non-numeric reward, which the runner turns
 into a failed rollout) give no transitions; a step in which *no* rollout gave a transition is
@@ -14,132 +26,321 @@ whose groups all have identical rewards has no learning signal: it is logged and
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import logging
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from agentgrad.adapters import CreditRule, TransitionAdapter, group_advantages
+from agentgrad.adapters import AdaptStats, CreditRule, TransitionAdapter, group_advantages
 from agentgrad.algorithms.base import Algorithm, AlgorithmContext
 from agentgrad.algorithms.baseline import Evaluate
 from agentgrad.algorithms.batch import run_batch
+from agentgrad.algorithms.runlog import RunLog, Tracker
 from agentgrad.store.protocol import RolloutRequest, Store
-from agentgrad.types import LLM, MetricRecord, Resources, RolloutConfig, RolloutStatus, Transition
+from agentgrad.training.policy import TrainConfig  # a dataclass: importing it loads no torch
+from agentgrad.types import LLM, Resources, Rollout, RolloutConfig, RolloutStatus, Transition
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+
+    from agentgrad.training.policy import PolicyTrainer
+    from agentgrad.training.publish import Publisher
+
+
+# ---------------------------------------------------------------------------------------------
+# configuration
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class GRPOConfig:
+    """Every GRPO setting. A config file sets them by name (``train:`` is a nested section);
+    ``GRPO(model_dir, steps=30)`` overrides single ones."""
+
+    steps: int = 20
+    """Optimizer steps to run (a resumed run counts those already done)."""
+    max_seconds: float | None = None
+    """Wall-clock budget in seconds: no new step starts when it would likely overrun (None: no budget)."""
+    batch_size: int = 8
+    """Tasks per step."""
+    group_size: int = 8
+    """Rollouts per task in a step; advantages compare the rewards within such a group (≥ 2)."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Optimizer, loss and batching settings of the policy trainer (learning rate, clipping, KL, LoRA…)."""
+    mini_batches: int = 1
+    """Optimizer updates per epoch: each epoch's transitions are cut into this many parts."""
+    epochs: int = 1
+    """Passes over a step's transitions. ``epochs`` × ``mini_batches`` updates learn more per rollout,
+    which pays when rollouts cost more than training; the importance ratio's clipping keeps the
+    later, off-policy updates safe (1 × 1: one on-policy update)."""
+    normalize: Literal["std", "mean"] = "std"
+    """Group advantages: ``std`` is ``(r - mean) / std``, ``mean`` is ``r - mean``."""
+    max_staleness: int = 0
+    """Drop transitions sampled more than this many published versions ago (0: only the current one)."""
+    credit: str | CreditRule = "final"
+    """How a rollout's reward is assigned to its LLM calls: ``final``, ``discounted`` (``discounted:0.8``),
+    ``emitted``, ``air`` (see docs/credit-assignment.md), or a CreditRule object."""
+    agent_match: str | None = None
+    """Regular expression searched in agent names: train only on the calls of matching agents (``write|rewrite``);
+    calls without an agent name never match (None: train on every call)."""
+    merge: bool = True
+    """Merge consecutive calls whose prompt extends the previous prompt + completion into one sequence."""
+    sampling: dict[str, Any] = field(default_factory=lambda: {"temperature": 1.0})
+    """Sampling settings put in the LLM resource for training rollouts, over ``temperature: 1.0``
+    (validation always samples greedily)."""
+    rollout_timeout_seconds: float | None = 300.0
+    """Seconds one attempt of a rollout may run before the store times it out (None: no limit)."""
+    max_attempts: int = 1
+    """Attempts per rollout, the first included (1: a failed rollout is not retried)."""
+    batch_timeout: float = 600.0
+    """Seconds a step (or a validation) waits for its rollouts; the ones still running then are
+    cancelled and count as failed."""
+    max_empty_retries: int = 3
+    """Steps in a row that may give no transition at all (every rollout failed or captured no usable
+    LLM call) before the run stops with an error."""
+    val_every: int = 5
+    """Greedy validation every this many steps (0: only before the first step and after the last).
+    A new best score exports the model to ``output_dir/best``."""
+    output_dir: str | Path = "runs/grpo"
+    """Where ``metrics.jsonl``, ``checkpoints/``, the best (``best/``) and final (``model/``) models go."""
+    checkpoint_every: int = 5
+    """Save a checkpoint every this many steps (and after the last)."""
+    resume: bool = True
+    """Continue from the latest checkpoint in ``output_dir`` when there is one."""
+    run_id: str = "grpo"
+    """Names the run's metrics in the store and its rollout groups."""
+    seed: int = 0
+    """Seed of the task order (the same order on every run and after a resume)."""
+
+    def __post_init__(self) -> None:
+        positive = {"batch_size": self.batch_size, "mini_batches": self.mini_batches, "epochs": self.epochs,
+                    "checkpoint_every": self.checkpoint_every, "max_attempts": self.max_attempts}
+        for name, value in positive.items():
+            if value < 1:
+                raise ValueError(f"GRPOConfig.{name} must be ≥ 1, got {value!r}")
+        if self.group_size < 2:
+            raise ValueError(f"GRPOConfig.group_size must be ≥ 2 (a group needs two samples to compare), "
+                             f"got {self.group_size!r}")
+        for name, value in {"steps": self.steps, "val_every": self.val_every, "max_staleness": self.max_staleness,
+                            "max_empty_retries": self.max_empty_retries}.items():
+            if value < 0:
+                raise ValueError(f"GRPOConfig.{name} must be ≥ 0, got {value!r}")
+        if self.normalize not in ("std", "mean"):
+            raise ValueError(f"GRPOConfig.normalize must be 'std' or 'mean', got {self.normalize!r}")
+
+
+#: Keywords of the GRPO of before GRPOConfig, and what replaced them (named in the TypeError).
+_RENAMED = {"train_config": "train", "rollout_config": "rollout_timeout_seconds and max_attempts",
+            "rollout_timeout": "batch_timeout"}
 
 
 @dataclass
 class GRPOResult:
-    """What ``fit()`` returns: per-step metrics and the validation curve."""
+    """What ``fit()`` returns: per-step metrics, the validation curve and the best model."""
 
     steps: int
     history: list[dict[str, float]] = field(default_factory=list)
     #: (step, greedy validation reward mean) — step 0 is before any update.
     validation: list[tuple[int, float]] = field(default_factory=list)
     output_dir: Path | None = None
+    #: The step and validation score of the best model (exported to ``output_dir/best``).
+    best_step: int | None = None
+    best_score: float | None = None
 
+
+# ---------------------------------------------------------------------------------------------
+# the algorithm
+# ---------------------------------------------------------------------------------------------
 
 class GRPO(Algorithm):
     """GRPO over the captured calls of any agent.
 
     Args:
         model_dir: the policy's Hugging Face model directory (the one the engine serves).
-        steps: optimizer steps to run (a resumed run counts those already done).
-        max_seconds: wall-clock budget; no new step starts when it would likely overrun.
-        batch_size: tasks per step; group_size: rollouts per task.
-        train_config: optimizer/loss settings (:class:`agentgrad.training.TrainConfig`).
-        credit, agent_match, merge: see :class:`agentgrad.adapters.TransitionAdapter`.
-        normalize: ``std`` (``(r-mean)/std``) or ``mean`` (``r-mean``) group advantages.
-        max_staleness: drop transitions sampled more than this many published versions ago.
-        mini_batches, epochs: optimizer updates per step — ``epochs`` passes over the step's
-            transitions, each cut into ``mini_batches`` parts (1 × 1: one on-policy update).
-            More updates learn more per rollout, which pays when rollouts cost more than
-            training; the importance ratio's clipping keeps the later, off-policy ones safe.
-        sampling: sampling settings put in the LLM resource for training rollouts
-            (validation always uses ``temperature: 0``).
-        val_every: greedy validation every k steps (0: only before and after).
-        output_dir: ``metrics.jsonl`` and ``checkpoints/`` go here; a run resumes from them.
-        publisher: how new weights reach the engine; default: ``LocalEnginePublisher`` over
-            ``context.extras["engine"]``.
+        config: every setting (:class:`GRPOConfig`); default: its defaults.
+        publisher: how new weights reach the engine; default: ``context.policy.publisher()``
+            (``Trainer(policy=LocalPolicy(model_dir))``).
+        trackers: experiment trackers that receive every logged step, besides ``metrics.jsonl``
+            and the store (:mod:`agentgrad.algorithms.trackers`).
         on_step: called with each step's metrics (after logging).
+        **overrides: :class:`GRPOConfig` fields, set over ``config``: ``GRPO(model_dir, steps=30)``.
     """
 
     def __init__(
         self,
         model_dir: str | Path,
+        config: GRPOConfig | None = None,
         *,
-        steps: int = 20,
-        max_seconds: float | None = None,
-        batch_size: int = 8,
-        group_size: int = 8,
-        train_config: Any = None,
-        credit: str | CreditRule = "final",
-        agent_match: str | None = None,
-        merge: bool = True,
-        normalize: Literal["std", "mean"] = "std",
-        max_staleness: int = 0,
-        mini_batches: int = 1,
-        epochs: int = 1,
-        sampling: dict[str, Any] | None = None,
-        val_every: int = 5,
-        output_dir: str | Path = "runs/grpo",
-        checkpoint_every: int = 5,
-        resume: bool = True,
-        rollout_config: RolloutConfig | None = None,
-        rollout_timeout: float = 600.0,
-        max_empty_retries: int = 3,
-        run_id: str = "grpo",
-        seed: int = 0,
-        publisher: Any = None,
+        publisher: Publisher | None = None,
+        trackers: Sequence[Tracker] = (),
         on_step: Callable[[dict[str, float]], None] | None = None,
+        **overrides: Any,
     ) -> None:
-        if batch_size < 1 or group_size < 2:
-            raise ValueError("GRPO needs batch_size ≥ 1 and group_size ≥ 2 (a group needs two samples to compare)")
+        self.config = config = _with_overrides(config or GRPOConfig(), overrides)
         self.model_dir = Path(model_dir)
-        self.steps, self.max_seconds = steps, max_seconds
-        self.batch_size, self.group_size = batch_size, group_size
-        self.train_config = train_config
-        self.adapter = TransitionAdapter(credit, agent_match=agent_match, merge=merge)
-        self.normalize = normalize
-        self.max_staleness = max_staleness
-        if mini_batches < 1 or epochs < 1:
-            raise ValueError(f"mini_batches and epochs must be >= 1, got {mini_batches} and {epochs}")
-        self.mini_batches, self.epochs = mini_batches, epochs
-        self.sampling = {"temperature": 1.0, **(sampling or {})}
-        self.val_every = val_every
-        self.output_dir = Path(output_dir)
-        self.checkpoint_every, self.resume = checkpoint_every, resume
-        self.rollout_config = rollout_config or RolloutConfig(timeout_seconds=300, max_attempts=1)
-        self.rollout_timeout = rollout_timeout
-        self.max_empty_retries = max_empty_retries
-        self.run_id, self.seed = run_id, seed
-        self.publisher = publisher
-        self.on_step = on_step
+        self.output_dir = Path(config.output_dir)
+        self.checkpoint_dir = self.output_dir / "checkpoints"
+        self.publisher, self.trackers, self.on_step = publisher, list(trackers), on_step
+        self.adapter = TransitionAdapter(config.credit, agent_match=config.agent_match, merge=config.merge)
+        self.sampling = {"temperature": 1.0, **config.sampling}
+        self.rollout_config = RolloutConfig(timeout_seconds=config.rollout_timeout_seconds,
+                                            max_attempts=config.max_attempts)
+        #: Every version the engine has served in this run, oldest first (for staleness).
         self.versions: list[str] = []
+        # What _start() sets up for a run.
+        self.store: Store
+        self.console: Any = None
+        self.tasks: list[Any] = []
+        self.val_tasks: list[Any] = []
+        self.trainer: PolicyTrainer
+        self.weights_publisher: Publisher
+        self.base_items: dict[str, Any] = {}
+        self.model_name: str | None = None
+        self.train_resources: Resources
+        self.val_resources: Resources
+        self.cursor = 0
+        self.result = GRPOResult(steps=0, output_dir=self.output_dir)
+        self.run_log: RunLog | None = None
+        #: What the adapter did with the last batch (an empty batch names what agent_match left out).
+        self.adapt_stats = AdaptStats()
+        self.progress: tuple[Progress, TaskID] | None = None
 
-    # ---- resources -------------------------------------------------------------------------------
-    def _publish_resources(self, store: Store, base: dict[str, Any], sampling: dict[str, Any],
-                           model: str | None, tag: str) -> Resources:
-        items: dict[str, Any] = {}
-        for name, item in base.items():
-            if isinstance(item, LLM):
-                item = item.model_copy(update={"sampling": {**item.sampling, **sampling},
-                                               "model": model or item.model})
-            items[name] = item
-        items["agentgrad_policy"] = {"model_version": self.versions[-1], "purpose": tag}
-        return store.add_resources(items)
+    # ---- the loop ----------------------------------------------------------------------------------
+    def run(self, context: AlgorithmContext) -> GRPOResult:
+        from agentgrad.training.policy import cursor_batches
 
-    def _validate(self, context: AlgorithmContext, resources_id: str) -> float:
-        report = Evaluate(mode="val", timeout=self.rollout_timeout, resources_id=resources_id,
-                          config=self.rollout_config).run(
-            AlgorithmContext(store=context.store, train_tasks=context.val_tasks, val_tasks=context.val_tasks,
-                             console=context.console))
-        return float(statistics.fmean([r.reward or 0.0 for r in report.rollouts])) if report.rollouts else 0.0
+        cfg = self._start(context)
+        trainer, store = self.trainer, self.store
+        batches = cursor_batches(len(self.tasks), cfg.batch_size, self.cursor, cfg.seed)
+        indices, next_cursor = next(batches)
+        started, last_step_seconds, empty_retries = time.monotonic(), 0.0, 0
+        with RunLog(self.output_dir, store, cfg.run_id, self.trackers) as self.run_log, self._progress():
+            if trainer.step == 0 and (validation := self.evaluate(0)):
+                self.run_log.log(0, validation)
+            while trainer.step < cfg.steps and not self._out_of_time(started, last_step_seconds):
+                step, step_started = trainer.step + 1, time.monotonic()
+                # ---- sample: group_size rollouts of each task of the batch, with the current policy
+                rollouts = self.sample(store, [(i, self.tasks[i]) for i in indices], step,
+                                       resources_id=self.train_resources.resources_id, attempt=empty_retries)
+                values = rollout_metrics(rollouts, time.monotonic() - step_started)
+                # ---- transitions: spans → token sequences with credit; too-stale ones dropped
+                transitions, adapted = self.transitions(store, rollouts)
+                values.update(adapted)
+                if not transitions:  # nothing usable: logged and retried with the same tasks, never trained on
+                    empty_retries = self._empty_batch(step, values, empty_retries)
+                    continue
+                empty_retries = 0
+                # ---- advantages: rewards normalized within each group; groups that all agree drop out
+                kept, grouped = self.advantages(transitions)
+                values.update(grouped)
+                train_started = time.monotonic()
+                if kept:
+                    # ---- update: one PPO-clip step (epochs × mini_batches optimizer updates)
+                    values.update(self.update(kept))
+                    # ---- publish: the new weights to the engine, then resources naming them
+                    self.publish()
+                else:  # every group had identical rewards: nothing to learn from, move on
+                    trainer.skip_step()
+                    self.console.print(f"[yellow]step {step}: all {int(values['grpo/groups'])} groups had zero "
+                                       "reward variance — skipped[/]")
+                values["train_seconds"] = time.monotonic() - train_started
+                self.cursor = next_cursor
+                indices, next_cursor = next(batches)
+                if trainer.step % cfg.checkpoint_every == 0 or trainer.step >= cfg.steps:
+                    self.checkpoint()
+                values.update(step_timing(values, time.monotonic() - step_started))
+                last_step_seconds = values["step_seconds"]
+                # ---- evaluate: greedy validation every val_every steps (the last step's comes after the loop)
+                if cfg.val_every and trainer.step % cfg.val_every == 0 and trainer.step < cfg.steps:
+                    values.update(self.evaluate(trainer.step))
+                # ---- log: metrics.jsonl, the store, trackers, the progress bar, on_step
+                self.log(trainer.step, values)
+            if trainer.step > 0 and trainer.step % cfg.checkpoint_every != 0:
+                self.checkpoint()
+            if validation := self.evaluate(trainer.step):
+                self.run_log.log(trainer.step, validation)
+        return self._finish()
+
+    # ---- setup and the end -------------------------------------------------------------------------
+    def _start(self, context: AlgorithmContext) -> GRPOConfig:
+        """Read the context, load the policy (from the latest checkpoint when resuming), make sure
+        the engine serves those weights, and publish the first resources."""
+        from agentgrad.training.policy import PolicyTrainer
+
+        cfg = self.config
+        self.store, self.console = context.store, context.console
+        self.tasks, self.val_tasks = list(context.train_tasks), list(context.val_tasks)
+        if not self.tasks:
+            raise ValueError("GRPO needs train_tasks")
+        self.base_items = self._base_items(context)
+        self.weights_publisher = self._publisher(context)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.trainer = PolicyTrainer(self.model_dir, cfg.train)
+        state = self.trainer.load_checkpoint(self.checkpoint_dir) if cfg.resume else None
+        self.cursor = int(state["cursor"]) if state else 0
+        self.versions, self.model_name = [], None
+        self.result = GRPOResult(steps=self.trainer.step, output_dir=self.output_dir)
+        if state:  # the engine must serve the checkpoint's weights, not the initial ones
+            self.publish()
+            self._load_best()
+            self.console.print(f"[bold]resumed[/] from step {self.trainer.step} (task cursor {self.cursor})")
+        else:
+            self.versions.append(context.policy.model_version if context.policy is not None else "v0")
+            self._publish_resources()
+        return cfg
+
+    def _finish(self) -> GRPOResult:
+        """Export the final model next to the best one; return the result."""
+        self.result.steps = self.trainer.step
+        self.console.print(f"final model: [bold]{self._export('model')}[/]")
+        return self.result
+
+    def _base_items(self, context: AlgorithmContext) -> dict[str, Any]:
+        base = dict(context.initial_resources or {})
+        if not base:
+            latest = context.store.get_latest_resources()
+            base = dict(latest.items) if latest else {}
+        if not any(isinstance(v, LLM) for v in base.values()):
+            raise ValueError("GRPO needs an LLM resource (Trainer.fit(..., resources={'llm': LLM(...)}))")
+        return base
+
+    def _publisher(self, context: AlgorithmContext) -> Publisher:
+        if self.publisher is not None:
+            return self.publisher
+        if context.policy is not None:
+            return context.policy.publisher()
+        raise ValueError("GRPO needs somewhere to publish its new weights: Trainer(policy=LocalPolicy(model_dir)) "
+                         "or GRPO(..., publisher=...)")
+
+    # ---- 1. sample ---------------------------------------------------------------------------------
+    def sample(self, store: Store, tasks: Sequence[tuple[int, Any]], step: int, *, resources_id: str | None,
+               attempt: int = 0) -> list[Rollout]:
+        """Run ``group_size`` rollouts of each ``(index, task)`` with the resources
+        ``resources_id`` and wait for them; a group's rollouts share a ``group_id`` (step, task
+        index and ``attempt``: a retried step's groups are new ones). A step cannot wait forever
+        for one stuck agent: rollouts still running after ``batch_timeout`` are cancelled and
+        count as failed."""
+        cfg = self.config
+        requests = [
+            RolloutRequest(input=task, mode="train", resources_id=resources_id, config=self.rollout_config,
+                           metadata={"group_id": f"{cfg.run_id}-s{step}-t{i}-r{attempt}", "step": step})
+            for i, task in tasks for _ in range(cfg.group_size)
+        ]
+        return run_batch(store, requests, timeout=cfg.batch_timeout, on_straggler="cancel",
+                         label=f"GRPO step {step}").rollouts
+
+    # ---- 2. transitions -----------------------------------------------------------------------------
+    def transitions(self, store: Store, rollouts: Sequence[Rollout]) -> tuple[list[Transition], dict[str, float]]:
+        """The rollouts' spans as transitions (the adapter: credit, agent_match, merging), without
+        those sampled more than ``max_staleness`` versions ago; with the adapter's counts."""
+        transitions, stats = self.adapter.adapt(store, rollouts)
+        self.adapt_stats = stats
+        kept, stale, unknown = self._staleness_filter(transitions)
+        return kept, {**stats.as_metrics(), "stale_transitions": stale, "unknown_version_transitions": unknown}
 
     def _staleness_filter(self, transitions: list[Transition]) -> tuple[list[Transition], int, int]:
         """Drop transitions sampled more than ``max_staleness`` versions ago (oldest version of a
@@ -152,169 +353,189 @@ class GRPO(Algorithm):
             if not known:
                 unknown += 1
                 kept.append(t)
-            elif current - min(known) > self.max_staleness:
+            elif current - min(known) > self.config.max_staleness:
                 stale += 1
             else:
                 kept.append(t)
         return kept, stale, unknown
 
-    # ---- the loop ----------------------------------------------------------------------------------
-    def run(self, context: AlgorithmContext) -> GRPOResult:
+    def _empty_batch(self, step: int, values: dict[str, float], retries: int) -> int:
+        """Log a step that gave no transition; stop the run after ``max_empty_retries`` in a row."""
+        retries += 1
+        failed, total = int(values["rollouts_failed"]), int(values["rollouts"])
+        filtered = self._filtered_out()
+        self.console.print(f"[yellow]step {step}: empty batch ({failed}/{total} rollouts failed, "
+                           f"{int(values['adapter/rollouts_without_calls'])} without LLM calls{filtered}) — not "
+                           f"trained on; retry {retries}/{self.config.max_empty_retries}[/]")
+        assert self.run_log is not None
+        self.run_log.log(step, {"empty_batch": 1.0, "rollouts_failed": failed})
+        if retries > self.config.max_empty_retries:
+            raise RuntimeError(f"{retries} empty batches in a row: every rollout failed or gave no usable LLM "
+                               f"call{filtered}; see the dashboard or `agentgrad dev`")
+        return retries
+
+    def _filtered_out(self) -> str:
+        """``agent_match`` and the agent names of the calls it left out, when it left any out."""
+        stats = self.adapt_stats
+        if self.adapter.agent_match is None or not stats.calls_other_agents:
+            return ""
+        return (f"; agent_match {self.adapter.agent_match.pattern!r} left out {stats.calls_other_agents} call(s) "
+                f"of agents {sorted(stats.other_agents)}")
+
+    # ---- 3. advantages ----------------------------------------------------------------------------
+    def advantages(self, transitions: Sequence[Transition]) -> tuple[list[Transition], dict[str, float]]:
+        """Group-normalized advantages (``normalize``); groups whose rewards all agree carry no
+        signal and are dropped. Returns the transitions to train on and the group counts."""
+        kept, stats = group_advantages(transitions, self.config.normalize)
+        return kept, stats.as_metrics()
+
+    # ---- 4. update --------------------------------------------------------------------------------
+    def update(self, transitions: Sequence[Transition]) -> dict[str, float]:
+        """One PPO-clip training step of the policy on ``transitions`` (advantages set)."""
+        from agentgrad.training.policy import Sample
+
+        metrics = self.trainer.ppo_step([Sample.from_transition(t) for t in transitions],
+                                        mini_batches=self.config.mini_batches, epochs=self.config.epochs)
+        return {"loss": metrics.loss, "entropy": metrics.entropy, "kl": metrics.kl,
+                "clip_fraction": metrics.clip_fraction, "grad_norm": metrics.grad_norm, "updates": metrics.updates,
+                "tokens": metrics.tokens, "tokens_per_second": metrics.tokens_per_second}
+
+    # ---- 5. publish -------------------------------------------------------------------------------
+    def publish(self) -> None:
+        """Make the engine serve the trainer's weights (a new version), then publish resources
+        naming that version, so every rollout records the policy it ran on."""
+        published = self.weights_publisher.publish(self.trainer)
+        self.versions.append(published.version)
+        self.model_name = published.model or self.model_name
+        self._publish_resources()
+
+    def _publish_resources(self) -> None:
+        """The training (sampling) and validation (greedy) resources of the current version."""
+        self.train_resources = self._resources(self.sampling, "train")
+        self.val_resources = self._resources({"temperature": 0.0}, "val")
+
+    def _resources(self, sampling: dict[str, Any], purpose: str) -> Resources:
+        items: dict[str, Any] = {}
+        for name, item in self.base_items.items():
+            if isinstance(item, LLM):
+                item = item.model_copy(update={"sampling": {**item.sampling, **sampling},
+                                               "model": self.model_name or item.model})
+            items[name] = item
+        items["agentgrad_policy"] = {"model_version": self.versions[-1], "purpose": purpose}
+        return self.store.add_resources(items)
+
+    def checkpoint(self) -> None:
+        """Save the trainer (weights, optimizer, step) and the task cursor under ``checkpoints/``."""
+        self.trainer.save_checkpoint(self.checkpoint_dir, cursor=self.cursor, extra={"version": self.versions[-1]})
+
+    # ---- 6. evaluate ------------------------------------------------------------------------------
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Greedy validation on the val tasks (none: nothing, ``{}``). A new best score exports
+        the current model to ``output_dir/best``. Returns the validation metrics."""
+        if not self.val_tasks:
+            return {}
+        started = time.monotonic()
+        report = Evaluate(mode="val", timeout=self.config.batch_timeout, resources_id=self.val_resources.resources_id,
+                          config=self.rollout_config).run(
+            AlgorithmContext(store=self.store, train_tasks=self.val_tasks, val_tasks=self.val_tasks,
+                             console=self.console))
+        score = float(statistics.fmean([r.reward or 0.0 for r in report.rollouts])) if report.rollouts else 0.0
+        self.result.validation.append((step, score))
+        self.console.print(f"  [cyan]validation (greedy, {len(self.val_tasks)} tasks) at step {step}: {score:.3f}[/]")
+        if self.result.best_score is None or score > self.result.best_score:
+            self._keep_best(step, score)
+        return {"val/reward_mean": score, "val/seconds": time.monotonic() - started}
+
+    def _keep_best(self, step: int, score: float) -> None:
+        """Export the current model as the best one, and record its step and score in
+        ``best.json`` (a resumed run reads them back, so it never replaces a better model)."""
+        self._export("best")
+        self.result.best_step, self.result.best_score = step, score
+        (self.output_dir / "best.json").write_text(json.dumps({"step": step, "score": score}))
+        self.console.print(f"  [cyan]new best ({score:.3f}) at step {step}: {self.output_dir / 'best'}[/]")
+
+    def _load_best(self) -> None:
+        path = self.output_dir / "best.json"
+        if path.exists():
+            best = json.loads(path.read_text())
+            self.result.best_step, self.result.best_score = int(best["step"]), float(best["score"])
+
+    def _export(self, name: str) -> Path:
+        """The trainer's current model as a Hugging Face directory ``output_dir/name``."""
+        from agentgrad.training.export import export_model
+
+        return export_model(self.trainer, self.output_dir / name)
+
+    # ---- 7. log -----------------------------------------------------------------------------------
+    def log(self, step: int, values: dict[str, float]) -> None:
+        """Record a step's metrics in every sink, the result's history and the progress bar; then
+        call ``on_step``."""
+        assert self.run_log is not None
+        self.run_log.log(step, values)
+        self.result.history.append({"step": step, **values})
+        if self.progress is not None:
+            progress, bar = self.progress
+            update = (f"entropy {values['entropy']:.2f}  clip {values['clip_fraction']:.2f}  "
+                      f"{values['tokens_per_second']:.0f} tok/s" if "loss" in values else "no update (no reward variance)")
+            progress.update(bar, completed=step, description=(
+                f"reward {values['reward/mean']:.2f}  success {values['success']:.2f}  "
+                f"{update}  {values['rollouts_per_second']:.1f} ro/s"))
+        if self.on_step is not None:
+            self.on_step(values)
+
+    @contextmanager
+    def _progress(self) -> Iterator[None]:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from agentgrad.training import LocalEnginePublisher, PolicyTrainer, Sample, TrainConfig
-        from agentgrad.training.policy import cursor_batches
-
-        store, console = context.store, context.console
-        tasks = list(context.train_tasks)
-        if not tasks:
-            raise ValueError("GRPO needs train_tasks")
-        base = dict(context.initial_resources or {})
-        if not base:
-            latest = store.get_latest_resources()
-            base = dict(latest.items) if latest else {}
-        if not any(isinstance(v, LLM) for v in base.values()):
-            raise ValueError("GRPO needs an LLM resource (Trainer.fit(..., resources={'llm': LLM(...)}))")
-        publisher = self.publisher
-        if publisher is None:
-            engine = context.extras.get("engine")
-            if engine is None:
-                raise ValueError("GRPO needs a publisher, or an in-process engine: Trainer.fit(..., engine=engine)")
-            publisher = LocalEnginePublisher(engine)
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        ckpt_dir = self.output_dir / "checkpoints"
-        trainer = PolicyTrainer(self.model_dir, self.train_config or TrainConfig())
-        state = trainer.load_checkpoint(ckpt_dir) if self.resume else None
-        cursor = int(state["cursor"]) if state else 0
-        model_name = None
-        if state:  # the engine must serve the checkpoint's weights, not the initial ones
-            published = publisher.publish(trainer)
-            model_name = published.model
-            self.versions.append(published.version)
-            console.print(f"[bold]resumed[/] from step {trainer.step} (task cursor {cursor})")
-        else:
-            self.versions.append(str(getattr(context.extras.get("engine"), "model_version", "v0")))
-        train_res = self._publish_resources(store, base, self.sampling, model_name, "train")
-        val_res = self._publish_resources(store, base, {"temperature": 0.0}, model_name, "val")
-        result = GRPOResult(steps=trainer.step, output_dir=self.output_dir)
-        metrics_file = (self.output_dir / "metrics.jsonl").open("a")
-        started = time.monotonic()
-
-        def log_metrics(step: int, values: dict[str, float]) -> None:
-            values = {k: float(v) for k, v in values.items()}
-            metrics_file.write(json.dumps({"step": step, "time": time.time(), **values}) + "\n")
-            metrics_file.flush()
-            store.add_metrics([MetricRecord(run_id=self.run_id, step=step, values=values)])
-
-        def validate(step: int) -> None:
-            if not context.val_tasks:
-                return
-            t0 = time.monotonic()
-            score = self._validate(context, val_res.resources_id)
-            result.validation.append((step, score))
-            log_metrics(step, {"val/reward_mean": score, "val/seconds": time.monotonic() - t0})
-            console.print(f"  [cyan]validation (greedy, {len(context.val_tasks)} tasks) at step {step}: {score:.3f}[/]")
-
-        if trainer.step == 0:
-            validate(0)
-        batches = cursor_batches(len(tasks), self.batch_size, cursor, self.seed)
-        last_step_seconds = 0.0
-        empty_retries = 0
-        indices, next_cursor = next(batches)
         progress = Progress(TextColumn("[bold]GRPO"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            TextColumn("{task.description}"), console=console, transient=False)
+                            TextColumn("{task.description}"), console=self.console, transient=False)
         with progress:
-            bar = progress.add_task("", total=self.steps, completed=trainer.step)
-            while trainer.step < self.steps:
-                elapsed = time.monotonic() - started
-                if self.max_seconds is not None and elapsed + last_step_seconds > self.max_seconds:
-                    console.print(f"time budget reached after {elapsed:.0f}s")
-                    break
-                step_started = time.monotonic()
-                step = trainer.step + 1
-                requests = [
-                    RolloutRequest(input=tasks[i], mode="train", resources_id=train_res.resources_id,
-                                   config=self.rollout_config,
-                                   metadata={"group_id": f"{self.run_id}-s{step}-t{i}-r{empty_retries}", "step": step})
-                    for i in indices for _ in range(self.group_size)
-                ]
-                # A step cannot wait forever for one stuck agent: stragglers are cancelled, and
-                # then count as failed rollouts (no transitions).
-                rollouts = run_batch(store, requests, timeout=self.rollout_timeout, on_straggler="cancel",
-                                     label=f"GRPO step {step}").rollouts
-                rollout_seconds = time.monotonic() - step_started
-                transitions, astats = self.adapter.adapt(store, rollouts)
-                transitions, stale, unknown = self._staleness_filter(transitions)
-                if not transitions:
-                    empty_retries += 1
-                    failed = sum(r.status != RolloutStatus.SUCCEEDED for r in rollouts)
-                    console.print(f"[yellow]step {step}: empty batch ({failed}/{len(rollouts)} rollouts failed, "
-                                  f"{astats.rollouts_without_calls} without LLM calls) — not trained on; "
-                                  f"retry {empty_retries}/{self.max_empty_retries}[/]")
-                    log_metrics(step, {"empty_batch": 1.0, "rollouts_failed": failed})
-                    if empty_retries > self.max_empty_retries:
-                        raise RuntimeError(f"{empty_retries} empty batches in a row: every rollout failed or gave "
-                                           "no usable LLM call; see the dashboard or `agentgrad dev`")
-                    continue
-                empty_retries = 0
-                rewards = [r.reward for r in rollouts if r.reward is not None]
-                kept, gstats = group_advantages(transitions, self.normalize)
-                values: dict[str, float] = {
-                    "reward/mean": statistics.fmean(rewards) if rewards else 0.0,
-                    "reward/std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
-                    "success": sum((r or 0.0) > 0 for r in rewards) / max(1, len(rollouts)),
-                    "rollouts": len(rollouts),
-                    "rollouts_failed": sum(r.status != RolloutStatus.SUCCEEDED for r in rollouts),
-                    "rollouts_per_second": len(rollouts) / max(rollout_seconds, 1e-9),
-                    "stale_transitions": stale, "unknown_version_transitions": unknown,
-                    **astats.as_metrics(), **gstats.as_metrics(),
-                }
-                train_seconds = 0.0
-                if kept:
-                    t0 = time.monotonic()
-                    step_metrics = trainer.ppo_step([Sample.from_transition(t) for t in kept],
-                                                    mini_batches=self.mini_batches, epochs=self.epochs)
-                    published = publisher.publish(trainer)
-                    self.versions.append(published.version)
-                    model_name = published.model or model_name
-                    train_res = self._publish_resources(store, base, self.sampling, model_name, "train")
-                    val_res = self._publish_resources(store, base, {"temperature": 0.0}, model_name, "val")
-                    train_seconds = time.monotonic() - t0
-                    values.update({
-                        "loss": step_metrics.loss, "entropy": step_metrics.entropy, "kl": step_metrics.kl,
-                        "clip_fraction": step_metrics.clip_fraction, "grad_norm": step_metrics.grad_norm,
-                        "updates": step_metrics.updates,
-                        "tokens": step_metrics.tokens, "tokens_per_second": step_metrics.tokens_per_second,
-                        "train_seconds": train_seconds,
-                    })
-                else:  # every group had identical rewards: nothing to learn from, move on
-                    trainer.step += 1
-                    console.print(f"[yellow]step {step}: all {gstats.groups} groups had zero reward variance — skipped[/]")
-                cursor = next_cursor
-                indices, next_cursor = next(batches)
-                if trainer.step % self.checkpoint_every == 0 or trainer.step >= self.steps:
-                    trainer.save_checkpoint(ckpt_dir, cursor=cursor, extra={"version": self.versions[-1]})
-                step_seconds = time.monotonic() - step_started
-                last_step_seconds = step_seconds
-                values.update({
-                    "step_seconds": step_seconds,
-                    "trainer_idle_fraction": rollout_seconds / step_seconds,
-                    "runner_idle_fraction": train_seconds / step_seconds,
-                })
-                log_metrics(trainer.step, values)
-                result.history.append({"step": trainer.step, **values})
-                update = (f"entropy {values['entropy']:.2f}  clip {values['clip_fraction']:.2f}  "
-                          f"{values['tokens_per_second']:.0f} tok/s" if kept else "no update (no reward variance)")
-                progress.update(bar, completed=trainer.step, description=(
-                    f"reward {values['reward/mean']:.2f}  success {values['success']:.2f}  "
-                    f"{update}  {values['rollouts_per_second']:.1f} ro/s"))
-                if self.on_step is not None:
-                    self.on_step(values)
-                if self.val_every and trainer.step % self.val_every == 0 and trainer.step < self.steps:
-                    validate(trainer.step)
-        if trainer.step > 0 and trainer.step % self.checkpoint_every != 0:
-            trainer.save_checkpoint(ckpt_dir, cursor=cursor, extra={"version": self.versions[-1]})
-        validate(trainer.step)
-        metrics_file.close()
-        result.steps = trainer.step
-        return result
+            self.progress = progress, progress.add_task("", total=self.config.steps, completed=self.trainer.step)
+            try:
+                yield
+            finally:
+                self.progress = None
+
+    def _out_of_time(self, started: float, last_step_seconds: float) -> bool:
+        """Whether the next step would likely overrun ``max_seconds``."""
+        elapsed = time.monotonic() - started
+        if self.config.max_seconds is not None and elapsed + last_step_seconds > self.config.max_seconds:
+            self.console.print(f"time budget reached after {elapsed:.0f}s")
+            return True
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+
+def _with_overrides(config: GRPOConfig, overrides: dict[str, Any]) -> GRPOConfig:
+    """``config`` with some fields replaced; an unknown name is a TypeError naming the valid ones."""
+    valid = [f.name for f in dataclasses.fields(GRPOConfig)]
+    unknown = [name for name in overrides if name not in valid]
+    if unknown:
+        hints = "".join(f"; {name!r} is now {_RENAMED[name]!r}" for name in unknown if name in _RENAMED)
+        raise TypeError(f"GRPO got unknown setting(s) {', '.join(map(repr, unknown))}{hints}. "
+                        f"Valid GRPOConfig fields: {', '.join(valid)}")
+    return dataclasses.replace(config, **overrides) if overrides else config
+
+
+def rollout_metrics(rollouts: Sequence[Rollout], seconds: float) -> dict[str, float]:
+    """Rewards, success and throughput of a step's rollouts (a failed rollout counts as 0)."""
+    rewards = [r.reward for r in rollouts if r.reward is not None]
+    failed = sum(r.status != RolloutStatus.SUCCEEDED for r in rollouts)
+    return {
+        "reward/mean": statistics.fmean(rewards) if rewards else 0.0,
+        "reward/std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+        "success": sum((r or 0.0) > 0 for r in rewards) / max(1, len(rollouts)),
+        "rollouts": len(rollouts), "rollouts_failed": failed,
+        "rollouts_per_second": len(rollouts) / max(seconds, 1e-9),
+        "rollout_seconds": seconds,
+    }
+
+
+def step_timing(values: dict[str, float], step_seconds: float) -> dict[str, float]:
+    """Where a step's time went: the trainer idles while rollouts run, the runners while it trains."""
+    return {"step_seconds": step_seconds,
+            "trainer_idle_fraction": values["rollout_seconds"] / step_seconds,
+            "runner_idle_fraction": values["train_seconds"] / step_seconds}

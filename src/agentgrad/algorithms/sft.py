@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 import shutil
 from collections.abc import Callable, Hashable, Sequence
@@ -37,12 +36,12 @@ from agentgrad.adapters.calls import LLMCall, extract_calls, matches_agent
 from agentgrad.adapters.transitions import TransitionAdapter
 from agentgrad.algorithms.base import Algorithm, AlgorithmContext
 from agentgrad.algorithms.batch import run_batch
+from agentgrad.algorithms.runlog import RunLog
 from agentgrad.errors import AgentGradError
 from agentgrad.store.protocol import RolloutFilter, RolloutRequest, Store
 from agentgrad.types import (
     LLM,
     JsonResource,
-    MetricRecord,
     Rollout,
     RolloutConfig,
     RolloutMode,
@@ -290,7 +289,7 @@ class SFT(Algorithm):
     Each of ``iterations``: run every train task ``samples_per_task`` times with the latest
     resources (skipped when 0, or when no train tasks are given: then SFT trains on what the
     store already holds), select by ``criteria``, train ``steps`` NLL steps, publish the weights
-    (``publisher``; default: the engine in ``Trainer.fit(..., engine=…)``), and publish a resources
+    (``publisher``; default: the engine of ``Trainer(policy=…)``), and publish a resources
     snapshot naming the new policy version (and model name, for LoRA-serving backends).
 
     Args:
@@ -333,13 +332,10 @@ class SFT(Algorithm):
     def _publisher(self, context: AlgorithmContext) -> Publisher:
         if self.publisher is not None:
             return self.publisher
-        engine = context.extras.get("engine")
-        if engine is None:
+        if context.policy is None:
             raise AgentGradError("SFT needs somewhere to publish the weights: SFT(publisher=…) "
-                                 "(e.g. SaveToDirectory(path)) or Trainer.fit(..., engine=engine)")
-        from agentgrad.training import LocalEnginePublisher
-
-        return LocalEnginePublisher(engine)
+                                 "(e.g. SaveToDirectory(path)) or Trainer(policy=LocalPolicy(model_dir))")
+        return context.policy.publisher()
 
     def _collect(self, context: AlgorithmContext, iteration: int) -> None:
         """Let the current policy attempt every train task (the "sampling" of rejection sampling)."""
@@ -369,6 +365,7 @@ class SFT(Algorithm):
         publisher = self._publisher(context)
         trainer = PolicyTrainer(self.model_dir, self.train_config)
         result = SFTResult([], [], [], [])
+        run_log = RunLog(None, context.store, f"sft:{self.run_id}")  # the store only: no file to close
         for iteration in range(self.iterations):
             if context.train_tasks and self.samples_per_task:
                 self._collect(context, iteration)
@@ -377,10 +374,8 @@ class SFT(Algorithm):
             samples = [Sample.from_transition(t) for t in transitions]
 
             def on_step(step: int, metrics: StepMetrics, n: int = len(samples)) -> None:
-                # NaN marks "not measured by an NLL step" (clip fraction, KL…); the store wants JSON.
-                values = {k: float(v) for k, v in metrics.as_dict().items() if math.isfinite(float(v))}
-                context.store.add_metrics([MetricRecord(run_id=f"sft:{self.run_id}", step=step,
-                                                        values={**values, "samples": float(n)})])
+                # NaN marks "not measured by an NLL step" (clip fraction, KL…): the run log leaves it out.
+                run_log.log(step, {**metrics.as_dict(), "samples": float(n)})
 
             result.history += fit_sequences(trainer, samples, steps=(iteration + 1) * self.steps,
                                             batch_size=self.batch_size, checkpoint_dir=self.checkpoint_dir,

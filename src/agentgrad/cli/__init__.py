@@ -14,11 +14,19 @@ import sys
 from collections.abc import Sequence
 
 from agentgrad._version import __version__
-from agentgrad.cli import algorithms, dashboard, demo, models, proxy, rollouts, run, serve_model, store
+from agentgrad.cli import algorithms, dashboard, demo, models, proxy, rollouts, run, serve_model, store, train
 from agentgrad.errors import AgentGradError
 
+#: The extra that installs each optional top-level module a command may import.
+EXTRA_OF_MODULE = {
+    **dict.fromkeys(("fastapi", "uvicorn", "starlette", "httptools", "opentelemetry", "google", "jinja2"), "server"),
+    **dict.fromkeys(("torch", "transformers", "tokenizers", "peft", "matplotlib", "openai"), "train"),
+    "psycopg": "postgres", "pyarrow": "export", "vllm": "vllm",
+    **dict.fromkeys(("tensorboardX", "tensorboard", "wandb", "mlflow"), "trackers"),
+}
+
 #: Command groups in the order ``agentgrad --help`` lists them.
-_GROUPS = (run, rollouts, store, serve_model, models, proxy, dashboard, algorithms, demo)
+_GROUPS = (train, run, rollouts, store, serve_model, models, proxy, dashboard, algorithms, demo)
 
 
 def _cmd_version(args: argparse.Namespace) -> int:
@@ -49,6 +57,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except AgentGradError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as exc:  # a command that needs an optional extra, on a core install
+        extra = EXTRA_OF_MODULE.get((exc.name or "").partition(".")[0])
+        if extra is None:
+            raise
+        print(f"error: `agentgrad {args.command}` needs {exc.name!r}, which is not installed: "
+              f"pip install 'agentgrad[{extra}]'", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

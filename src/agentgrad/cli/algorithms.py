@@ -146,7 +146,8 @@ def add_commands(commands: Any) -> None:
     sft.add_argument("--output", required=True, help="directory for the trained weights (step-N/ subdirectories)")
     sft.add_argument("--steps", type=int, default=50, help="optimizer steps")
     sft.add_argument("--batch-size", type=int, default=16, help="sequences per optimizer step")
-    sft.add_argument("--lr", type=float, default=1e-5, help="learning rate")
+    sft.add_argument("--lr", type=float, default=None,
+                     help="learning rate (default: picked from the model's size, see docs/models.md)")
     sft.add_argument("--lora-r", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
     sft.add_argument("--checkpoint-dir", help="checkpoint here and resume from it")
     sft.add_argument("--run-id", default="sft", help="names the metrics of this run")

@@ -9,6 +9,7 @@ import signal
 from typing import Any
 
 from agentgrad.agents import load_agent
+from agentgrad.errors import AgentGradError
 from agentgrad.tasks import read_tasks
 
 
@@ -17,11 +18,16 @@ def add_commands(commands: Any) -> None:
     dev = commands.add_parser("dev", help="run every task once with an agent and print a summary")
     dev.add_argument("agent", help="module:attribute of an Agent or @rollout function")
     dev.add_argument("--tasks", required=True, help="tasks as JSONL (one JSON value per line) or a JSON array")
-    dev.add_argument("--llm-endpoint", help="OpenAI-compatible base URL handed to the agent as resource 'llm'")
-    dev.add_argument("--model", help="model name for the 'llm' resource")
-    dev.add_argument("--api-key", default=None, help="API key for the 'llm' resource")
+    dev.add_argument("--llm-endpoint", help="OpenAI-compatible base URL handed to the agent as its LLM resource")
+    dev.add_argument("--model", help="model name for the LLM resource")
+    dev.add_argument("--api-key", default=None, help="API key for the LLM resource")
+    dev.add_argument("--llm-resource", default=None, metavar="NAME",
+                     help="the name of the LLM resource the agent asks for (default: llm)")
+    dev.add_argument("--proxy", default=None, metavar="URL",
+                     help="the capture proxy (agentgrad proxy): every LLM call goes through it and is recorded")
     dev.add_argument("--store", default="memory", help="store URL (memory, sqlite:///file.db, http://host:port)")
-    dev.add_argument("--n-runners", type=int, default=1, help="runner processes (1 = in-process)")
+    dev.add_argument("--n-runners", type=int, default=1,
+                     help="runner processes (1 = in-process; 0 = runners started elsewhere serve the store)")
     dev.add_argument("--concurrency", type=int, default=1, help="rollouts in flight per runner")
     dev.add_argument("--limit", type=int, default=0, help="only the first N tasks")
     dev.add_argument("--timeout", type=float, default=None, help="give up waiting after this many seconds")
@@ -32,6 +38,9 @@ def add_commands(commands: Any) -> None:
     runner = commands.add_parser("runner", help="serve an agent: take rollouts from a store until stopped")
     runner.add_argument("agent", help="module:attribute of an Agent or @rollout function")
     runner.add_argument("--store", required=True, help="store URL (http://host:port, sqlite:///file.db, postgresql://…)")
+    runner.add_argument("--proxy", default=None, metavar="URL",
+                        help="the capture proxy: each attempt's LLM endpoints are rewritten through it, and its "
+                             "calls are flushed into the store before the attempt is reported")
     runner.add_argument("--concurrency", type=int, default=1, help="rollouts in flight")
     runner.add_argument("--max-rollouts", type=int, default=None, help="stop after this many")
     runner.add_argument("--worker-id", default=None, help="name shown in the dashboard")
@@ -46,10 +55,19 @@ def _cmd_dev(args: argparse.Namespace) -> int:
     tasks = read_tasks(args.tasks)
     if args.limit:
         tasks = tasks[: args.limit]
+    name = args.llm_resource or "llm"
+    if args.llm_resource and not (args.llm_endpoint or args.proxy):
+        raise AgentGradError("--llm-resource names the LLM resource of --llm-endpoint or --proxy; give one of them")
     resources: dict[str, Any] = {}
+    if args.proxy:
+        check_reachable(args.proxy, "--proxy", path="/health")
     if args.llm_endpoint:
-        resources["llm"] = LLM(endpoint=args.llm_endpoint, model=args.model or "default", api_key=args.api_key)
-    trainer = Trainer(args.store, n_runners=args.n_runners, concurrency=args.concurrency)
+        check_reachable(args.llm_endpoint, "--llm-endpoint", path="/models", api_key=args.api_key)
+        resources[name] = LLM(endpoint=args.llm_endpoint, model=args.model or "default", api_key=args.api_key)
+    elif args.proxy:  # the runner points it at the proxy, which forwards to its own upstream
+        resources[name] = LLM(endpoint=args.proxy, model=args.model or "default", api_key=args.api_key)
+    trainer = Trainer(args.store, n_runners=args.n_runners, concurrency=args.concurrency, proxy=args.proxy,
+                      llm_resource=name)
     config = RolloutConfig(timeout_seconds=args.rollout_timeout) if args.rollout_timeout else None
     report = trainer.dev(agent, tasks, resources, timeout=args.timeout, config=config)
     if args.json:
@@ -57,17 +75,42 @@ def _cmd_dev(args: argparse.Namespace) -> int:
     return 0 if report.succeeded else 1
 
 
+def check_reachable(url: str, flag: str, *, path: str, api_key: str | None = None, timeout: float = 10.0) -> None:
+    """Fail now, naming ``url``, when nothing answers there (instead of every rollout failing on a
+    bare "Connection error"); an HTTP error status only warns (the server may not serve ``path``)."""
+    from agentgrad.http.transport import request_json
+
+    if not url.startswith(("http://", "https://")):
+        raise AgentGradError(f"{flag} {url!r} is not an http:// or https:// URL")
+    probe = url.rstrip("/")
+    if path == "/health":
+        probe = probe.removesuffix("/v1")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    try:
+        reply = request_json("GET", probe + path, headers=headers, timeout=timeout)
+    except (OSError, ValueError) as exc:
+        raise AgentGradError(f"{flag} {url}: cannot reach it ({type(exc).__name__}: {exc}) — is the server "
+                             "running, and is the URL right?") from None
+    if reply.status >= 400:
+        logging.getLogger("agentgrad").warning("%s %s: GET %s answered HTTP %d; running anyway", flag, url,
+                                               probe + path, reply.status)
+
+
 def _cmd_runner(args: argparse.Namespace) -> int:
     from agentgrad.runner import Runner
     from agentgrad.store import open_store
 
+    agent = load_agent(args.agent)
+    if args.proxy:
+        check_reachable(args.proxy, "--proxy", path="/health")
     store = open_store(args.store, watchdog=False)
-    runner = Runner(load_agent(args.agent), store, concurrency=args.concurrency, max_rollouts=args.max_rollouts,
-                    worker_id=args.worker_id)
+    runner = Runner(agent, store, concurrency=args.concurrency, max_rollouts=args.max_rollouts,
+                    worker_id=args.worker_id, llm_proxy_url=args.proxy)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: runner.stop())
     logging.getLogger("agentgrad").info("runner %s serving %s from %s", runner.worker_id, args.agent, args.store)
-    print(f"runner {runner.worker_id} taking rollouts from {args.store} (Ctrl-C to stop)", flush=True)
+    through = f", LLM calls through the proxy {args.proxy}" if args.proxy else ""
+    print(f"runner {runner.worker_id} taking rollouts from {args.store}{through} (Ctrl-C to stop)", flush=True)
     try:
         stats = runner.run()
     finally:

@@ -39,7 +39,7 @@ def _resolve_model(name: str) -> str:
 
 def serve_model(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM; logs the endpoint it listens on."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("agentgrad").setLevel(logging.INFO)  # the URL it serves at is logged at INFO
     model = _resolve_model(args.model)
     if args.engine == "vllm":
         return _serve_vllm(args, model)

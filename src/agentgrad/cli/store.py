@@ -36,7 +36,9 @@ def serve_command(args: argparse.Namespace) -> int:
     from agentgrad.dashboard.app import dashboard_router  # FastAPI is only imported when serving
     from agentgrad.store.service.server import serve
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # The CLI configured logging at WARNING already (a second basicConfig is a no-op): the service
+    # logs the URL it listens on at INFO.
+    logging.getLogger("agentgrad").setLevel(args.log_level.upper())
     token = args.token or os.environ.get(TOKEN_ENV) or None
     if args.host not in ("127.0.0.1", "localhost", "::1") and not token:
         logging.getLogger(__name__).warning("serving on %s without a token: anyone who can reach it can "

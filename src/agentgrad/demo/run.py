@@ -5,6 +5,10 @@ engine and its OpenAI-compatible server, the capture proxy, runner processes exe
 calculator agent (``agentgrad.demo.agent``) and GRPO training the tiny calculator model (built on
 first use). It prints greedy success on held-out problems before and after, shows progress live, writes a reward curve
 (``reward_curve.png``) and leaves ``store.sqlite`` for ``agentgrad dashboard``.
+
+It is a thin caller of the public API — a :class:`~agentgrad.training.local.LocalPolicy` serving
+the model, a :class:`~agentgrad.trainer.Trainer` running :class:`~agentgrad.algorithms.grpo.GRPO`
+— so it doubles as the example of training your own agent.
 """
 
 from __future__ import annotations
@@ -52,16 +56,14 @@ def run_demo(*, steps: int = 30, minutes: float = 8.0, output_dir: str | Path = 
     import torch
     from rich.console import Console
 
-    from agentgrad.algorithms.grpo import GRPO
+    from agentgrad.algorithms.grpo import GRPO, GRPOConfig
     from agentgrad.demo.agent import calc_agent
     from agentgrad.demo.calc import generate_problems
     from agentgrad.demo.tiny import ensure_tiny_model
-    from agentgrad.inference import Engine, ModelServer
-    from agentgrad.proxy import LLMProxy
     from agentgrad.store import open_store
     from agentgrad.trainer import Trainer
     from agentgrad.training import TrainConfig
-    from agentgrad.types import LLM, RolloutConfig
+    from agentgrad.training.local import LocalPolicy
 
     # One intra-op thread: on a small shared CPU, torch's spinning thread pool loses several-fold
     # to oversubscription, and the engine and trainer take turns anyway (measured: 4× faster).
@@ -77,36 +79,25 @@ def run_demo(*, steps: int = 30, minutes: float = 8.0, output_dir: str | Path = 
         with console.status("building the tiny model (first run only, ≈ 5–11 min)…"):
             model_dir = ensure_tiny_model()
     store = open_store(store_url or f"sqlite://{out / 'store.sqlite'}")
-    engine = Engine(model_dir, max_batch_size=64)
-    server = ModelServer(engine)
-    proxy = None
     try:
-        upstream = server.start()
-        proxy = LLMProxy(store, upstream)
-        proxy.start()
-        console.print(f"store [bold]{out / 'store.sqlite'}[/] · model server {upstream} · proxy {proxy.base_url}")
-        grpo = GRPO(
-            model_dir, steps=steps, max_seconds=minutes * 60, batch_size=opts["batch_size"],
+        grpo = GRPO(model_dir, GRPOConfig(
+            steps=steps, max_seconds=minutes * 60, batch_size=opts["batch_size"],
             group_size=opts["group_size"], mini_batches=opts["mini_batches"], epochs=opts["epochs"],
             sampling={"temperature": opts["temperature"]},
-            train_config=TrainConfig(lr=opts["lr"], betas=(0.9, 0.99), grad_clip=1.0),
+            train=TrainConfig(lr=opts["lr"], betas=(0.9, 0.99), grad_clip=1.0),
             val_every=opts["val_every"], output_dir=out, run_id="demo", checkpoint_every=10, resume=resume,
-            rollout_config=RolloutConfig(timeout_seconds=120, max_attempts=1),
-        )
-        trainer = Trainer(store, n_runners=n_runners, concurrency=concurrency, algorithm=grpo, console=console,
-                          runner_options={"llm_proxy_url": proxy.url})
-        started = time.monotonic()
-        result = trainer.fit(
-            calc_agent, generate_problems(4000, 0, "train"),
-            generate_problems(opts["val_size"], 0, "val"),
-            resources={"llm": LLM(endpoint=upstream, model="tiny-calc")}, engine=engine,
-        )
-        wall = time.monotonic() - started
+            rollout_timeout_seconds=120, max_attempts=1,
+        ))
+        with LocalPolicy(model_dir, served_model_name="tiny-calc").serving(store) as policy:
+            console.print(f"store [bold]{out / 'store.sqlite'}[/] · model server {policy.upstream_url} · "
+                          f"proxy {policy.proxy_url}/v1")
+            started = time.monotonic()
+            trainer = Trainer(store, algorithm=grpo, policy=policy, n_runners=n_runners, concurrency=concurrency,
+                              console=console)
+            result = trainer.fit(calc_agent, generate_problems(4000, 0, "train"),
+                                 generate_problems(opts["val_size"], 0, "val"))
+            wall = time.monotonic() - started
     finally:
-        if proxy is not None:
-            proxy.stop()
-        server.stop()
-        engine.close()
         store.close()
     before = result.validation[0][1] if result.validation and result.validation[0][0] == 0 else None
     after = result.validation[-1][1] if result.validation else None

@@ -47,6 +47,8 @@ if TYPE_CHECKING:
     import httpx
 
 _MAX_HEAD = 64 * 1024
+#: The most one read takes from a socket.
+_RECV_SIZE = 256 * 1024
 _NO_BODY_STATUS = (204, 304)
 #: An idle connection younger than this is reused without peeking whether the server closed it.
 _FRESH_SECONDS = 1.0
@@ -94,6 +96,11 @@ class _Connection:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.buffer = bytearray()
+        # Reads land in this one buffer, allocated once: ``recv(256 KiB)`` would allocate a fresh
+        # 256 KiB object per read, and whether malloc serves that from the heap or maps and unmaps
+        # pages on every call depends on the process's allocation history (measured: +35 µs of
+        # kernel time per call when it maps, in a client that had not imported httpx).
+        self._scratch = memoryview(bytearray(_RECV_SIZE))
         self.idle_since = 0.0
         self.answered = False  # whether the current exchange received any byte yet
         self.timeout: float | None = None  # the time limit the socket has now
@@ -157,14 +164,18 @@ class _Connection:
             return status, self._read_chunked(), keep
         return status, self._read_to_eof(), False
 
+    def _recv(self) -> int:
+        """Read what the socket has into :attr:`buffer`; the count (0: the server closed it)."""
+        n = self.sock.recv_into(self._scratch)
+        self.buffer += self._scratch[:n]
+        return n
+
     def _fill(self) -> None:
-        chunk = self.sock.recv(256 * 1024)
-        if not chunk:
+        if not self._recv():
             if not self.answered:
                 raise NoAnswer("connection closed by the server before it answered")
             raise ProtocolError("connection closed by the server before the response was complete")
         self.answered = True
-        self.buffer += chunk
 
     def _read_line_block(self, end: bytes) -> bytes:
         """Bytes up to and including ``end`` (the head's blank line or a chunk-size line)."""
@@ -216,13 +227,11 @@ class _Connection:
                 raise ProtocolError("chunk not followed by CRLF")
 
     def _read_to_eof(self) -> bytes:
-        while True:
-            chunk = self.sock.recv(256 * 1024)
-            if not chunk:
-                body = bytes(self.buffer)
-                self.buffer.clear()
-                return body
-            self.buffer += chunk
+        while self._recv():
+            pass
+        body = bytes(self.buffer)
+        self.buffer.clear()
+        return body
 
     def close(self) -> None:
         self.sock.close()

@@ -218,6 +218,13 @@ class _Server:
 
     def chat_prompt(self, req: ChatRequest) -> list[int]:
         tools = req.tools or None
+        if tools and not self.engine.renders_tools:
+            raise OpenAIError(f"model {self.name!r} cannot take tools: its chat template has no tool section, so "
+                              "the model would never see them (use a model whose chat template renders `tools`)",
+                              param="tools")
+        if getattr(self.tokenizer, "chat_template", None) is None:
+            raise OpenAIError(f"model {self.name!r} has no chat template (tokenizer_config.json 'chat_template' "
+                              "or chat_template.jinja): use /v1/completions, or add a template", param="messages")
         try:
             text = self.tokenizer.apply_chat_template(
                 _normalize_messages(req.messages), tools=tools, add_generation_prompt=True, tokenize=False)

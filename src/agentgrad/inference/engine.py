@@ -119,6 +119,26 @@ class _Control:
     future: Future
 
 
+#: A probe tool: a chat template "renders tools" when this name shows up in its output.
+_PROBE_TOOL = {"type": "function", "function": {
+    "name": "agentgrad_probe_tool", "description": "probe",
+    "parameters": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}}}
+
+
+def template_renders_tools(tokenizer: Any) -> bool:
+    """Whether ``tokenizer``'s chat template renders a request's tools (a probe tool's name
+    appears in the rendered prompt). False without a template: a template with no tool section
+    silently drops ``tools``, and the model never sees them."""
+    if not getattr(tokenizer, "chat_template", None):
+        return False
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=[_PROBE_TOOL],
+                                             add_generation_prompt=True, tokenize=False)
+    except Exception:  # noqa: BLE001 - a template that cannot render tools does not render them
+        return False
+    return _PROBE_TOOL["function"]["name"] in str(text)
+
+
 def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """Tensors from a HF model directory (safetensors or .bin shards) or a single weights file."""
     import torch
@@ -177,6 +197,7 @@ class Engine:
             if tokenizer is None:
                 raise ValueError("tokenizer is required when passing a loaded model")
         self.tokenizer = tokenizer
+        self._renders_tools: bool | None = None
         self._base = model.to(self.device).eval()
         self._model = self._base
         self._loras: dict[str, str] = {}
@@ -199,6 +220,14 @@ class Engine:
     def model_version(self) -> str:
         """The version of the weights new requests will run on (after any pending update)."""
         return self._version
+
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the tokenizer's chat template renders a request's tools (see
+        :func:`template_renders_tools`); the server refuses tools when it does not."""
+        if self._renders_tools is None:
+            self._renders_tools = template_renders_tools(self.tokenizer)
+        return self._renders_tools
 
     @property
     def loras(self) -> list[str]:

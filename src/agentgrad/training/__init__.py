@@ -1,4 +1,5 @@
-"""Policy training (transformers + peft): PPO-clip and NLL steps, checkpoints, weight publishing.
+"""Policy training (transformers + peft): PPO-clip and NLL steps, checkpoints, weight publishing,
+export to a Hugging Face model directory.
 
 ``policy`` imports torch; this package's names load it on first use, so ``import
 agentgrad.training`` stays light and nothing on ``import agentgrad``'s path imports torch.
@@ -11,11 +12,15 @@ from typing import TYPE_CHECKING
 from agentgrad._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from agentgrad.training.export import export_model as export_model
+    from agentgrad.training.local import LocalPolicy as LocalPolicy
     from agentgrad.training.policy import LoraSettings as LoraSettings
     from agentgrad.training.policy import PolicyTrainer as PolicyTrainer
     from agentgrad.training.policy import Sample as Sample
     from agentgrad.training.policy import StepMetrics as StepMetrics
     from agentgrad.training.policy import TrainConfig as TrainConfig
+    from agentgrad.training.policy import check_model as check_model
+    from agentgrad.training.policy import default_lr as default_lr
     from agentgrad.training.policy import fit_sequences as fit_sequences
     from agentgrad.training.policy import micro_batches as micro_batches
     from agentgrad.training.policy import nll_loss as nll_loss
@@ -27,10 +32,12 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "TrainConfig": "agentgrad.training.policy", "LoraSettings": "agentgrad.training.policy",
+    "LocalPolicy": "agentgrad.training.local",
     "PolicyTrainer": "agentgrad.training.policy", "Sample": "agentgrad.training.policy",
     "StepMetrics": "agentgrad.training.policy", "fit_sequences": "agentgrad.training.policy",
     "micro_batches": "agentgrad.training.policy", "nll_loss": "agentgrad.training.policy",
-    "ppo_clip_loss": "agentgrad.training.policy",
+    "ppo_clip_loss": "agentgrad.training.policy", "check_model": "agentgrad.training.policy",
+    "default_lr": "agentgrad.training.policy", "export_model": "agentgrad.training.export",
     "Publisher": "agentgrad.training.publish", "Published": "agentgrad.training.publish",
     "LocalEnginePublisher": "agentgrad.training.publish", "VLLMLoRAPublisher": "agentgrad.training.publish",
 }

@@ -523,7 +523,7 @@ def serve(
                          extra_routers=routers)
         sock = listening_socket(host, port)
         server = uvicorn.Server(_config(app, log_level))
-        log.info("AgentGrad store service: %r listening on %s (auth %s)", store,
+        log.info("AgentGrad store service: %s listening on %s (auth %s)", store_url,
                  http_url(host, sock.getsockname()[1]), "on" if token else "off")
         if threading.current_thread() is threading.main_thread():  # the process is ours
             # Every request allocates thousands of objects (a batch of spans), so collections

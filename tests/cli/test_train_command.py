@@ -1,0 +1,73 @@
+"""``agentgrad train`` and ``agentgrad eval`` end to end: real runner processes, engine, proxy and a
+SQLite store, on a random tiny model (a few steps: the learning itself is measured in docs/training.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "COLUMNS": "160", "OMP_NUM_THREADS": "1",
+       "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests" / "support")])}
+
+
+def agentgrad(*args: str, cwd: Path, timeout: float = 280) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agentgrad", *args], cwd=cwd, env=ENV, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture
+def tasks(tmp_path: Path) -> Path:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps({"question": f"say {i}", "max_chars": 12}) + "\n" for i in range(8)))
+    return path
+
+
+def test_train_runs_exports_and_records_its_config(tmp_path: Path, tasks: Path, tiny_model_dir: Path) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text("batch_size: 2\ngroup_size: 4\ntrain:\n  lr: 0.001\n")
+    out = tmp_path / "run"
+    done = agentgrad("train", "train_agents:short_answer_agent", "--model", str(tiny_model_dir), "--tasks", str(tasks),
+                     "--val", str(tasks), "--config", str(config), "--steps", "2", "--val-every", "1",
+                     "--output-dir", str(out), "--runners", "1", "--concurrency", "8", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    recorded = (out / "config.yaml").read_text()
+    assert "steps: 2" in recorded and "batch_size: 2" in recorded and "lr: 0.001" in recorded  # file < flags
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 2 and [step for step, _ in summary["validation"]][0] == 0
+    assert (out / "model" / "config.json").is_file() and (out / "best" / "config.json").is_file()
+    assert "agentgrad serve-model" in done.stdout
+
+    scored = agentgrad("eval", "train_agents:short_answer_agent", "--model", str(out), "--tasks", str(tasks),
+                       "--runners", "1", "--json", cwd=tmp_path)  # a run directory: exported, then served
+    assert scored.returncode in (0, 1), scored.stdout + scored.stderr
+    report = json.loads(scored.stdout.strip().splitlines()[-1])
+    assert report["total"] == 8 and report["llm_calls_per_rollout"] == 1.0
+
+
+def test_train_with_nothing_to_train_on_exits_nonzero_and_says_why(tmp_path: Path, tasks: Path,
+                                                                  tiny_model_dir: Path) -> None:
+    done = agentgrad("train", "train_agents:no_llm_agent", "--model", str(tiny_model_dir), "--tasks", str(tasks),
+                     "--steps", "1", "--batch-size", "2", "--group-size", "2", "--max-empty-retries", "0",
+                     "--output-dir", str(tmp_path / "run"), "--runners", "1", cwd=tmp_path)
+    assert done.returncode == 1
+    assert "no usable LLM call" in done.stdout + done.stderr
+
+
+def test_train_refuses_bad_input_before_starting(tmp_path: Path, tasks: Path, tiny_model_dir: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("batch_sise: 2\n")
+    done = agentgrad("train", "train_agents:short_answer_agent", "--model", str(tiny_model_dir), "--tasks", str(tasks),
+                     "--config", str(bad), "--output-dir", str(tmp_path / "run"), cwd=tmp_path, timeout=60)
+    assert done.returncode == 1 and "batch_sise" in done.stderr and "batch_size" in done.stderr
+    assert not (tmp_path / "run").exists()
+    missing = agentgrad("train", "train_agents:short_answer_agent", "--model", str(tmp_path / "nope"), "--tasks",
+                        str(tasks), "--output-dir", str(tmp_path / "run"), cwd=tmp_path, timeout=60)
+    assert missing.returncode == 1 and "nope" in missing.stderr

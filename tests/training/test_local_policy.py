@@ -1,0 +1,122 @@
+"""LocalPolicy: the engine, model server and capture proxy of a local model, started and closed
+as one; and the Trainer that starts it, points its runners at its proxy and hands it on."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from agentgrad import semconv
+from agentgrad.algorithms.base import Algorithm, AlgorithmContext
+from agentgrad.store.memory import MemoryStore
+from agentgrad.trainer import Trainer
+from agentgrad.training.local import LocalPolicy
+from agentgrad.types import LLM
+
+pytest.importorskip("torch")
+
+FAST = {"poll_timeout": 0.05, "heartbeat_interval": 0.2}
+
+
+def quiet() -> Console:
+    return Console(file=io.StringIO(), width=120)
+
+
+def ask(task: dict, llm: LLM) -> float:
+    """A plain OpenAI-client agent: one short completion."""
+    import openai
+
+    client = openai.OpenAI(base_url=llm.endpoint, api_key="none", max_retries=0)
+    client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": task["q"]}],
+                                   max_tokens=4, **llm.sampling)
+    return 1.0
+
+
+def test_a_model_dir_that_does_not_exist_is_named(tmp_path):
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(FileNotFoundError, match=str(missing)):
+        LocalPolicy(missing)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        LocalPolicy(tmp_path / "empty")
+
+
+def test_start_serve_close_in_order_and_idempotent(tiny_model_dir):
+    store = MemoryStore(watchdog_interval=None)
+    policy = LocalPolicy(tiny_model_dir, served_model_name="tiny", max_batch_size=4)
+    assert not policy.started and "not started" in repr(policy)
+    with pytest.raises(RuntimeError, match="not started"):
+        policy.llm()
+    with policy.serving(store) as served:
+        assert served is policy and policy.started and policy.store is store
+        assert policy.upstream_url.endswith("/v1") and policy.proxy_url.startswith("http://127.0.0.1:")
+        assert policy.proxy.upstream_url == policy.upstream_url  # the proxy sits in front of the server
+        llm = policy.llm(temperature=0.0)
+        assert (llm.endpoint, llm.model, llm.sampling) == (policy.upstream_url, "tiny", {"temperature": 0.0})
+        assert policy.model_version == "v0"
+        publisher = policy.publisher()
+        assert publisher.engine is policy.engine
+        assert policy.start(store) is policy  # already serving this store: nothing happens
+        with pytest.raises(RuntimeError, match="another store"):
+            policy.start(MemoryStore(watchdog_interval=None))
+        engine = policy.engine
+    assert not policy.started and policy.engine is None and policy.proxy is None
+    assert engine._closed  # the engine closed last, after the server and the proxy
+    policy.close()  # again: nothing to do
+    store.close()
+
+
+def test_a_call_through_the_trainer_lands_as_a_span_with_token_ids(tiny_model_dir):
+    """A policy given to the Trainer unstarted: started on its store, the runner's LLM calls go
+    through its proxy (recorded with token ids), and it is closed when dev() returns."""
+    store = MemoryStore(watchdog_interval=None)
+    policy = LocalPolicy(tiny_model_dir, max_batch_size=4)
+    trainer = Trainer(store, policy=policy, llm_resource="main_llm", runner_options=FAST, console=quiet())
+
+    def agent(task: dict, resources) -> float:  # the resource name the Trainer was told
+        return ask(task, resources.get("main_llm"))
+
+    report = trainer.dev(agent, [{"q": "1 + 1"}, {"q": "2 + 2"}], timeout=60, print_summary=False)
+    assert report.succeeded == 2 and report.llm_calls_per_rollout == [1, 1]
+    assert not policy.started  # the Trainer started it, so the Trainer closed it
+    (published,) = store.query_resources()
+    assert set(published.items) == {"main_llm"} and published.items["main_llm"].model == tiny_model_dir.name
+    for rollout in report.rollouts:
+        (span,) = store.query_spans(rollout.rollout_id, name=semconv.SPAN_LLM_CALL)
+        prompt_ids = span.attributes[semconv.LLM_PROMPT_TOKEN_IDS]
+        completion_ids = span.attributes[semconv.LLM_COMPLETION_TOKEN_IDS]
+        assert prompt_ids and all(isinstance(t, int) for t in prompt_ids)
+        assert 1 <= len(completion_ids) <= 4
+    store.close()
+
+
+class PolicyProbe(Algorithm):
+    """Reads what GRPO reads from the policy, then runs one rollout per task."""
+
+    def run(self, context: AlgorithmContext):
+        from agentgrad.algorithms.batch import run_batch
+        from agentgrad.store.protocol import RolloutRequest
+
+        assert context.policy is not None
+        version, publisher = context.policy.model_version, context.policy.publisher()
+        batch = run_batch(context.store, [RolloutRequest(input=t) for t in context.train_tasks], timeout=60,
+                          on_straggler="cancel")
+        return version, type(publisher).__name__, [r.status.value for r in batch.rollouts], context.initial_resources
+
+
+def test_fit_hands_a_started_policy_to_the_algorithm_and_leaves_it_running(tiny_model_dir):
+    store = MemoryStore(watchdog_interval=None)
+    with LocalPolicy(tiny_model_dir, served_model_name="tiny").serving(store) as policy:
+        trainer = Trainer(policy=policy, algorithm=PolicyProbe(), runner_options=FAST, console=quiet())
+        assert trainer.store is store  # the started policy's store
+        version, publisher, statuses, initial = trainer.fit(ask, [{"q": "3 + 4"}])
+        assert (version, publisher, statuses) == ("v0", "LocalEnginePublisher", ["succeeded"])
+        assert initial == {"llm": policy.llm()}
+        assert policy.started  # started by the caller: still the caller's
+        with pytest.raises(ValueError, match="another store"):
+            Trainer(MemoryStore(watchdog_interval=None), policy=policy)
+        with pytest.raises(ValueError, match="not both"):
+            Trainer(store, policy=policy, proxy="http://127.0.0.1:1")
+    store.close()
