@@ -14,7 +14,7 @@ import pytest
 
 from agentgrad import __version__
 from agentgrad.store.sqlite import SqliteStore
-from agentgrad.types import RolloutStatus
+from agentgrad.types import JsonResource, RolloutStatus
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "COLUMNS": "160", "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests" / "support")])}
@@ -143,6 +143,14 @@ def test_dev_with_a_wrong_llm_endpoint_names_the_url(tasks_file):
     assert bad.returncode == 1 and "--proxy 'localhost:8400' is not an http:// or https:// URL" in bad.stderr
     alone = agentgrad("dev", "agents_for_tests:reward_agent", "--tasks", str(tasks_file), "--llm-resource", "x")
     assert alone.returncode == 1 and "--llm-resource names the LLM resource of --llm-endpoint or --proxy" in alone.stderr
+    runner = agentgrad("runner", "agents_for_tests:reward_agent", "--store", "memory", "--llm-resource", "x")
+    assert runner.returncode == 1 and "--llm-resource names the LLM resource the runner points at --proxy" in runner.stderr
+    apo = agentgrad("apo", "agents_for_tests:reward_agent", "--tasks", str(tasks_file), "--prompt", "p",
+                    "--critic-base-url", "http://127.0.0.1:9/v1", "--critic-model", "m", "--proxy", "localhost:8400")
+    assert apo.returncode == 1 and "--proxy 'localhost:8400' is not an http:// or https:// URL" in apo.stderr
+    apo_alone = agentgrad("apo", "agents_for_tests:reward_agent", "--tasks", str(tasks_file), "--prompt", "p",
+                          "--critic-base-url", "http://127.0.0.1:9/v1", "--critic-model", "m", "--llm-resource", "x")
+    assert apo_alone.returncode == 1 and "--llm-resource names the LLM resource" in apo_alone.stderr
 
 
 def test_dev_and_runner_capture_through_the_proxy(tmp_path, tasks_file):
@@ -164,11 +172,15 @@ def test_dev_and_runner_capture_through_the_proxy(tmp_path, tasks_file):
         assert summary["succeeded"] == 4 and summary["rollouts_without_llm_calls"] == 0
         assert "captured no LLM call" not in result.stdout + result.stderr
 
-        ids = [store.enqueue_rollout({"x": x}, resources_id=store.get_latest_resources().resources_id).rollout_id
-               for x in range(2)]
+        # One rollout on dev's resources (its main_llm is rewritten), one on resources without any LLM:
+        # the runner adds one through the proxy, named by --llm-resource (not the default "llm").
+        no_llm = store.add_resources({"note": JsonResource(value="no LLM here")})
+        ids = [store.enqueue_rollout({"x": x}, resources_id=resources_id).rollout_id
+               for x, resources_id in enumerate([store.get_latest_resources().resources_id, no_llm.resources_id])]
         process = subprocess.Popen(
             [sys.executable, "-m", "agentgrad", "runner", "llm_resource_agent:main_llm_agent", "--store",
-             f"sqlite://{db}", "--proxy", proxy.url], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             f"sqlite://{db}", "--proxy", proxy.url, "--llm-resource", "main_llm"], env=ENV, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
         try:
             done = store.wait_for_rollouts(ids, timeout=60)
             process.send_signal(signal.SIGTERM)

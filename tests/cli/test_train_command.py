@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,35 @@ def test_train_refuses_bad_input_before_starting(tmp_path: Path, tasks: Path, ti
     missing = agentgrad("train", "train_agents:short_answer_agent", "--model", str(tmp_path / "nope"), "--tasks",
                         str(tasks), "--output-dir", str(tmp_path / "run"), cwd=tmp_path, timeout=60)
     assert missing.returncode == 1 and "nope" in missing.stderr
+
+
+def test_train_algorithm_sft_trains_on_kept_rollouts_and_exports(tmp_path: Path, tasks: Path,
+                                                                 tiny_model_dir: Path) -> None:
+    out = tmp_path / "sft"
+    done = agentgrad("train", "train_agents:short_answer_agent", "--algorithm", "sft", "--model", str(tiny_model_dir),
+                     "--tasks", str(tasks), "--group-size", "2", "--min-reward", "0", "--steps", "2",
+                     "--batch-size", "4", "--train.lr", "0.001", "--output-dir", str(out), "--runners", "1",
+                     "--concurrency", "8", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["algorithm"] == "sft" and summary["steps"] == 2 and summary["samples"] == [16]
+    assert "lr: 0.001" in (out / "config.yaml").read_text()
+    assert (out / "model" / "config.json").is_file() and "agentgrad serve-model" in done.stdout
+
+
+def test_train_algorithm_evaluate_is_eval_on_the_local_model(tmp_path: Path, tasks: Path,
+                                                             tiny_model_dir: Path) -> None:
+    done = agentgrad("train", "train_agents:short_answer_agent", "--algorithm", "evaluate", "--model",
+                     str(tiny_model_dir), "--tasks", str(tasks), "--runners", "1", "--llm-resource", "main_llm",
+                     cwd=tmp_path)
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    assert re.search(r"total\s*│\s*8\b", done.stdout) and re.search(r"llm calls per rollout\s*│\s*1\b", done.stdout)
+    assert "Traceback" not in done.stderr and not (tmp_path / "runs").exists()  # no GRPO output directory
+
+
+def test_train_algorithm_apo_points_to_agentgrad_apo(tmp_path: Path, tasks: Path, tiny_model_dir: Path) -> None:
+    done = agentgrad("train", "train_agents:short_answer_agent", "--algorithm", "apo", "--model",
+                     str(tiny_model_dir), "--tasks", str(tasks), "--output-dir", str(tmp_path / "run"),
+                     cwd=tmp_path, timeout=60)
+    assert done.returncode == 1 and "agentgrad apo" in done.stderr and "critic" in done.stderr
+    assert not (tmp_path / "run").exists()

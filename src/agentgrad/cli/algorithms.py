@@ -65,6 +65,8 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 def _cmd_apo(args: argparse.Namespace) -> int:
     from agentgrad.agents import load_agent
     from agentgrad.algorithms.apo import APO, ChatEndpoint
+    from agentgrad.cli.run import check_reachable
+    from agentgrad.errors import AgentGradError
     from agentgrad.tasks import read_tasks
     from agentgrad.trainer import Trainer
     from agentgrad.types import LLM, PromptTemplate, RolloutConfig
@@ -81,12 +83,21 @@ def _cmd_apo(args: argparse.Namespace) -> int:
               beam_width=args.beam_width, branch_factor=args.branch_factor, rounds=args.rounds,
               train_batch_size=args.train_batch_size, val_batch_size=args.val_batch_size, run_id=args.run_id,
               rollout_config=RolloutConfig(timeout_seconds=args.rollout_timeout) if args.rollout_timeout else None)
+    name = args.llm_resource or "llm"
+    if args.llm_resource and not (args.llm_endpoint or args.proxy):
+        raise AgentGradError("--llm-resource names the LLM resource of --llm-endpoint or --proxy; give one of them")
     resources: dict[str, Any] = {args.prompt_name: PromptTemplate(template=prompt_text, engine=args.engine)}
+    if args.proxy:
+        check_reachable(args.proxy, "--proxy", path="/health")
     if args.llm_endpoint:
-        resources["llm"] = LLM(endpoint=args.llm_endpoint, model=args.model or "default", api_key=args.api_key)
+        check_reachable(args.llm_endpoint, "--llm-endpoint", path="/models", api_key=args.api_key)
+        resources[name] = LLM(endpoint=args.llm_endpoint, model=args.model or "default", api_key=args.api_key)
+    elif args.proxy:  # the runners point it at the proxy, which forwards to its own upstream
+        resources[name] = LLM(endpoint=args.proxy, model=args.model or "default", api_key=args.api_key)
     train = read_tasks(args.tasks)
     val = read_tasks(args.val_tasks) if args.val_tasks else train
-    trainer = Trainer(args.store, n_runners=args.n_runners, concurrency=args.runner_concurrency, algorithm=apo)
+    trainer = Trainer(args.store, n_runners=args.n_runners, concurrency=args.runner_concurrency, algorithm=apo,
+                      proxy=args.proxy, llm_resource=name)
     result = trainer.fit(load_agent(args.agent), train, val, resources=resources)
     print(f"seed score {result.seed.score:.3f} → best score {result.best.score:.3f} ({result.best.resources_id})")
     if args.output:
@@ -131,9 +142,14 @@ def add_commands(commands: Any) -> None:
     apo.add_argument("--n-runners", type=int, default=1, help="runner processes (1 = in-process)")
     apo.add_argument("--runner-concurrency", type=int, default=4, help="rollouts in flight per runner")
     apo.add_argument("--rollout-timeout", type=float, help="per-rollout time limit (seconds)")
-    apo.add_argument("--llm-endpoint", help="OpenAI-compatible base URL handed to the agent as resource 'llm'")
-    apo.add_argument("--model", help="model name of the agent's 'llm' resource")
-    apo.add_argument("--api-key", help="API key of the agent's 'llm' resource")
+    apo.add_argument("--llm-endpoint", help="OpenAI-compatible base URL handed to the agent as its LLM resource")
+    apo.add_argument("--proxy", default=None, metavar="URL",
+                     help="the capture proxy (agentgrad proxy): every LLM call of the agent goes through it and is "
+                          "recorded (without --llm-endpoint, the proxy's upstream is the agent's LLM)")
+    apo.add_argument("--llm-resource", default=None, metavar="NAME",
+                     help="the name of the LLM resource the agent asks for (default: llm)")
+    apo.add_argument("--model", help="model name of the agent's LLM resource")
+    apo.add_argument("--api-key", help="API key of the agent's LLM resource")
     apo.add_argument("--output", help="write the best prompt to this file")
     apo.set_defaults(func=_cmd_apo)
 

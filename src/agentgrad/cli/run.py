@@ -41,6 +41,9 @@ def add_commands(commands: Any) -> None:
     runner.add_argument("--proxy", default=None, metavar="URL",
                         help="the capture proxy: each attempt's LLM endpoints are rewritten through it, and its "
                              "calls are flushed into the store before the attempt is reported")
+    runner.add_argument("--llm-resource", default=None, metavar="NAME",
+                        help="with --proxy: the name of the LLM resource an attempt gets when its resources hold "
+                             "none (default: llm); LLM resources it has keep their names")
     runner.add_argument("--concurrency", type=int, default=1, help="rollouts in flight")
     runner.add_argument("--max-rollouts", type=int, default=None, help="stop after this many")
     runner.add_argument("--worker-id", default=None, help="name shown in the dashboard")
@@ -101,11 +104,18 @@ def _cmd_runner(args: argparse.Namespace) -> int:
     from agentgrad.store import open_store
 
     agent = load_agent(args.agent)
+    if args.llm_resource and not args.proxy:
+        raise AgentGradError("--llm-resource names the LLM resource the runner points at --proxy; give --proxy URL")
+    hook = None
     if args.proxy:
         check_reachable(args.proxy, "--proxy", path="/health")
+        if args.llm_resource:  # runs before the Runner's own proxy hook, which then finds an LLM to keep
+            from agentgrad.proxy.hooks import ProxyResourcesHook
+
+            hook = ProxyResourcesHook(args.proxy, llm_resource=args.llm_resource)
     store = open_store(args.store, watchdog=False)
     runner = Runner(agent, store, concurrency=args.concurrency, max_rollouts=args.max_rollouts,
-                    worker_id=args.worker_id, llm_proxy_url=args.proxy)
+                    worker_id=args.worker_id, llm_proxy_url=args.proxy, resources_hook=hook)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: runner.stop())
     logging.getLogger("agentgrad").info("runner %s serving %s from %s", runner.worker_id, args.agent, args.store)

@@ -7,6 +7,13 @@ then ``--config FILE``, then flags; the resolved settings are written to ``confi
 output directory), exports the best and the final model as Hugging Face directories, and prints a
 summary. It exits non-zero, saying why, when nothing could be trained.
 
+``--algorithm sft`` runs rejection-sampling SFT with the same wiring instead: the local model
+attempts every task ``--group-size`` times, the rollouts with reward ≥ ``--min-reward`` are kept,
+and the model is trained on them with NLL (``--steps`` steps of ``--batch-size`` sequences, the
+``--train.*`` settings), ``--iterations`` times; the final model is exported to ``output_dir/model``.
+``--algorithm evaluate`` is ``agentgrad eval`` on ``--tasks`` with the local model. ``--algorithm
+apo`` optimizes a prompt, not a model: it needs critic and editor LLMs, so it is ``agentgrad apo``.
+
 ``eval`` runs every task once, greedily, against a model directory, a training run or checkpoint
 (exported first), the tiny model, or any OpenAI-compatible server (``--upstream``).
 """
@@ -23,6 +30,12 @@ from agentgrad.config import add_dataclass_arguments
 
 #: Flags the commands define themselves; GRPOConfig's own flags are added from its fields.
 _TRACKERS = ("tensorboard", "wandb", "mlflow")
+_ALGORITHMS = ("grpo", "sft", "evaluate", "apo")
+
+#: The GRPOConfig settings ``--algorithm sft`` reads (the others are GRPO's alone).
+_SFT_SETTINGS = ("--steps (NLL steps per iteration), --batch-size (sequences per step), --group-size "
+                 "(rollouts per task per iteration), --train.*, --agent-match, --rollout-timeout-seconds, "
+                 "--batch-timeout, --output-dir, --resume, --run-id")
 
 
 def add_commands(commands: Any) -> None:
@@ -30,14 +43,26 @@ def add_commands(commands: Any) -> None:
     from agentgrad.algorithms.grpo import GRPOConfig  # light: no torch at import
 
     train = commands.add_parser(
-        "train", help="train an agent's model with GRPO: store, engine, proxy and runners included",
+        "train", help="train an agent's model (GRPO, or SFT): store, engine, proxy and runners included",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_run_arguments(train)
-    train.add_argument("--val", help="validation tasks, run greedily every --val-every steps (same formats)")
+    train.add_argument("--algorithm", choices=_ALGORITHMS, default="grpo",
+                       help="grpo (default); sft: rejection-sampling fine-tuning (reads only the settings named "
+                            "below); evaluate: `agentgrad eval` on --tasks with the local model (no settings); "
+                            "apo: see `agentgrad apo`")
+    train.add_argument("--val", help="validation tasks, run greedily every --val-every steps (same formats; grpo only)")
     train.add_argument("--config", help="YAML or TOML file of GRPO settings (the flags below override it)")
     train.add_argument("--tracker", action="append", choices=_TRACKERS, default=None,
-                       help="also log metrics to this experiment tracker (repeatable; pip install 'agentgrad[trackers]')")
-    add_dataclass_arguments(train.add_argument_group("GRPO settings (GRPOConfig; defaults shown)"), GRPOConfig)
+                       help="also log metrics to this experiment tracker (repeatable; pip install 'agentgrad[trackers]'; grpo only)")
+    sft = train.add_argument_group("SFT settings (--algorithm sft only)")
+    sft.add_argument("--iterations", type=int, default=1,
+                     help="rounds of sample → select → train → publish (default 1)")
+    sft.add_argument("--min-reward", type=float, default=1.0,
+                     help="keep rollouts whose reward is at least this (default 1.0)")
+    add_dataclass_arguments(train.add_argument_group(
+        "GRPO settings (GRPOConfig; defaults shown)",
+        f"All apply to --algorithm grpo. --algorithm sft reads {_SFT_SETTINGS}; --algorithm evaluate none."),
+        GRPOConfig)
     train.set_defaults(func=_cmd_train)
 
     evaluate = commands.add_parser(
@@ -82,6 +107,18 @@ def resolve_model(name: str) -> Path:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from agentgrad.errors import AgentGradError
+
+    if args.algorithm == "apo":
+        raise AgentGradError(
+            "`agentgrad train --algorithm apo` is not wired: APO optimizes a prompt template, not the model, and "
+            "needs critic and editor LLM endpoints and a seed prompt. Use `agentgrad apo AGENT --tasks FILE "
+            "--prompt TEMPLATE --critic-base-url URL --critic-model NAME` (see `agentgrad apo --help`).")
+    if args.algorithm == "evaluate":
+        return _cmd_eval(argparse.Namespace(**{**vars(args), "upstream": None, "temperature": 0.0,
+                                               "timeout": None, "json": False}))
+    if args.algorithm == "sft":
+        return _train_sft(args)
     import torch
     from rich.console import Console
 
@@ -141,6 +178,85 @@ def _cmd_train(args: argparse.Namespace) -> int:
         console.print("[red]error:[/] no step trained (see the messages above)")
         return 1
     return 0
+
+
+def _train_sft(args: argparse.Namespace) -> int:
+    """``--algorithm sft``: rejection-sampling SFT with the same embedded policy and runners as GRPO."""
+    import torch
+    from rich.console import Console
+
+    from agentgrad.agents import load_agent
+    from agentgrad.algorithms.grpo import GRPOConfig
+    from agentgrad.algorithms.sft import SFT, SelectionCriteria
+    from agentgrad.config import dump, resolve
+    from agentgrad.errors import AgentGradError
+    from agentgrad.store import open_store
+    from agentgrad.tasks import read_tasks
+    from agentgrad.trainer import Trainer
+    from agentgrad.training.export import export_model
+    from agentgrad.training.local import LocalPolicy
+    from agentgrad.training.policy import check_model
+    from agentgrad.types import RolloutConfig
+
+    console = Console()
+    config = resolve(GRPOConfig, args.config, args)
+    if args.iterations < 1:
+        raise SystemExit("--iterations must be ≥ 1")
+    agent = load_agent(args.agent)
+    tasks = read_tasks(args.tasks)
+    model_dir = resolve_model(args.model)
+    check_model(model_dir)
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dump(config, out / "config.yaml")
+    torch.set_num_threads(args.threads)
+    store_url = args.store or f"sqlite://{(out / 'store.sqlite').resolve()}"
+    store = open_store(store_url)
+    run_id = "sft" if config.run_id == "grpo" else config.run_id  # GRPOConfig's default names GRPO
+    console.print(f"SFT of [bold]{args.agent}[/] on {model_dir} · {len(tasks)} tasks × {config.group_size} samples · "
+                  f"output {out}")
+    try:
+        with LocalPolicy(model_dir, device=args.device).serving(store) as policy:
+            publisher = _KeepTrainer(policy.publisher())
+            sft = SFT(model_dir, criteria=SelectionCriteria(min_reward=args.min_reward, agent_match=config.agent_match),
+                      train_config=config.train, iterations=args.iterations, samples_per_task=config.group_size,
+                      steps=config.steps, batch_size=config.batch_size, publisher=publisher,
+                      checkpoint_dir=out / "checkpoints" if config.resume else None,
+                      rollout_config=RolloutConfig(timeout_seconds=config.rollout_timeout_seconds),
+                      wait_timeout=config.batch_timeout, run_id=run_id)
+            trainer = Trainer(store, algorithm=sft, policy=policy, n_runners=args.runners,
+                              concurrency=args.concurrency, llm_resource=args.llm_resource, console=console)
+            result = trainer.fit(agent, tasks)
+            if publisher.trainer is None:
+                raise AgentGradError("SFT published no model")
+            model = export_model(publisher.trainer, out / "model")
+    except RuntimeError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 1
+    finally:
+        store.close()
+    summary = {"algorithm": "sft", "iterations": len(result.versions), "min_reward": args.min_reward,
+               "samples": result.samples,
+               "steps": len(result.history), "versions": result.versions,
+               "funnels": [funnel.describe() for funnel in result.funnels], "model": str(model),
+               "config": str(out / "config.yaml"), "store": store_url}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    console.rule("[bold]agentgrad train --algorithm sft")
+    console.print(f"{len(result.history)} SFT steps on {sum(result.samples)} sequence(s) · final model {model}")
+    console.print(f"serve it:     agentgrad serve-model {model}")
+    console.print(f"dashboard:    agentgrad dashboard --store {store_url}")
+    return 0
+
+
+class _KeepTrainer:
+    """A publisher that remembers the policy trainer it published, so that it can be exported after."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.trainer = inner, None
+
+    def publish(self, trainer: Any) -> Any:
+        self.trainer = trainer
+        return self.inner.publish(trainer)
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:

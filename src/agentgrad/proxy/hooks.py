@@ -24,20 +24,24 @@ def rollout_endpoint(proxy_url: str, rollout_id: str, attempt_id: str) -> str:
 class ProxyResourcesHook:
     """Rewrites every :class:`LLM` resource's endpoint to the proxy URL of the running attempt.
 
-    Resources without an LLM get one named ``llm`` (model ``default_model``; the proxy maps any
-    name to the served model), so an agent always has an endpoint whose calls are captured.
+    Resources without an LLM get one named ``llm_resource`` (default ``llm``; model
+    ``default_model``: the proxy maps any name to the served model), so an agent always has an
+    endpoint whose calls are captured.
     """
 
-    def __init__(self, proxy_url: str, default_model: str = "default") -> None:
+    def __init__(self, proxy_url: str, default_model: str = "default", llm_resource: str = "llm") -> None:
+        if not llm_resource:
+            raise ValueError("llm_resource must be a non-empty name")
         self.proxy_url = proxy_url
         self.default_model = default_model
+        self.llm_resource = llm_resource
 
     def __call__(self, resources: Resources, claimed: AttemptedRollout) -> Resources:
         endpoint = rollout_endpoint(self.proxy_url, claimed.rollout.rollout_id, claimed.attempt.attempt_id)
         items = {name: item.model_copy(update={"endpoint": endpoint}) if isinstance(item, LLM) else item
                  for name, item in resources.items.items()}
         if not any(isinstance(item, LLM) for item in items.values()):
-            items["llm"] = LLM(endpoint=endpoint, model=self.default_model)
+            items[self.llm_resource] = LLM(endpoint=endpoint, model=self.default_model)
         return resources.model_copy(update={"items": items})
 
     def __repr__(self) -> str:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from agentgrad.training.policy import nll_loss as nll_loss
     from agentgrad.training.policy import ppo_clip_loss as ppo_clip_loss
     from agentgrad.training.publish import LocalEnginePublisher as LocalEnginePublisher
+    from agentgrad.training.publish import ModelServerPublisher as ModelServerPublisher
     from agentgrad.training.publish import Published as Published
     from agentgrad.training.publish import Publisher as Publisher
     from agentgrad.training.publish import VLLMLoRAPublisher as VLLMLoRAPublisher
@@ -40,6 +41,7 @@ _EXPORTS = {
     "default_lr": "agentgrad.training.policy", "export_model": "agentgrad.training.export",
     "Publisher": "agentgrad.training.publish", "Published": "agentgrad.training.publish",
     "LocalEnginePublisher": "agentgrad.training.publish", "VLLMLoRAPublisher": "agentgrad.training.publish",
+    "ModelServerPublisher": "agentgrad.training.publish",
 }
 
 __all__ = list(_EXPORTS)

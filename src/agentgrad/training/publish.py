@@ -1,11 +1,15 @@
 """Weight publishing: after each update, the inference engine serves the new policy under a new
 version, and the algorithm publishes resources naming it.
 
-Two publishers:
+Three publishers:
 
 * :class:`LocalEnginePublisher` — the in-process engine (``agentgrad.inference``): the full
   weights (LoRA merged in) are copied into it with ``engine.update_weights(state_dict)``; the
   engine drains running requests first, so each response comes from exactly one version.
+* :class:`ModelServerPublisher` — an AgentGrad model server started separately (``agentgrad
+  serve-model DIR``): the full weights are written as one safetensors file into a directory the
+  server can read at the same path, and loaded over its ``/v1/update_weights`` endpoint (the
+  same drain-then-swap on the server's engine).
 * :class:`VLLMLoRAPublisher` — a vLLM server started with ``--enable-lora`` and
   ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``: the adapter is saved to a shared directory and
   loaded over vLLM's HTTP API (``/v1/load_lora_adapter``) under a new name; agents then ask for
@@ -14,6 +18,7 @@ Two publishers:
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -45,6 +50,91 @@ class LocalEnginePublisher:
     def publish(self, trainer: PolicyTrainer) -> Published:
         version = self.engine.update_weights(trainer.engine_state_dict(), version=f"v{trainer.step}")
         return Published(version=str(version))
+
+
+class ModelServerPublisher:
+    """Publishes to an AgentGrad model server started elsewhere (``agentgrad serve-model DIR``).
+
+    Each :meth:`publish` writes the trainer's full weights (LoRA merged in, the engine's names) to
+    ``work_dir/v<step>/model.safetensors``, then asks the server to load that directory with
+    ``POST {base_url}/v1/update_weights {"path", "version": "v<step>"}``. The server reads the
+    file itself, so it must see ``work_dir`` at the same absolute path: the same machine, or a
+    filesystem shared by both. Its engine lets running requests finish on the old weights first;
+    the call returns once the new ones are served. The last ``keep`` weight directories stay
+    (the newest is the one served); older ones are removed.
+
+    ``base_url`` is the server's root or ``/v1`` URL (what ``serve-model`` prints). An unreachable
+    server raises :class:`ConnectionError`, a refusal :class:`RuntimeError`; both name the URL
+    (and the server's error body).
+    """
+
+    def __init__(self, base_url: str, work_dir: str | Path, *, keep: int = 2, timeout: float = 600.0,
+                 api_key: str | None = None) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1 (the served weights), got {keep}")
+        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        self.url = f"{self.base_url}/v1/update_weights"
+        self.work_dir = Path(work_dir).resolve()
+        self.keep = keep
+        self.timeout = timeout
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._written: list[Path] = []
+
+    def publish(self, trainer: PolicyTrainer) -> Published:
+        version = f"v{trainer.step}"
+        directory = self._write(trainer, version)
+        payload = {"path": str(directory), "version": version}
+        try:
+            served = self._post(payload, directory)
+        except BaseException:
+            if directory not in self._written:  # nothing serves it
+                shutil.rmtree(directory, ignore_errors=True)
+            raise
+        self._prune(directory)
+        return Published(version=served)
+
+    def _post(self, payload: dict[str, Any], directory: Path) -> str:
+        from agentgrad.http.transport import request_json
+
+        try:
+            reply = request_json("POST", self.url, payload, headers=self.headers, timeout=self.timeout)
+        except OSError as exc:
+            raise ConnectionError(f"model server at {self.url} could not be reached: {exc}") from exc
+        if reply.status >= 400:
+            raise RuntimeError(f"model server at {self.url} refused weights {directory}: "
+                               f"HTTP {reply.status} {reply.text[:500]}")
+        try:
+            return str(reply.json()["model_version"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise RuntimeError(f"model server at {self.url} answered without a model_version: "
+                               f"{reply.text[:300]}") from exc
+
+    def _write(self, trainer: PolicyTrainer, version: str) -> Path:
+        from safetensors.torch import save_file
+
+        state: dict[str, Any] = {}
+        seen: set[int] = set()
+        for name, tensor in trainer.engine_state_dict().items():
+            tensor = tensor.detach().cpu().contiguous()
+            if tensor.data_ptr() in seen:  # safetensors refuses shared storage (tied weights)
+                tensor = tensor.clone()
+            seen.add(tensor.data_ptr())
+            state[name] = tensor
+        target = self.work_dir / version
+        tmp = self.work_dir / f".tmp-{version}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        save_file(state, str(tmp / "model.safetensors"))
+        shutil.rmtree(target, ignore_errors=True)  # a re-publish of the same step: the server read it already
+        tmp.rename(target)
+        return target
+
+    def _prune(self, served: Path) -> None:
+        if served in self._written:
+            self._written.remove(served)
+        self._written.append(served)
+        while len(self._written) > self.keep:
+            shutil.rmtree(self._written.pop(0), ignore_errors=True)
 
 
 class VLLMLoRAPublisher:
