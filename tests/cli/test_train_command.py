@@ -104,3 +104,27 @@ def test_train_algorithm_apo_points_to_agentgrad_apo(tmp_path: Path, tasks: Path
                      cwd=tmp_path, timeout=60)
     assert done.returncode == 1 and "agentgrad apo" in done.stderr and "critic" in done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_train_publishes_to_a_model_server_started_elsewhere(tmp_path: Path, tasks: Path,
+                                                             tiny_model_dir: Path) -> None:
+    from agentgrad.inference.engine import Engine
+    from agentgrad.inference.server import ModelServer
+
+    engine = Engine(tiny_model_dir, max_batch_size=16)
+    with ModelServer(engine) as server:  # as `agentgrad serve-model DIR` would serve it
+        before = engine.model_version
+        out = tmp_path / "run"
+        done = agentgrad("train", "train_agents:parity_agent", "--model", str(tiny_model_dir), "--tasks",
+                         str(tasks), "--upstream", server.base_url, "--steps", "2", "--batch-size", "2", "--group-size",
+                         "8", "--train.lr", "0.001", "--output-dir", str(out), "--runners", "1", cwd=tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert json.loads((out / "summary.json").read_text())["steps"] == 2
+        # every step that trained was published to the server, which serves it now
+        assert engine.model_version != before and (out / "published" / engine.model_version).is_dir()
+    engine.close()
+
+    refused = agentgrad("train", "train_agents:short_answer_agent", "--model", str(tiny_model_dir), "--tasks",
+                        str(tasks), "--upstream", "http://127.0.0.1:9", "--output-dir", str(tmp_path / "r2"),
+                        cwd=tmp_path, timeout=60)
+    assert refused.returncode == 1 and "--upstream http://127.0.0.1:9" in refused.stderr + refused.stdout

@@ -52,6 +52,10 @@ def add_commands(commands: Any) -> None:
                             "apo: see `agentgrad apo`")
     train.add_argument("--val", help="validation tasks, run greedily every --val-every steps (same formats; grpo only)")
     train.add_argument("--config", help="YAML or TOML file of GRPO settings (the flags below override it)")
+    train.add_argument("--upstream", default=None,
+                       help="grpo: an AgentGrad model server started separately (`agentgrad serve-model DIR` of the "
+                            "same --model, on this machine or a shared filesystem); new weights are published to it "
+                            "over /v1/update_weights instead of an engine started here")
     train.add_argument("--tracker", action="append", choices=_TRACKERS, default=None,
                        help="also log metrics to this experiment tracker (repeatable; pip install 'agentgrad[trackers]'; grpo only)")
     sft = train.add_argument_group("SFT settings (--algorithm sft only)")
@@ -149,11 +153,18 @@ def _cmd_train(args: argparse.Namespace) -> int:
     console.print(f"training [bold]{args.agent}[/] on {model_dir} · {len(tasks)} train / {len(val_tasks)} val tasks · "
                   f"output {out}")
     try:
-        with LocalPolicy(model_dir, device=args.device).serving(store) as policy:
-            trainer = Trainer(store, algorithm=GRPO(model_dir, config, trackers=trackers), policy=policy,
-                              n_runners=args.runners, concurrency=args.concurrency, llm_resource=args.llm_resource,
-                              console=console)
-            result = trainer.fit(agent, tasks, val_tasks)
+        if args.upstream:  # the engine runs elsewhere: new weights go to it over HTTP
+            from agentgrad.training.publish import ModelServerPublisher
+
+            grpo = GRPO(model_dir, config, trackers=trackers,
+                        publisher=ModelServerPublisher(args.upstream, out / "published"))
+            result = _fit_on_upstream(args, grpo, agent, tasks, val_tasks, store, console)
+        else:
+            with LocalPolicy(model_dir, device=args.device).serving(store) as policy:
+                trainer = Trainer(store, algorithm=GRPO(model_dir, config, trackers=trackers), policy=policy,
+                                  n_runners=args.runners, concurrency=args.concurrency,
+                                  llm_resource=args.llm_resource, console=console)
+                result = trainer.fit(agent, tasks, val_tasks)
     except RuntimeError as exc:  # GRPO's "nothing could be trained" (every batch empty) and its kin
         console.print(f"[red]error:[/] {exc}")
         return 1
@@ -178,6 +189,28 @@ def _cmd_train(args: argparse.Namespace) -> int:
         console.print("[red]error:[/] no step trained (see the messages above)")
         return 1
     return 0
+
+
+def _fit_on_upstream(args: argparse.Namespace, grpo: Any, agent: Any, tasks: list[Any], val_tasks: list[Any],
+                     store: Any, console: Any) -> Any:
+    """GRPO against an AgentGrad model server started elsewhere (``agentgrad serve-model`` of the
+    same model): a capture proxy here in front of it; the trainer here, publishing to it."""
+    from agentgrad.errors import InvalidInputError
+    from agentgrad.http.transport import request_json
+    from agentgrad.proxy import LLMProxy
+    from agentgrad.trainer import Trainer
+    from agentgrad.types import LLM
+
+    v1 = args.upstream.rstrip("/").removesuffix("/v1") + "/v1"
+    try:
+        served = request_json("GET", f"{v1}/models", timeout=10).json()["data"][0]["id"]
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise InvalidInputError(f"--upstream {args.upstream}: no OpenAI-compatible model server answers there "
+                                f"({type(exc).__name__}: {exc})") from None
+    with LLMProxy(store, v1) as proxy:
+        trainer = Trainer(store, algorithm=grpo, proxy=proxy, n_runners=args.runners, concurrency=args.concurrency,
+                          llm_resource=args.llm_resource, console=console)
+        return trainer.fit(agent, tasks, val_tasks, resources={args.llm_resource: LLM(endpoint=v1, model=served)})
 
 
 def _train_sft(args: argparse.Namespace) -> int:
