@@ -15,6 +15,7 @@ import agents_for_tests
 import pytest
 from rich.console import Console
 
+from agentgrad.agents import as_agent
 from agentgrad.algorithms.base import Algorithm, AlgorithmContext
 from agentgrad.runner import Runner, RunnerDiedError
 from agentgrad.store.memory import MemoryStore
@@ -254,4 +255,12 @@ def test_fit_with_no_runners_of_its_own_uses_runners_started_elsewhere():
     assert result["means"] == [1.5, 2.5]
     assert elsewhere.stats.succeeded == 4
     assert "n_runners=0" in out.file.getvalue() and "agentgrad runner" in out.file.getvalue()
+    store.close()
+
+
+def test_the_runner_command_printed_for_n_runners_0_names_a_custom_llm_resource():
+    store, out = MemoryStore(watchdog_interval=None), console()
+    trainer = Trainer(store, n_runners=0, llm_resource="main_llm", console=out)
+    trainer._announce_external_runners(as_agent(lambda task: 1.0), "http://127.0.0.1:8400")
+    assert "--proxy http://127.0.0.1:8400 --llm-resource main_llm" in out.file.getvalue()
     store.close()

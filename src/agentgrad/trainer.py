@@ -244,6 +244,8 @@ class Trainer:
     def _announce_external_runners(self, agent: Agent, proxy_url: str | None) -> None:
         url = self.store.shared_url or "URL"
         command = f"agentgrad runner MODULE:AGENT --store {url}" + (f" --proxy {proxy_url}" if proxy_url else "")
+        if proxy_url and self.llm_resource != "llm":
+            command += f" --llm-resource {self.llm_resource}"
         self.console.print(f"[dim]n_runners=0: no runner started here; runners started elsewhere serve the agent "
                            f"{agent.name!r} ({command})[/]")
 

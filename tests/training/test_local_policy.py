@@ -120,3 +120,14 @@ def test_fit_hands_a_started_policy_to_the_algorithm_and_leaves_it_running(tiny_
         with pytest.raises(ValueError, match="not both"):
             Trainer(store, policy=policy, proxy="http://127.0.0.1:1")
     store.close()
+
+
+def test_a_model_without_a_chat_template_is_refused_before_anything_loads(model_zoo):
+    from agentgrad.errors import InvalidInputError
+
+    store = MemoryStore(watchdog_interval=None)
+    policy = LocalPolicy(model_zoo["no_template"])
+    with pytest.raises(InvalidInputError, match="chat template"):
+        policy.start(store)
+    assert not policy.started and policy.engine is None  # nothing was loaded or left running
+    store.close()

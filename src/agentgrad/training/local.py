@@ -95,7 +95,9 @@ class LocalPolicy:
         from agentgrad.inference.engine import Engine
         from agentgrad.inference.server import ModelServer
         from agentgrad.proxy.server import LLMProxy
+        from agentgrad.training.policy import check_model
 
+        check_model(self.model_dir)  # a missing tokenizer or chat template is named before any load
         try:
             self.engine = Engine(self.model_dir, device=self.device, max_batch_size=self.max_batch_size)
             self.server = ModelServer(self.engine, served_model_name=self.model_name)
