@@ -65,11 +65,10 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 def _cmd_apo(args: argparse.Namespace) -> int:
     from agentgrad.agents import load_agent
     from agentgrad.algorithms.apo import APO, ChatEndpoint
-    from agentgrad.cli.run import check_reachable
-    from agentgrad.errors import AgentGradError
+    from agentgrad.cli.run import llm_resource_of
     from agentgrad.tasks import read_tasks
     from agentgrad.trainer import Trainer
-    from agentgrad.types import LLM, PromptTemplate, RolloutConfig
+    from agentgrad.types import PromptTemplate, RolloutConfig
 
     prompt_text = Path(args.prompt[1:]).read_text() if args.prompt.startswith("@") else args.prompt
     critic_key = args.critic_api_key or os.environ.get("AGENTGRAD_CRITIC_API_KEY") or os.environ.get("OPENAI_API_KEY")
@@ -83,17 +82,8 @@ def _cmd_apo(args: argparse.Namespace) -> int:
               beam_width=args.beam_width, branch_factor=args.branch_factor, rounds=args.rounds,
               train_batch_size=args.train_batch_size, val_batch_size=args.val_batch_size, run_id=args.run_id,
               rollout_config=RolloutConfig(timeout_seconds=args.rollout_timeout) if args.rollout_timeout else None)
-    name = args.llm_resource or "llm"
-    if args.llm_resource and not (args.llm_endpoint or args.proxy):
-        raise AgentGradError("--llm-resource names the LLM resource of --llm-endpoint or --proxy; give one of them")
-    resources: dict[str, Any] = {args.prompt_name: PromptTemplate(template=prompt_text, engine=args.engine)}
-    if args.proxy:
-        check_reachable(args.proxy, "--proxy", path="/health")
-    if args.llm_endpoint:
-        check_reachable(args.llm_endpoint, "--llm-endpoint", path="/models", api_key=args.api_key)
-        resources[name] = LLM(endpoint=args.llm_endpoint, model=args.model or "default", api_key=args.api_key)
-    elif args.proxy:  # the runners point it at the proxy, which forwards to its own upstream
-        resources[name] = LLM(endpoint=args.proxy, model=args.model or "default", api_key=args.api_key)
+    name, llm = llm_resource_of(args)
+    resources: dict[str, Any] = {args.prompt_name: PromptTemplate(template=prompt_text, engine=args.engine), **llm}
     train = read_tasks(args.tasks)
     val = read_tasks(args.val_tasks) if args.val_tasks else train
     trainer = Trainer(args.store, n_runners=args.n_runners, concurrency=args.runner_concurrency, algorithm=apo,

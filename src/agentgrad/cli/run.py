@@ -52,23 +52,13 @@ def add_commands(commands: Any) -> None:
 
 def _cmd_dev(args: argparse.Namespace) -> int:
     from agentgrad.trainer import Trainer
-    from agentgrad.types import LLM, RolloutConfig
+    from agentgrad.types import RolloutConfig
 
     agent = load_agent(args.agent)
     tasks = read_tasks(args.tasks)
     if args.limit:
         tasks = tasks[: args.limit]
-    name = args.llm_resource or "llm"
-    if args.llm_resource and not (args.llm_endpoint or args.proxy):
-        raise AgentGradError("--llm-resource names the LLM resource of --llm-endpoint or --proxy; give one of them")
-    resources: dict[str, Any] = {}
-    if args.proxy:
-        check_reachable(args.proxy, "--proxy", path="/health")
-    if args.llm_endpoint:
-        check_reachable(args.llm_endpoint, "--llm-endpoint", path="/models", api_key=args.api_key)
-        resources[name] = LLM(endpoint=args.llm_endpoint, model=args.model or "default", api_key=args.api_key)
-    elif args.proxy:  # the runner points it at the proxy, which forwards to its own upstream
-        resources[name] = LLM(endpoint=args.proxy, model=args.model or "default", api_key=args.api_key)
+    name, resources = llm_resource_of(args)
     trainer = Trainer(args.store, n_runners=args.n_runners, concurrency=args.concurrency, proxy=args.proxy,
                       llm_resource=name)
     config = RolloutConfig(timeout_seconds=args.rollout_timeout) if args.rollout_timeout else None
@@ -76,6 +66,25 @@ def _cmd_dev(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.as_dict()))
     return 0 if report.succeeded else 1
+
+
+def llm_resource_of(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """The LLM resource that ``--llm-endpoint`` / ``--proxy`` / ``--llm-resource`` / ``--model`` /
+    ``--api-key`` describe, as ``(name, {name: LLM})`` (no item when neither URL is given), each URL
+    checked to answer first."""
+    from agentgrad.types import LLM
+
+    name = args.llm_resource or "llm"
+    if args.llm_resource and not (args.llm_endpoint or args.proxy):
+        raise AgentGradError("--llm-resource names the LLM resource of --llm-endpoint or --proxy; give one of them")
+    if args.proxy:
+        check_reachable(args.proxy, "--proxy", path="/health")
+    if args.llm_endpoint:
+        check_reachable(args.llm_endpoint, "--llm-endpoint", path="/models", api_key=args.api_key)
+    endpoint = args.llm_endpoint or args.proxy  # without an endpoint, runners point it at the proxy
+    if not endpoint:
+        return name, {}
+    return name, {name: LLM(endpoint=endpoint, model=args.model or "default", api_key=args.api_key)}
 
 
 def check_reachable(url: str, flag: str, *, path: str, api_key: str | None = None, timeout: float = 10.0) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,8 @@ def add_commands(commands: Any) -> None:
                             "same --model, on this machine or a shared filesystem); new weights are published to it "
                             "over /v1/update_weights instead of an engine started here")
     train.add_argument("--tracker", action="append", choices=_TRACKERS, default=None,
-                       help="also log metrics to this experiment tracker (repeatable; pip install 'agentgrad[trackers]'; grpo only)")
+                       help="also log metrics to this experiment tracker "
+                            "(repeatable; pip install 'agentgrad[trackers]'; grpo only)")
     sft = train.add_argument_group("SFT settings (--algorithm sft only)")
     sft.add_argument("--iterations", type=int, default=1,
                      help="rounds of sample → select → train → publish (default 1)")
@@ -110,6 +112,44 @@ def resolve_model(name: str) -> Path:
     return Path(name).expanduser()
 
 
+@dataclass
+class _Run:
+    """What a training run starts from, every input already checked."""
+
+    config: Any  # GRPOConfig (its flags and file also set SFT's shared settings)
+    agent: Any
+    tasks: list[Any]
+    val_tasks: list[Any]
+    model_dir: Path
+    out: Path
+    store_url: str
+
+
+def _prepare(args: argparse.Namespace) -> _Run:
+    """Read and check everything a run needs (settings, agent, task files, model) before anything
+    starts, then create the output directory with the resolved ``config.yaml`` in it."""
+    import torch
+
+    from agentgrad.agents import load_agent
+    from agentgrad.algorithms.grpo import GRPOConfig
+    from agentgrad.config import dump, resolve
+    from agentgrad.tasks import read_tasks
+    from agentgrad.training.policy import check_model
+
+    config = resolve(GRPOConfig, args.config, args)
+    agent = load_agent(args.agent)
+    tasks = read_tasks(args.tasks)
+    val_tasks = read_tasks(args.val) if args.val else []
+    model_dir = resolve_model(args.model)
+    check_model(model_dir)  # a missing tokenizer or chat template is named now, not mid-run
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dump(config, out / "config.yaml")
+    torch.set_num_threads(args.threads)
+    return _Run(config, agent, tasks, val_tasks, model_dir, out,
+                args.store or f"sqlite://{(out / 'store.sqlite').resolve()}")
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from agentgrad.errors import AgentGradError
 
@@ -123,33 +163,20 @@ def _cmd_train(args: argparse.Namespace) -> int:
                                                "timeout": None, "json": False}))
     if args.algorithm == "sft":
         return _train_sft(args)
-    import torch
     from rich.console import Console
 
-    from agentgrad.agents import load_agent
-    from agentgrad.algorithms.grpo import GRPO, GRPOConfig
+    from agentgrad.algorithms.grpo import GRPO
     from agentgrad.algorithms.trackers import make_trackers
-    from agentgrad.config import dump, resolve
     from agentgrad.store import open_store
-    from agentgrad.tasks import read_tasks
     from agentgrad.trainer import Trainer
     from agentgrad.training.local import LocalPolicy
-    from agentgrad.training.policy import check_model
 
     console = Console()
-    # Everything that can be wrong with the input is found before anything starts.
-    config = resolve(GRPOConfig, args.config, args)
-    agent = load_agent(args.agent)
-    tasks = read_tasks(args.tasks)
-    val_tasks = read_tasks(args.val) if args.val else []
-    model_dir = resolve_model(args.model)
-    check_model(model_dir)  # a missing tokenizer or chat template is named now, not mid-run
-    out = Path(config.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    dump(config, out / "config.yaml")
-    torch.set_num_threads(args.threads)
+    run = _prepare(args)
+    config, agent, tasks, val_tasks = run.config, run.agent, run.tasks, run.val_tasks
+    model_dir, out = run.model_dir, run.out
     trackers = make_trackers(args.tracker or [], out, config.run_id)
-    store = open_store(args.store or f"sqlite://{(out / 'store.sqlite').resolve()}")
+    store = open_store(run.store_url)
     console.print(f"training [bold]{args.agent}[/] on {model_dir} · {len(tasks)} train / {len(val_tasks)} val tasks · "
                   f"output {out}")
     try:
@@ -174,7 +201,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         "steps": result.steps, "validation": result.validation, "best_step": result.best_step,
         "best_score": result.best_score, "model": str(out / "model"),
         "best_model": str(out / "best") if result.best_step is not None else None,
-        "config": str(out / "config.yaml"), "store": args.store or f"sqlite://{(out / 'store.sqlite').resolve()}",
+        "config": str(out / "config.yaml"), "store": run.store_url,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     console.rule("[bold]agentgrad train")
@@ -215,35 +242,22 @@ def _fit_on_upstream(args: argparse.Namespace, grpo: Any, agent: Any, tasks: lis
 
 def _train_sft(args: argparse.Namespace) -> int:
     """``--algorithm sft``: rejection-sampling SFT with the same embedded policy and runners as GRPO."""
-    import torch
     from rich.console import Console
 
-    from agentgrad.agents import load_agent
-    from agentgrad.algorithms.grpo import GRPOConfig
     from agentgrad.algorithms.sft import SFT, SelectionCriteria
-    from agentgrad.config import dump, resolve
     from agentgrad.errors import AgentGradError
     from agentgrad.store import open_store
-    from agentgrad.tasks import read_tasks
     from agentgrad.trainer import Trainer
     from agentgrad.training.export import export_model
     from agentgrad.training.local import LocalPolicy
-    from agentgrad.training.policy import check_model
     from agentgrad.types import RolloutConfig
 
     console = Console()
-    config = resolve(GRPOConfig, args.config, args)
     if args.iterations < 1:
         raise SystemExit("--iterations must be ≥ 1")
-    agent = load_agent(args.agent)
-    tasks = read_tasks(args.tasks)
-    model_dir = resolve_model(args.model)
-    check_model(model_dir)
-    out = Path(config.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    dump(config, out / "config.yaml")
-    torch.set_num_threads(args.threads)
-    store_url = args.store or f"sqlite://{(out / 'store.sqlite').resolve()}"
+    run = _prepare(args)
+    config, agent, tasks = run.config, run.agent, run.tasks
+    model_dir, out, store_url = run.model_dir, run.out, run.store_url
     store = open_store(store_url)
     run_id = "sft" if config.run_id == "grpo" else config.run_id  # GRPOConfig's default names GRPO
     console.print(f"SFT of [bold]{args.agent}[/] on {model_dir} · {len(tasks)} tasks × {config.group_size} samples · "
