@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 FRAMEWORKS := $(VENV)/.frameworks
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast test-slow install frameworks browser model bench clean
+.PHONY: demo test test-fast test-slow test-chaos install frameworks browser model bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,8 +37,9 @@ demo: $(STAMP)
 
 # The whole suite: every framework, browser, PostgreSQL and real-model test. Tests marked slow
 # (whole learning runs, minutes each) are skipped here and run by `make test-slow`.
-# The tiny model (if not cached) builds in the background while the frameworks install and the
-# tests that do not need it run; those that do (marker tiny_model) run last and wait for it.
+# The tiny model (if not cached: the shipped build is copied, else one is built) is installed in
+# the background while the frameworks install and the tests that do not need it run; those that do
+# (marker tiny_model) run last and wait for it.
 test: $(STAMP)
 	$(PY) -m agentgrad models build-tiny --if-missing > $(VENV)/tiny-build.log 2>&1 &
 	$(MAKE) --no-print-directory $(FRAMEWORKS) browser
@@ -53,6 +54,11 @@ test-fast: $(STAMP) model
 # The slow learning runs: tiny-model build band, SFT and the full RL demo.
 test-slow: $(STAMP) $(FRAMEWORKS) model
 	$(PY) -m pytest -p no:cacheprovider -m slow $(PYTEST_ARGS)
+
+# The whole chaos suite (tests/chaos/), its long cases included (marker chaos_long: runner kills
+# waited out with the default heartbeat deadline, store outages of up to 60 s; minutes).
+test-chaos: $(STAMP)
+	AGENTGRAD_CHAOS_LONG=1 $(PY) -m pytest -p no:cacheprovider tests/chaos $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -4,6 +4,7 @@
     python bench/bench_store.py --n 500 --backends sqlite
     python bench/bench_store.py --reference-python /tmp/agl/bin/python   # + Agent Lightning, same run
     python bench/bench_store.py --instructions      # instructions per call (callgrind), N=200
+    python bench/bench_store.py --instructions --keyed   # the same with idempotency keys
 
 Each backend runs in a fresh child process (so peak RSS is its own), on N rollouts of 10 spans
 each, as the issue states the workload. The lifecycle phases, in order: enqueue (one call per
@@ -24,6 +25,11 @@ third from one hour to the next, that ratio is what compares with the issue's re
 ``--instructions`` reports instructions per call of each phase instead of time (the workload
 under callgrind, see ``callgrind.py``): they do not move with the machine's load, so they compare
 two versions of the code exactly; system calls are not counted.
+
+``--keyed`` gives every replayable write of the lifecycle (enqueue, dequeue) an idempotency key
+of its own, as the store service does for a ``StoreClient``'s writes: the store then also
+looks the key up and records the answer in the write's transaction (see
+``agentgrad.store.idempotency``). Compare it with a run without it for the cost of that record.
 
 Garbage collection: each phase starts after a full collection and ``gc.freeze()``, so the
 collections a phase triggers scan what that phase allocates, not the harness's own inputs (up
@@ -71,9 +77,10 @@ def _span(rollout_id: str, attempt_id: str, tag: str, index: int) -> Any:
                 attributes={"agentgrad.message.body": "x" * 100, "step": index})
 
 
-def run_backend(backend: str, n: int, freeze: bool = True, counter: Any = None) -> dict[str, Any]:
+def run_backend(backend: str, n: int, freeze: bool = True, counter: Any = None, keyed: bool = False) -> dict[str, Any]:
     """The workload on one backend; ``counter``: a ``callgrind.PhaseCounter`` bracketing each
-    phase (the figures are then the instruction counts it dumps, not these times)."""
+    phase (the figures are then the instruction counts it dumps, not these times); ``keyed``:
+    enqueue and dequeue carry idempotency keys."""
     from agentgrad.store.protocol import RolloutFilter
     from agentgrad.types import AttemptStatus, RolloutStatus
 
@@ -101,12 +108,16 @@ def run_backend(backend: str, n: int, freeze: bool = True, counter: Any = None) 
     with tempfile.TemporaryDirectory() as tmp:
         # Counted runs leave out the watchdog thread: its sweeps would land in whichever phase runs.
         store = _open(backend, tmp, watchdog=counter is None)
-        phase("enqueue", n, lambda: [store.enqueue_rollout({"task": i}) for i in range(n)])
+        # Keys are made before the timed blocks, like the spans below.
+        enqueue_keys = [f"enqueue-{i}" if keyed else None for i in range(n)]
+        dequeue_keys = [f"dequeue-{i}" if keyed else None for i in range(n)]
+        phase("enqueue", n, lambda: [store.enqueue_rollout({"task": i}, idempotency_key=enqueue_keys[i])
+                                     for i in range(n)])
 
         def dequeue_start() -> list[Any]:
             claimed = []
-            for _ in range(n):
-                c = store.dequeue_rollout("bench")
+            for key in dequeue_keys:
+                c = store.dequeue_rollout("bench", idempotency_key=key)
                 store.update_attempt(c.rollout.rollout_id, c.attempt.attempt_id, AttemptStatus.RUNNING)
                 claimed.append(c)
             return claimed
@@ -157,6 +168,7 @@ def main() -> None:
     parser.add_argument("--reference-python", metavar="PY",
                         help="an interpreter with agentlightning installed: run the reference too")
     parser.add_argument("--instructions", action="store_true", help="count instructions per call (callgrind)")
+    parser.add_argument("--keyed", action="store_true", help="enqueue and dequeue with idempotency keys")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     n = args.n or (200 if args.instructions else 5000)
@@ -166,18 +178,20 @@ def main() -> None:
             from callgrind import PhaseCounter
 
             counter = PhaseCounter()
-        print(json.dumps(run_backend(args.child, n, freeze=not args.gc_scan_all, counter=counter)))
+        print(json.dumps(run_backend(args.child, n, freeze=not args.gc_scan_all, counter=counter, keyed=args.keyed)))
         return
+    keyed = ["--keyed"] if args.keyed else []
     if args.instructions:
-        print(json.dumps(count_instructions(args.backends.split(","), n), indent=2))
+        print(json.dumps(count_instructions(args.backends.split(","), n, keyed), indent=2))
         return
     import sqlite3
 
     report: dict[str, Any] = {"n_rollouts": n, "spans_per_rollout": SPANS_PER_ROLLOUT,
                               "gc": "scan all" if args.gc_scan_all else "frozen at each phase start",
-                              "python": sys.version.split()[0], "sqlite": sqlite3.sqlite_version, "backends": {}}
+                              "python": sys.version.split()[0], "sqlite": sqlite3.sqlite_version,
+                              "idempotency_keys": args.keyed, "backends": {}}
     for backend in args.backends.split(","):
-        out = subprocess.run(_child(backend, n) + (["--gc-scan-all"] if args.gc_scan_all else []),
+        out = subprocess.run(_child(backend, n) + keyed + (["--gc-scan-all"] if args.gc_scan_all else []),
                              capture_output=True, text=True, check=True)
         report["backends"][backend] = json.loads(out.stdout)
     if args.reference_python:
@@ -205,7 +219,7 @@ def _child(backend: str, n: int) -> list[str]:
     return [sys.executable, __file__, "--child", backend, "--n", str(n)]
 
 
-def count_instructions(backends: list[str], n: int) -> dict[str, Any]:
+def count_instructions(backends: list[str], n: int, options: list[str]) -> dict[str, Any]:
     """Instructions per call of every phase, per backend (the workload run under callgrind)."""
     from callgrind import count_phases
 
@@ -213,7 +227,7 @@ def count_instructions(backends: list[str], n: int) -> dict[str, Any]:
            "query_spans": n, "add_spans_batch10": n * SPANS_PER_ROLLOUT, "add_spans_batch1000": n * SPANS_PER_ROLLOUT}
     report: dict[str, Any] = {"n_rollouts": n, "unit": "instructions per call (spans: per span)", "backends": {}}
     for backend in backends:
-        counts = count_phases(_child(backend, n) + ["--instructions"])
+        counts = count_phases(_child(backend, n) + options + ["--instructions"])
         figures = {phase: round(counts[phase] / ops[phase]) for phase in ops}
         figures["mixed_unbatched"] = round(sum(counts[p] for p in LIFECYCLE) / sum(ops[p] for p in LIFECYCLE))
         report["backends"][backend] = figures

@@ -17,11 +17,14 @@ def test_every_semconv_constant_is_documented(page):
     assert not missing, f"{page} lacks rows for {missing}"
 
 
-def test_the_training_config_reference_is_generated_from_the_docstrings():
+@pytest.mark.parametrize("name", ["GRPOConfig", "SFTConfig"])
+def test_the_training_config_references_are_generated_from_the_docstrings(name: str) -> None:
     from agentgrad.algorithms.grpo import GRPOConfig
+    from agentgrad.algorithms.sft import SFTConfig
     from agentgrad.config import markdown_reference
 
+    cls = {"GRPOConfig": GRPOConfig, "SFTConfig": SFTConfig}[name]
     text = (DOCS / "training.md").read_text()
-    documented = text.split("<!-- generated: GRPOConfig reference -->\n", 1)[1].split("<!-- end generated -->", 1)[0]
-    assert documented == markdown_reference(GRPOConfig), (
-        "docs/training.md's reference is stale: paste agentgrad.config.markdown_reference(GRPOConfig) between the markers")
+    documented = text.split(f"<!-- generated: {name} reference -->\n", 1)[1].split("<!-- end generated -->", 1)[0]
+    assert documented == markdown_reference(cls), (
+        f"docs/training.md's reference is stale: paste agentgrad.config.markdown_reference({name}) between the markers")

@@ -239,7 +239,6 @@ def test_agent_scope_errors_are_recorded(ctx):
         ("emit_exception", lambda: emit_exception(ValueError("x"))),
         ("operation", lambda: operation("x").__enter__()),
         ("operation", lambda: add(1, 2)),
-        ("agent", lambda: agent("x").__enter__()),
     ],
 )
 def test_emitters_outside_a_rollout(what, call):
@@ -247,6 +246,22 @@ def test_emitters_outside_a_rollout(what, call):
     with pytest.raises(NoRolloutContextError) as info:
         call()
     assert f"{what}() was called outside a rollout" in str(info.value)
+
+
+def test_agent_scope_outside_a_rollout_is_a_no_op(caplog):
+    """Agent code instrumented with agent() still runs in production, where no rollout is."""
+    caplog.set_level("DEBUG", logger="agentgrad.emit")
+    with agent("writer"):
+        assert current_context() is None
+        answer = 42
+    assert answer == 42
+    assert "agent('writer') outside a rollout" in caplog.text
+    with pytest.raises(ValueError, match="non-empty name"):  # a bad name is still a bug
+        with agent(""):
+            pass
+    with pytest.raises(KeyError):  # and exceptions pass through
+        with agent("writer"):
+            raise KeyError("x")
 
 
 # ---- through a real runner -------------------------------------------------------------------------

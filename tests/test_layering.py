@@ -57,6 +57,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("agentgrad.trainer",),
     # the package's face: lazy re-exports of the public API
     ("agentgrad",),
+    # other libraries' names mapped onto AgentGrad (Agent Lightning)
+    ("agentgrad.compat",),
     # the web UI over a store
     ("agentgrad.dashboard",),
     # the calculator demo shipped inside the package

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import threading
@@ -14,7 +15,9 @@ from typing import Any
 import agents_for_tests
 import pytest
 
+from agentgrad.errors import InvalidInputError
 from agentgrad.runner import Runner, RunnerDiedError, RunnerPool
+from agentgrad.store.client import StoreUnavailableError
 from agentgrad.store.memory import MemoryStore
 from agentgrad.store.sqlite import SqliteStore
 from agentgrad.types import AttemptStatus, RolloutConfig, RolloutStatus
@@ -206,6 +209,142 @@ def test_invalid_options():
     store.close()
 
 
+# ---- store outages --------------------------------------------------------------------------------
+
+class Unplugged:
+    """``store`` behind a plug: while :attr:`down` is set, every call fails the way a store service
+    that cannot be reached does once the client's own retries are spent."""
+
+    def __init__(self, store: MemoryStore, error: Exception | None = None) -> None:
+        self.store = store
+        self.down = threading.Event()
+        self.error = error or StoreUnavailableError("store service http://127.0.0.1:9 failed 6 time(s) on POST "
+                                                    "/v1/rollouts/dequeue: ConnectionRefusedError: refused")
+        self.failures = 0
+        self.failed_calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.store, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self.down.is_set():
+                self.failures += 1
+                self.failed_calls.append(name)
+                raise self.error
+            return attr(*args, **kwargs)
+
+        return call
+
+
+def outage_lines(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
+    return [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "agentgrad.store.outage"]
+
+
+def test_an_idle_runner_waits_out_an_outage(caplog):
+    store = MemoryStore(watchdog_interval=None)
+    plug = Unplugged(store)
+    runner = Runner(agents_for_tests.reward_agent, plug, worker_id="w-out", poll_timeout=0.05)  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, logger="agentgrad.store.outage"), running(runner) as thread_runner:
+        wait_for(lambda: store.query_workers())
+        plug.down.set()
+        wait_for(lambda: plug.failures >= 4)  # the dequeue failed again and again: the runner lives on
+        rollout = store.enqueue_rollout({"x": 3})
+        plug.down.clear()
+        wait_for(lambda: store.get_rollout(rollout.rollout_id).status == RolloutStatus.SUCCEEDED)
+        assert thread_runner.stats.errors == []
+    assert store.get_rollout(rollout.rollout_id).reward == pytest.approx(0.3)
+    lines = outage_lines(caplog)
+    assert [level for level, _ in lines] == ["WARNING", "INFO"], lines  # once as it began, once as it ended
+    assert "runner w-out: the store cannot be reached" in lines[0][1] and "answers again after" in lines[1][1]
+    store.close()
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_the_attempt_in_flight_is_reported_after_an_outage(concurrency):
+    store = MemoryStore(watchdog_interval=None)
+    plug = Unplugged(store)
+    release = threading.Event()
+
+    def agent(task, resources):
+        release.wait(30)
+        return task["x"] / 10
+
+    ids = [store.enqueue_rollout({"x": x}).rollout_id for x in range(4)]
+    runner = Runner(agent, plug, concurrency=concurrency, poll_timeout=0.05,  # type: ignore[arg-type]
+                    heartbeat_interval=0.05)
+    with running(runner):
+        wait_for(lambda: store.count_rollouts() and store.get_rollout(ids[0]).status == RolloutStatus.RUNNING)
+        plug.down.set()
+        release.set()  # the agents finish while the store is away: their reports wait
+        wait_for(lambda: plug.failures >= 3)
+        assert store.get_rollout(ids[0]).status == RolloutStatus.RUNNING
+        plug.down.clear()
+        done = store.wait_for_rollouts(ids, timeout=30)
+    assert [r.status for r in done] == [RolloutStatus.SUCCEEDED] * 4
+    assert [r.reward for r in done] == pytest.approx([0.0, 0.1, 0.2, 0.3])
+    assert all(len(store.get_attempts(i)) == 1 for i in ids)  # reported once, never retried
+    assert runner.stats.succeeded == 4 and runner.stats.errors == []
+    store.close()
+
+
+def test_a_runner_told_to_stop_during_an_outage_stops():
+    """Idle, it stops at once; with an attempt in flight, after its grace (the attempt is left to
+    the watchdog: the store could not be told)."""
+    store = MemoryStore(watchdog_interval=None)
+    plug = Unplugged(store)
+    rollout = store.enqueue_rollout({"sleep": 30})
+    runner = Runner(agents_for_tests.slow_async_agent, plug, grace_seconds=0.3, poll_timeout=0.05,  # type: ignore[arg-type]
+                    heartbeat_interval=0.05)
+    with running(runner):  # it asserts the runner's thread ends once stopped
+        wait_for(lambda: store.get_rollout(rollout.rollout_id).status == RolloutStatus.RUNNING)
+        plug.down.set()
+        wait_for(lambda: plug.failures >= 2)
+    assert runner.stats.handed_back == 1
+    assert store.get_latest_attempt(rollout.rollout_id).status == AttemptStatus.RUNNING
+
+
+def test_a_store_error_that_is_not_an_outage_is_raised():
+    """A 4xx (here: the store refuses the call) is a programming error: raised, not retried forever."""
+    store = MemoryStore(watchdog_interval=None)
+    plug = Unplugged(store, InvalidInputError("limit must be ≥ 1, got 0"))
+    plug.down.set()
+    with pytest.raises(InvalidInputError, match="limit must be"):
+        Runner(agents_for_tests.reward_agent, plug, poll_timeout=0.05).run()  # type: ignore[arg-type]
+    assert plug.failed_calls.count("dequeue_rollout") == 1
+    store.close()
+
+
+def test_a_late_report_of_an_attempt_the_store_ended_is_dropped(caplog):
+    """The watchdog ended the attempt while the runner could not reach the store (a partition
+    longer than the deadline): the runner's report is refused; the runner says so and goes on."""
+    store = MemoryStore(watchdog_interval=None)
+    plug = Unplugged(store)
+    release = threading.Event()
+
+    def agent(task, resources):
+        release.wait(30)
+        return 1.0
+
+    config = RolloutConfig(unresponsive_seconds=0.05, max_attempts=2)
+    rollout = store.enqueue_rollout("x", config=config)
+    runner = Runner(agent, plug, poll_timeout=0.05, heartbeat_interval=0.05)  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="agentgrad.runner"), running(runner):
+        wait_for(lambda: store.get_rollout(rollout.rollout_id).status == RolloutStatus.RUNNING)
+        plug.down.set()
+        time.sleep(0.1)  # silence beyond the deadline (not an assertion on time)
+        assert [a.status for a in store.check_watchdog()] == [AttemptStatus.UNRESPONSIVE]
+        release.set()
+        wait_for(lambda: plug.failures >= 2)
+        plug.down.clear()
+        wait_for(lambda: store.get_rollout(rollout.rollout_id).status == RolloutStatus.SUCCEEDED)
+    statuses = [a.status for a in store.get_attempts(rollout.rollout_id)]
+    assert statuses == [AttemptStatus.UNRESPONSIVE, AttemptStatus.SUCCEEDED]  # succeeded exactly once
+    assert any("was ended in the store before the runner could report it" in r.getMessage() for r in caplog.records)
+    store.close()
+
+
 # ---- processes -------------------------------------------------------------------------------------
 
 def test_runner_pool_processes_all_tasks(tmp_path):
@@ -243,7 +382,7 @@ def test_sigterm_hands_back_or_finishes(tmp_path):
         pool.stop(timeout=5)
     (attempt,) = store.get_attempts(long.rollout_id)
     assert attempt.status == AttemptStatus.FAILED and attempt.error.type == "RunnerStopped"
-    assert store.get_rollout(long.rollout_id).status == RolloutStatus.FAILED  # max_attempts=1
+    assert store.get_rollout(long.rollout_id).status == RolloutStatus.FAILED  # by default only a loss is retried
     assert not [a for r in (long, short) for a in store.get_attempts(r.rollout_id) if not a.status.is_terminal]
     store.close()
 
@@ -295,3 +434,190 @@ def test_sigkill_is_caught_by_the_watchdog_and_retried(tmp_path):
     assert [a.status for a in store.get_attempts(rollout.rollout_id)] == [AttemptStatus.UNRESPONSIVE,
                                                                            AttemptStatus.SUCCEEDED]
     store.close()
+
+
+# ---- the hot path: what a rollout costs the runner (issue 24) ---------------------------------------
+
+class Counting:
+    """``store`` with a count of the calls made to it, by method name."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.store, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return attr(*args, **kwargs)
+
+        return call
+
+
+def test_worker_records_are_written_on_changes_not_per_rollout(local_store):
+    counting = Counting(local_store)
+    for x in range(20):
+        local_store.enqueue_rollout({"x": x})
+    stats = Runner(agents_for_tests.reward_agent, counting, max_rollouts=20, poll_timeout=0.05,
+                   heartbeat_interval=60).run()
+    assert stats.succeeded == 20
+    # idle at the start, busy once, stopped at the end: not busy and idle around each rollout
+    assert counting.calls["update_worker"] <= 4, counting.calls
+    (worker,) = local_store.query_workers()
+    assert worker.status == "stopped" and worker.metadata["succeeded"] == 20
+
+
+def test_resources_are_fetched_once_per_snapshot_and_each_attempt_gets_its_own_copy(local_store):
+    import agents_for_runner_start
+
+    counting = Counting(local_store)
+    published = local_store.add_resources({"note": "as published"})
+    ids = [local_store.enqueue_rollout({"x": x}, resources_id=published.resources_id).rollout_id for x in range(5)]
+    stats = Runner(agents_for_runner_start.resources_mutating_agent, counting, max_rollouts=5, poll_timeout=0.05).run()
+    assert stats.succeeded == 5
+    assert [local_store.get_rollout(i).reward for i in ids] == [1.0] * 5  # no attempt saw another's change
+    assert counting.calls["get_resources"] == 1
+    assert local_store.get_resources(published.resources_id).items["note"].value == "as published"
+
+
+def test_an_async_agent_runs_on_the_runners_loop_not_in_a_thread(local_store):
+    import agents_for_runner_start
+
+    agents_for_runner_start.THREADS.clear()
+    local_store.enqueue_rollout({"x": 1})
+    runner = Runner(agents_for_runner_start.thread_name_agent, local_store, max_rollouts=1, poll_timeout=0.05)
+    thread = threading.Thread(target=runner.run, name="the-loop-thread")
+    thread.start()
+    thread.join(15)
+    assert runner.stats.succeeded == 1
+    assert agents_for_runner_start.THREADS == ["the-loop-thread"]
+
+
+def test_async_agents_are_told_apart_from_sync_ones():
+    from agentgrad.agents import Agent, as_agent
+    from agentgrad.runner import _returns_coroutine
+
+    class AsyncAgent(Agent):
+        async def rollout_async(self, task, resources, rollout):
+            return 1.0
+
+    class SyncTraining(AsyncAgent):
+        def training_rollout(self, task, resources, rollout):  # may block: needs a thread
+            return 1.0
+
+    assert _returns_coroutine(as_agent(agents_for_tests.slow_async_agent))
+    assert _returns_coroutine(AsyncAgent())
+    assert not _returns_coroutine(as_agent(agents_for_tests.reward_agent))
+    assert not _returns_coroutine(agents_for_tests.EchoAgent())
+    assert not _returns_coroutine(SyncTraining())
+
+
+def test_a_sync_agent_whose_attempt_was_cancelled_stores_no_reward(local_store):
+    """The agent's thread stores its reward itself (one hop): not once the runner gave up on it."""
+    import agents_for_runner_start
+
+    agents_for_runner_start.FINISHED.clear()
+    rollout = local_store.enqueue_rollout({"sleep": 1.0})
+    runner = Runner(agents_for_runner_start.slow_sync_agent, local_store, heartbeat_interval=0.05, poll_timeout=0.05)
+    with running(runner):
+        wait_for(lambda: local_store.get_rollout(rollout.rollout_id).status == RolloutStatus.RUNNING)
+        local_store.cancel_rollout(rollout.rollout_id)
+        wait_for(lambda: runner.stats.failed == 1)
+        assert agents_for_runner_start.FINISHED.wait(10)
+        time.sleep(0.2)  # the agent's thread has returned; let it do whatever it would do next
+    assert local_store.query_spans(rollout.rollout_id, name="agentgrad.reward") == []
+    assert local_store.get_rollout(rollout.rollout_id).status == RolloutStatus.CANCELLED
+
+
+def test_runner_processes_have_the_parents_environment_of_when_they_start(tmp_path, monkeypatch):
+    """A fork server started for an earlier pool has that moment's environment: each new runner
+    process still gets the parent's environment of now, as a spawned one would."""
+    import agents_for_runner_start
+
+    path = tmp_path / "env.db"
+    store = SqliteStore(path, watchdog_interval=None)
+    for reward in ("0.25", "0.75"):
+        monkeypatch.setenv("AGENTGRAD_TEST_REWARD", reward)
+        rollout = store.enqueue_rollout({"x": 1})
+        with RunnerPool(agents_for_runner_start.env_agent, f"sqlite://{path}", n_runners=1, poll_timeout=0.1):
+            (done,) = store.wait_for_rollouts([rollout.rollout_id], timeout=60)
+        assert done.reward == float(reward)
+    store.close()
+
+
+def test_runner_start_context_preloads_agentgrad_in_a_fork_server_not_user_code():
+    import multiprocessing
+
+    from agentgrad.runner import PRELOADED, start_context
+
+    ctx = start_context()
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        assert ctx.get_start_method() == "spawn"
+        return
+    from multiprocessing import forkserver
+
+    assert ctx.get_start_method() == "forkserver"  # this checkout is what a fresh interpreter imports
+    preload = forkserver._forkserver._preload_modules
+    assert "__main__" not in preload and set(PRELOADED) <= set(preload)
+
+
+def test_instrument_imports_no_openai_and_patches_it_once_imported():
+    """A runner process starts without importing openai (half a second), yet an agent's openai
+    client still sends the rollout's headers."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from agentgrad.tracing import instrument; instrument(); "
+            "print('openai' in sys.modules); import openai; "
+            "print(getattr(openai._base_client.BaseClient._build_headers, '_agentgrad_patched', False))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True"]
+
+
+def test_pool_runners_stop_when_the_process_that_started_them_is_killed(tmp_path) -> None:
+    """A trainer killed outright cannot stop its runner processes; they notice and stop themselves."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    script = tmp_path / "pool_owner.py"
+    script.write_text(
+        "import sys, time\n"
+        "import agents_for_tests\n"
+        "from agentgrad.runner import RunnerPool\n"
+        "if __name__ == '__main__':\n"
+        f"    pool = RunnerPool(agents_for_tests.reward_agent, 'sqlite://{tmp_path / 's.db'}', n_runners=2,\n"
+        "                      poll_timeout=0.1).start()\n"
+        "    print(' '.join(str(p.pid) for p in pool.processes), flush=True)\n"
+        "    time.sleep(600)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent / "support"),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        children = [int(pid) for pid in owner.stdout.readline().split()]  # type: ignore[union-attr]
+        assert len(children) == 2
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        with open(f"/proc/{pid}/stat") as stat:  # an exited child of init is reaped soon; a zombie is gone
+            return stat.read().split(")")[-1].split()[0] != "Z"
+
+    deadline = time.monotonic() + 60
+    while any(alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [pid for pid in children if alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "runner processes outlived the process that started them"

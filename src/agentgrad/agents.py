@@ -38,6 +38,10 @@ class Agent:
 
     #: Tags spans of this agent; multi-agent systems use ``agentgrad.agent("name")`` scopes.
     name: str | None = None
+    #: The resource name this agent reads its LLM under (``resources["main_llm"]``), when it reads a
+    #: fixed one. Commands that publish an LLM for the agent (``agentgrad train``, ``dev``,
+    #: ``runner``) use it when ``--llm-resource`` is not given; None: ``llm``.
+    llm_resource: str | None = None
 
     def rollout(self, task: Any, resources: Resources, rollout: Rollout) -> RolloutResult:
         raise NotImplementedError(f"{type(self).__name__} must implement rollout() or rollout_async()")

@@ -42,7 +42,7 @@ import os
 import textwrap
 import types
 import typing
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path, PurePath
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
@@ -600,9 +600,12 @@ def _help(doc: str, default: Any) -> str:
     return f"{text} ({shown})".replace("%", "%%") if text else f"({shown})".replace("%", "%%")
 
 
-def add_dataclass_arguments(parser: argparse.ArgumentParser | Any, cls: type, prefix: str = "") -> None:
+def add_dataclass_arguments(parser: argparse.ArgumentParser | Any, cls: type, prefix: str = "",
+                            skip: Collection[str] = ()) -> None:
     """One ``--flag`` per setting of ``cls``: ``--steps``, ``--train.lr`` (sections), with the
     field's docstring and default as help. ``prefix`` (e.g. ``"grpo."``) goes before every flag.
+    ``skip`` names top-level fields whose flags another class of the same parser already added
+    (two config classes can share flags: the one given sets the field of whichever is resolved).
 
     Names are written with dashes (``--group-size``; ``--group_size`` is accepted too). A flag that
     is not given leaves no attribute on the namespace, so :func:`resolve` can tell it from a default;
@@ -612,6 +615,8 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser | Any, cls: type, pr
     is_parser = isinstance(parser, argparse.ArgumentParser)
     groups: dict[str, Any] = {}
     for setting in config_fields(cls):
+        if setting.path.partition(".")[0] in skip:
+            continue
         section = setting.path.rpartition(".")[0]
         if is_parser and section not in groups:
             title = f"{cls.__name__} settings" if not section else f"{cls.__name__} settings: {section}"

@@ -27,8 +27,12 @@ class RolloutContext:
     store: Store
     rollout: Rollout
     attempt: Attempt
-    #: Innermost ``agent("name")`` scope, tagged onto spans and LLM calls.
+    #: Innermost ``agent("name")`` scope, else the rollout's agent name; tagged onto spans and
+    #: LLM calls.
     agent_name: str | None = None
+    #: True inside an ``agent("name")`` scope: the user's name then wins over the one inferred
+    #: from an agent framework (:mod:`agentgrad.tracing.agent_names`), the rollout's does not.
+    agent_scoped: bool = False
     #: The span id of the innermost ``operation``/``agent`` scope, parent of new spans.
     parent_span_id: str | None = None
     #: A per-rollout trace id so all spans of an attempt form one trace.

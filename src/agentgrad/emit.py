@@ -2,7 +2,8 @@
 
 They write straight to the store of the running rollout (see :mod:`agentgrad.context`), so a
 crash right after an emit loses nothing, and every span doubles as a heartbeat. Calling one
-outside a rollout raises :class:`~agentgrad.errors.NoRolloutContextError`.
+outside a rollout raises :class:`~agentgrad.errors.NoRolloutContextError` — except the
+``agent()`` scope, which is then a no-op so that instrumented agent code runs in production.
 """
 
 from __future__ import annotations
@@ -12,14 +13,17 @@ import dataclasses
 import functools
 import inspect
 import json
+import logging
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from agentgrad import semconv
-from agentgrad.context import RolloutContext, require_context, scoped
+from agentgrad.context import RolloutContext, current_context, require_context, scoped
 from agentgrad.rewards import reward_number
 from agentgrad.types import Span, SpanStatus, new_id, now
+
+log = logging.getLogger(__name__)
 
 
 def _span(context: RolloutContext, name: str, attributes: dict[str, Any], **fields: Any) -> Span:
@@ -227,10 +231,19 @@ def agent(name: str) -> Iterator[None]:
     """Tag everything inside — spans, emitted rewards and LLM calls — with an agent name.
 
     In a multi-agent system this is what lets training pick the agents to improve
-    (``agent_match``). Scopes nest; the innermost name wins.
+    (``agent_match``). Scopes nest; the innermost name wins, and a scope's name wins over the
+    one inferred from an agent framework (docs/multi-agent.md). Most agents need no scope: the
+    framework's own agent names are found without one.
+
+    Outside a rollout (the agent running in production, or in a unit test) it does nothing but
+    log at debug level, so code instrumented with it runs anywhere.
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"agent() needs a non-empty name, got {name!r}")
-    scope = _Scope("agent", semconv.SPAN_AGENT, {semconv.AGENT_NAME: name}, agent_name=name)
+    if current_context() is None:
+        log.debug("agentgrad.agent(%r) outside a rollout: nothing is recorded", name)
+        yield
+        return
+    scope = _Scope("agent", semconv.SPAN_AGENT, {semconv.AGENT_NAME: name}, agent_name=name, agent_scoped=True)
     with scope._run():
         yield

@@ -32,6 +32,15 @@ class InvalidInputError(AgentGradError, ValueError):
     """Input refused before anything was stored (e.g. a task that is not JSON)."""
 
 
+class IdempotencyKeyReusedError(InvalidInputError):
+    """An idempotency key sent again with a different request: a key names one request, and
+    only an exact retry may repeat it (``key`` and ``operation`` name the two)."""
+
+    def __init__(self, message: str, *, key: str, operation: str) -> None:
+        self.key, self.operation = key, operation
+        super().__init__(message)
+
+
 class AlreadyExistsError(AgentGradError, ValueError):
     """An id that must be unique is taken (rollout ids, resources ids)."""
 

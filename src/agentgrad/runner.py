@@ -13,7 +13,14 @@ Failure model:
   the rest back as failed attempts (``RunnerStopped``), which the store retries per the rollout's
   ``retry_on``;
 * a runner killed outright (SIGKILL) leaves attempts that stop heartbeating: the store's
-  watchdog marks them ``unresponsive`` and retries them;
+  watchdog marks them ``unresponsive`` after the rollout's ``unresponsive_seconds`` (30 s by
+  default) and retries them;
+* a store that cannot be reached (the service restarting, the network down) is waited out: every
+  store call goes through a :class:`~agentgrad.store.outage.PatientStore`, which retries with
+  capped exponential backoff and jitter for as long as the outage lasts and logs it once (a
+  warning) and its end (info, with its length). Dequeuing pauses; heartbeats are skipped; the
+  attempt in flight is reported when the store is back (or handed back, if the runner was told to
+  stop and its grace ran out first). Errors retrying cannot fix (a 4xx) are raised as before;
 * a runner *process* that dies (an error, a signal, or a start that never got as far as the agent:
   the spawn start method and a script without ``if __name__ == "__main__":``) is reported by
   :meth:`RunnerPool.check`, which the ``Trainer`` calls while it waits for rollouts.
@@ -24,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import functools
 import inspect
 import json
 import logging
@@ -32,6 +40,7 @@ import os
 import signal
 import socket
 import threading
+import time
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -43,15 +52,17 @@ from typing import Any
 # makes that client fail on a half-imported module.
 import httpx  # noqa: F401
 
-from agentgrad import semconv
-from agentgrad.agents import Agent, as_agent
+from agentgrad.agents import Agent, FunctionAgent, as_agent
 from agentgrad.context import RolloutContext, use_context
 from agentgrad.emit import emit_reward
-from agentgrad.errors import AgentGradError
+from agentgrad.errors import AgentGradError, InvalidTransitionError
+from agentgrad.http.guard import PROXY_TOKEN_ENV, env_token
 from agentgrad.http.transport import Transport, transport_for
 from agentgrad.rewards import reward_number
-from agentgrad.store.protocol import Store
+from agentgrad.store.outage import OUTAGE_ERRORS, PatientStore
+from agentgrad.store.protocol import RolloutFilter, Store
 from agentgrad.types import (
+    HEARTBEAT_INTERVAL_SECONDS,
     AttemptedRollout,
     AttemptError,
     AttemptStatus,
@@ -127,7 +138,7 @@ class Runner:
         concurrency: int = 1,
         max_rollouts: int | None = None,
         poll_timeout: float = 0.5,
-        heartbeat_interval: float = 5.0,
+        heartbeat_interval: float = HEARTBEAT_INTERVAL_SECONDS,
         grace_seconds: float = 30.0,
         resources_hook: Callable[[Resources, AttemptedRollout], Resources] | None = None,
         llm_proxy_url: str | None = None,
@@ -137,8 +148,10 @@ class Runner:
         if concurrency < 1:
             raise ValueError(f"concurrency must be ≥ 1, got {concurrency}")
         self.agent = as_agent(agent)
-        self.store = store
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{new_id('w')[2:8]}"
+        # Every store call of the runner and of its agents waits out store outages; retries give
+        # up only once the runner was told to stop and its grace period is over.
+        self.store = PatientStore(store, who=f"runner {self.worker_id}", give_up=self._out_of_grace)
         self.concurrency = concurrency
         self.max_rollouts = max_rollouts
         self.poll_timeout = poll_timeout
@@ -152,15 +165,25 @@ class Runner:
         self._flush_transport_lock = threading.Lock()
         self.stats = RunnerStats()
         self._stopping = threading.Event()
+        self._stop_deadline = float("inf")  # time.monotonic() when a stop's grace period runs out
         self._claimed = 0
         self._in_flight: dict[str, AttemptedRollout] = {}
         self._last_report = 0.0
+        self._reported: str | None = None  # the status of the last worker record written
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._async_agent = _returns_coroutine(self.agent)
+        self._resources: dict[str, Resources] = {}  # snapshots by id: immutable in the store
 
     # ---- control ----------------------------------------------------------------------------
     def stop(self) -> None:
         """Ask the loop to stop taking work; in-flight rollouts get ``grace_seconds``."""
+        if not self._stopping.is_set():
+            self._stop_deadline = time.monotonic() + self.grace_seconds
         self._stopping.set()
+
+    def _out_of_grace(self) -> bool:
+        """Stopping, and the grace period is over: store calls stop waiting out an outage."""
+        return self._stopping.is_set() and time.monotonic() >= self._stop_deadline
 
     @property
     def stopping(self) -> bool:
@@ -179,12 +202,12 @@ class Runner:
         # cap concurrency and could starve heartbeats behind busy sync agents.
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=2 * self.concurrency + 2, thread_name_prefix=f"agentgrad-runner-{self.worker_id}")
-        self._report_worker("idle")
+        self._report_worker("idle", force=True)
         slots = [asyncio.create_task(self._slot()) for _ in range(self.concurrency)]
         try:
             await asyncio.gather(*slots)
         finally:
-            self._report_worker("stopped")
+            self._report_worker("stopped", force=True)
             self._executor.shutdown(wait=False, cancel_futures=True)
             if self._flush_transport is not None:
                 self._flush_transport.close()
@@ -205,54 +228,128 @@ class Runner:
 
     async def _slot(self) -> None:
         while self._take_ticket():
-            claimed = await self._to_thread(self.store.dequeue_rollout, self.worker_id, self.poll_timeout)
+            # One thread hop per claim: the claim, its resources and its start, in a row (each hop
+            # between the loop and a thread costs a GIL hand-off, ~0.3 ms on a busy machine).
+            claimed, prepared = await self._to_thread(self._dequeue_and_prepare)
             if claimed is None:
                 self._claimed -= 1  # nothing came: the ticket is not spent
-                if not self._in_flight and now() - self._last_report >= self.heartbeat_interval:
-                    self._report_worker("idle")  # an idle runner still shows as alive
+                if not self._in_flight:
+                    self._report_worker("idle")  # at once when it just ran out of work, then as a sign of life
                 continue
-            if self.stopping:  # the stop arrived while we long-polled: hand it straight back
+            if self.stopping or prepared is None:  # the stop arrived while we long-polled: hand it straight back
                 self._hand_back(claimed)
                 continue
-            await self._run_attempt(claimed)
+            await self._run_attempt(claimed, prepared)
 
-    async def _run_attempt(self, claimed: AttemptedRollout) -> None:
+    def _dequeue_and_prepare(self) -> tuple[AttemptedRollout | None, Resources | BaseException | None]:
+        """A claim (:meth:`_dequeue`) and, unless the runner is stopping (then the claim is handed
+        back), its preparation (:meth:`_prepare`): the resources, or the exception preparing raised."""
+        claimed = self._dequeue()
+        if claimed is None or self.stopping:
+            return claimed, None
+        try:
+            return claimed, self._prepare(claimed)
+        except Exception as exc:  # noqa: BLE001 - raised where the attempt runs, as if prepared there
+            return claimed, exc
+
+    def _prepare(self, claimed: AttemptedRollout) -> Resources:
+        """The attempt's resources, and the attempt marked running; through store outages."""
+        resources = self._resources_for(claimed)
+        self.store.update_attempt(claimed.rollout.rollout_id, claimed.attempt.attempt_id, AttemptStatus.RUNNING)
+        return resources
+
+    def _dequeue(self) -> AttemptedRollout | None:
+        """One long-polling claim; through a store outage until it ends or the runner is told to stop
+        (then None: nothing was claimed). Every try carries the same idempotency key, so a claim the
+        store made but whose answer was lost (it died before replying) is answered to the retry,
+        not left claimed by nobody."""
+        key = new_id("claim")
+        try:
+            return self.store.call(self.store.inner.dequeue_rollout, self.worker_id, self.poll_timeout,
+                                   idempotency_key=key, give_up=self._stopping.is_set)
+        except OUTAGE_ERRORS:
+            return None
+
+    async def _run_attempt(self, claimed: AttemptedRollout, prepared: Resources | BaseException) -> None:
         rollout, attempt = claimed.rollout, claimed.attempt
         key = attempt.attempt_id
         self._in_flight[key] = claimed
         self._report_worker("busy", claimed)
         try:
-            resources = self._resources_for(claimed)
-            self.store.update_attempt(rollout.rollout_id, attempt.attempt_id, AttemptStatus.RUNNING)
+            # Prepared in the claim's thread: during an outage that waits, and the loop keeps
+            # heartbeating other slots.
+            if isinstance(prepared, BaseException):
+                raise prepared
+            resources = prepared
             context = RolloutContext(
                 store=self.store, rollout=rollout, attempt=attempt, agent_name=self.agent.name,
                 trace_id=attempt.attempt_id.replace("-", "").ljust(32, "0")[:32],
             )
             with use_context(context):
-                work = asyncio.ensure_future(self._invoke(claimed, resources))
-                outcome = await self._supervise(work, claimed)
-            if not isinstance(outcome, (_Superseded, _Handback)):
+                abandoned = threading.Event()  # set when the loop stops waiting for the agent
+                work = asyncio.ensure_future(self._invoke(claimed, resources, abandoned))
+                outcome = await self._supervise(work, claimed, abandoned)
+            reward_stored = outcome is None and work.result() is not None  # _invoke flushed before it
+            if not isinstance(outcome, (_Superseded, _Handback)) and not reward_stored:
                 await self._flush_llm_calls(claimed)  # its calls are stored before it is reported
+            if self.store.outage.down and not isinstance(outcome, (_Superseded, _Handback)):
+                await self._store_back(claimed)
             self._finish(claimed, outcome)
+        except InvalidTransitionError as exc:  # the store ended the attempt first: a watchdog, a cancel
+            log.warning("runner %s: rollout %s attempt %s was ended in the store before the runner could report "
+                        "it (%s); its result is dropped", self.worker_id, rollout.rollout_id, attempt.attempt_id, exc)
+            self.stats.errors.append(f"{rollout.rollout_id}: {type(exc).__name__}: {exc}")
         except Exception as exc:  # a store error while reporting: log, keep the runner alive
             log.exception("runner %s could not report rollout %s", self.worker_id, rollout.rollout_id)
             self.stats.errors.append(f"{rollout.rollout_id}: {type(exc).__name__}: {exc}")
         finally:
             self._in_flight.pop(key, None)
-            self._report_worker("idle")
 
-    async def _invoke(self, claimed: AttemptedRollout, resources: Resources) -> Any:
+    async def _store_back(self, claimed: AttemptedRollout) -> None:
+        """Wait until the store answers again (a heartbeat of the attempt) in a thread, so the
+        report that follows does not wait out the outage on the loop the other slots share."""
+        try:
+            await self._to_thread(self.store.call, self.store.inner.heartbeat, claimed.rollout.rollout_id,
+                                  claimed.attempt.attempt_id)
+        except OUTAGE_ERRORS:
+            pass  # stopping, out of grace: the report makes its one try
+
+    async def _invoke(self, claimed: AttemptedRollout, resources: Resources, abandoned: threading.Event) -> Any:
         # Sync agents run in a thread (the context variable travels with it) so heartbeats and
         # other slots keep going; async agents return a coroutine that runs on this loop.
-        result = await self._to_thread(self.agent.run_for, claimed.rollout, resources)
-        if inspect.isawaitable(result):
-            result = await result
+        if self._async_agent:
+            result = await self.agent.run_for(claimed.rollout, resources)
+        else:
+            result = await self._to_thread(self._run_sync_agent, claimed, resources, abandoned)
+            if not isinstance(result, _Awaitable):
+                return result  # the thread stored the reward too
+            result = await result.awaitable
         reward = reward_of(result)
         if reward is not None:
-            emit_reward(reward)
+            await self._to_thread(self._store_reward, claimed, reward)  # off the loop the other slots share
         return reward
 
-    async def _supervise(self, work: asyncio.Future, claimed: AttemptedRollout) -> BaseException | None:
+    def _store_reward(self, claimed: AttemptedRollout, reward: float) -> None:
+        """The reward follows every call of the attempt: store the calls first (the proxy writes
+        them behind its answers), so even the store's own order says so."""
+        self._flush_now(claimed)
+        emit_reward(reward)
+
+    def _run_sync_agent(self, claimed: AttemptedRollout, resources: Resources, abandoned: threading.Event) -> Any:
+        """The agent, then its reward stored (after its calls: the flush first), in one thread hop
+        instead of three; not once the loop has ``abandoned`` the attempt (the store ended it, or
+        the runner's grace ran out), as a cancelled coroutine would not. An agent that returned an
+        awaitable after all gets it back wrapped, for the loop to await."""
+        result = self.agent.run_for(claimed.rollout, resources)
+        if inspect.isawaitable(result):
+            return _Awaitable(result)
+        reward = reward_of(result)
+        if reward is not None and not abandoned.is_set():
+            self._store_reward(claimed, reward)
+        return reward
+
+    async def _supervise(self, work: asyncio.Future, claimed: AttemptedRollout,
+                         abandoned: threading.Event) -> BaseException | None:
         """Await the agent while heartbeating; returns its exception (None on success)."""
         rollout_id, attempt_id = claimed.rollout.rollout_id, claimed.attempt.attempt_id
         last_beat = now()
@@ -264,29 +361,37 @@ class Runner:
             if self.stopping:
                 grace_deadline = grace_deadline or now() + self.grace_seconds
                 if now() >= grace_deadline:
+                    abandoned.set()  # a sync agent's thread then stores no reward
                     work.cancel()
                     return _Handback()
                 continue
             if now() - last_beat < self.heartbeat_interval:
                 continue
             last_beat = now()
-            state = await self._to_thread(self.store.heartbeat, rollout_id, attempt_id)
-            if state.status.is_terminal:
+            # One try: during an outage a heartbeat is skipped (the next is due soon), not waited for.
+            state = await self._to_thread(self.store.try_once, self.store.inner.heartbeat, rollout_id, attempt_id)
+            if state is not None and state.status.is_terminal:
                 log.warning("attempt %s of %s ended in the store (%s); cancelling the agent",
                             attempt_id, rollout_id, state.status.value)
+                abandoned.set()
                 work.cancel()
                 return _Superseded(state.status.value)
 
     async def _flush_llm_calls(self, claimed: AttemptedRollout) -> None:
+        """Wait (in a thread) until the proxy has stored every LLM call of the attempt."""
+        if self.llm_proxy is not None or self.llm_proxy_url:
+            await self._to_thread(self._flush_now, claimed)
+
+    def _flush_now(self, claimed: AttemptedRollout) -> None:
         """Wait until the proxy has stored every LLM call of the attempt; a failure is logged, not fatal."""
         if self.llm_proxy is None and not self.llm_proxy_url:
             return
         rollout_id, attempt_id = claimed.rollout.rollout_id, claimed.attempt.attempt_id
         try:
             if self.llm_proxy is not None:
-                await self._to_thread(self.llm_proxy.flush, rollout_id, attempt_id, self.flush_timeout)
+                self.llm_proxy.flush(rollout_id, attempt_id, self.flush_timeout)
             else:
-                await self._to_thread(self._flush_over_http, rollout_id, attempt_id)
+                self._flush_over_http(rollout_id, attempt_id)
         except Exception as exc:
             log.warning("rollout %s attempt %s: the LLM proxy could not confirm its calls are stored (%s: %s); "
                         "reporting the attempt anyway", rollout_id, attempt_id, type(exc).__name__, exc)
@@ -299,8 +404,10 @@ class Runner:
         with self._flush_transport_lock:  # slots flush from several threads at once
             if self._flush_transport is None:
                 root = self.llm_proxy_url.rstrip("/").removesuffix("/v1")  # type: ignore[union-attr]
-                self._flush_transport = transport_for(root, headers={"Content-Type": "application/json"},
-                                                      timeout=wait)
+                headers = {"Content-Type": "application/json"}
+                if token := env_token(PROXY_TOKEN_ENV):  # a proxy started with --token
+                    headers["Authorization"] = f"Bearer {token}"
+                self._flush_transport = transport_for(root, headers=headers, timeout=wait)
             transport = self._flush_transport
         body = json.dumps({"rollout_id": rollout_id, "attempt_id": attempt_id, "timeout": self.flush_timeout})
         status, answer = transport.request("POST", "/agentgrad/flush", body.encode(), timeout=wait)
@@ -330,7 +437,9 @@ class Runner:
         self.stats.failed += 1
 
     def _warn_if_no_llm_calls(self, rollout_id: str) -> None:
-        if self.store.query_spans(rollout_id, "latest", name=semconv.SPAN_LLM_CALL, limit=1):
+        # The store counts the LLM-call spans of a rollout's latest attempt (``llm_calls``): a
+        # count of one row is far cheaper than reading a span back (token ids and all).
+        if not self.store.count_rollouts(RolloutFilter(rollout_ids=[rollout_id], no_llm_calls=True)):
             return
         self.stats.no_llm_calls += 1
         if self.stats.no_llm_calls in (1, 10, 100) or self.stats.no_llm_calls % 1000 == 0:
@@ -351,8 +460,15 @@ class Runner:
 
     def _resources_for(self, claimed: AttemptedRollout) -> Resources:
         rid = claimed.rollout.resources_id
-        resources = self.store.get_resources(rid) if rid else self.store.get_latest_resources()
-        resources = resources or Resources(resources_id="none", version=0)
+        if rid:  # a snapshot never changes: fetched once per runner, a private copy per attempt
+            resources = self._resources.get(rid)
+            if resources is None:
+                resources = self._resources[rid] = self.store.get_resources(rid)
+                while len(self._resources) > _RESOURCES_CACHED:
+                    self._resources.pop(next(iter(self._resources)))
+            resources = resources.model_copy(deep=True)
+        else:
+            resources = self.store.get_latest_resources() or Resources(resources_id="none", version=0)
         if self.resources_hook:
             resources = self.resources_hook(resources, claimed)
         if self.llm_proxy_url:
@@ -361,12 +477,21 @@ class Runner:
             resources = ProxyResourcesHook(self.llm_proxy_url)(resources, claimed)
         return resources
 
-    def _report_worker(self, status: str, claimed: AttemptedRollout | None = None) -> None:
+    def _report_worker(self, status: str, claimed: AttemptedRollout | None = None, *, force: bool = False) -> None:
+        """Write the worker record (for the dashboard) when its status changes, and otherwise at
+        most once per ``heartbeat_interval``: a busy runner's record then says which rollout it was
+        on at most that long ago, instead of costing two store writes per rollout."""
+        status = "busy" if self._in_flight else status
+        if not force and status == self._reported and now() - self._last_report < self.heartbeat_interval:
+            return
         self._last_report = now()
+        self._reported = status
+        if self.store.outage.down:  # a record for the dashboard is not worth a wait
+            return
         try:
-            self.store.update_worker(Worker(
+            self.store.try_once(self.store.inner.update_worker, Worker(
                 worker_id=self.worker_id,
-                status="busy" if self._in_flight else status,  # type: ignore[arg-type]
+                status=status,  # type: ignore[arg-type]
                 current_rollout_id=claimed.rollout.rollout_id if claimed else None,
                 current_attempt_id=claimed.attempt.attempt_id if claimed else None,
                 metadata={"pid": os.getpid(), "concurrency": self.concurrency, "in_flight": len(self._in_flight),
@@ -380,6 +505,28 @@ class _Handback(Exception):
     """The runner stopped before the agent finished."""
 
 
+@dataclass
+class _Awaitable:
+    """What a sync agent's thread returns when the agent returned an awaitable: the loop awaits it."""
+
+    awaitable: Any
+
+
+#: Resource snapshots a runner keeps by id (the newest few an algorithm publishes).
+_RESOURCES_CACHED = 16
+
+
+def _returns_coroutine(agent: Agent) -> bool:
+    """Whether ``agent.run_for`` only makes a coroutine (an async agent), so the loop may call it
+    without a thread hop. False when unsure: a thread is always safe."""
+    if isinstance(agent, FunctionAgent):
+        return inspect.iscoroutinefunction(agent.func)
+    cls = type(agent)
+    return (cls.rollout_async is not Agent.rollout_async and inspect.iscoroutinefunction(cls.rollout_async)
+            and all(getattr(cls, name) is getattr(Agent, name)
+                    for name in ("run_for", "training_rollout", "validation_rollout", "_dispatch")))
+
+
 class _Superseded(Exception):
     """The store ended the attempt (cancel, timeout) while the agent was still running."""
 
@@ -388,11 +535,19 @@ class _Superseded(Exception):
 
 #: What to do when a runner process dies while starting: named in every such error.
 MAIN_GUARD_HINT = (
-    "runner processes are started with the 'spawn' method: each imports the main script again (as "
-    "__mp_main__) and unpickles the agent by reference. If your script starts the Trainer at module "
-    "level, put that code under `if __name__ == \"__main__\":`; and define the agent at module level "
+    "runner processes start as fresh interpreters (the 'forkserver' start method, or 'spawn'): each "
+    "imports the main script again (as __mp_main__) and unpickles the agent by reference. If your script "
+    "starts the Trainer at module level, put that code under `if __name__ == \"__main__\":`; and define the agent at module level "
     "of a module the new process can import."
 )
+
+
+def show_outage_ends() -> None:
+    """Let a runner process log the end of a store outage (info) beside its start (a warning),
+    even at the usual WARNING level: a warning whose end is never said reads as still true."""
+    outage_log = logging.getLogger("agentgrad.store.outage")
+    if outage_log.getEffectiveLevel() > logging.INFO:
+        outage_log.setLevel(logging.INFO)
 
 
 class RunnerDiedError(AgentGradError, RuntimeError):
@@ -412,12 +567,17 @@ def check_not_bootstrapping(what: str) -> None:
 
 
 def _runner_process(agent: Agent, store_url: str, options: dict[str, Any], store_token: str | None,
-                    reports: Any = None, index: int = 0) -> None:
+                    reports: Any = None, index: int = 0, environ: dict[str, str] | None = None,
+                    parent_pid: int | None = None) -> None:
     from agentgrad.store import TOKEN_ENV, open_store
 
+    if environ is not None:  # a fork server's child has the server's environment: make it the parent's
+        os.environ.clear()
+        os.environ.update(environ)
     if reports is not None:
         reports.put(("started", index, ""))
     logging.basicConfig(level=os.environ.get("AGENTGRAD_LOG_LEVEL", "WARNING"))
+    show_outage_ends()
     try:
         if store_token:
             os.environ[TOKEN_ENV] = store_token  # this process's own environment: it is the runner's
@@ -425,6 +585,9 @@ def _runner_process(agent: Agent, store_url: str, options: dict[str, Any], store
         runner = Runner(agent, store, **options)
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: runner.stop())
+        if parent_pid is not None:
+            threading.Thread(target=_stop_when_orphaned, args=(runner, parent_pid), daemon=True,
+                             name="agentgrad-parent-watch").start()
         try:
             runner.run()
         finally:
@@ -435,12 +598,78 @@ def _runner_process(agent: Agent, store_url: str, options: dict[str, Any], store
         raise
 
 
+def _stop_when_orphaned(runner: Runner, parent_pid: int, every: float = 1.0) -> None:
+    """Stop a pool's runner once the process that started the pool is gone. A trainer killed
+    outright (SIGKILL, or a signal it does not handle) cannot stop its daemonic children, and a
+    runner left behind would go on claiming rollouts of a run nobody reads. (The parent's pid, not
+    ``os.getppid()``: a fork server's child has the server as its parent.)"""
+    while not runner.stopping:
+        time.sleep(every)
+        try:
+            os.kill(parent_pid, 0)
+        except ProcessLookupError:
+            log.warning("runner %s: the process that started it (pid %d) is gone; stopping", runner.worker_id,
+                        parent_pid)
+            runner.stop()
+            return
+        except PermissionError:  # alive, owned by someone else
+            continue
+
+
+#: What a runner process needs of AgentGrad, imported once by the fork server (not the agent's
+#: modules, nor the main script: the server never runs user code, so a fork of it is as clean as a
+#: spawned interpreter).
+PRELOADED = ("agentgrad.runner", "agentgrad.store.sqlite", "agentgrad.store.client", "agentgrad.proxy.hooks",
+             "agentgrad.tracing.instrument")
+
+
+def start_context() -> multiprocessing.context.BaseContext:
+    """How runner processes start: ``forkserver`` with :data:`PRELOADED` imported in the server,
+    where the platform has it and a fresh interpreter would import this same AgentGrad (the server
+    imports it from its own ``sys.path``, not from entries a script added to ours); else ``spawn``.
+
+    A spawned runner spends ~0.3 s of CPU importing AgentGrad (pydantic models, httpx, asyncio)
+    before it can claim anything; four of them on two cores took over a second to be ready
+    (issue 24). A fork server pays that once per parent process.
+    """
+    if "forkserver" not in multiprocessing.get_all_start_methods() or not _fresh_interpreter_imports_this_agentgrad():
+        return multiprocessing.get_context("spawn")
+    from multiprocessing import forkserver
+
+    ctx = multiprocessing.get_context("forkserver")
+    # Keep what the program asked its fork server to preload, but not the main script (the
+    # default): that would run user code in the server, and it is imported by each child anyway.
+    asked = [m for m in getattr(forkserver._forkserver, "_preload_modules", []) if m != "__main__"]
+    ctx.set_forkserver_preload(asked + [m for m in PRELOADED if m not in asked])  # once the server runs: no-op
+    return ctx
+
+
+@functools.cache
+def _fresh_interpreter_imports_this_agentgrad() -> bool:
+    """Whether ``python -c 'import agentgrad'``, run as the fork server would be, finds this
+    process's AgentGrad (checked once per process: ~30 ms)."""
+    import subprocess
+    from multiprocessing import spawn, util
+
+    command = [spawn.get_executable(), *util._args_from_interpreter_flags(), "-c",
+               "import agentgrad; print(agentgrad.__file__)"]
+    try:
+        found = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return False
+    ours = os.path.join(os.path.dirname(__file__), "__init__.py")  # this module's package, not imported here
+    return os.path.realpath(found) == os.path.realpath(ours)
+
+
 class RunnerPool:
     """``n_runners`` runner processes, each with ``concurrency`` rollouts in flight.
 
-    Processes are started with the ``spawn`` method (safe next to threads and torch) and open
-    the store by URL (``sqlite:///…``, ``postgresql://…`` or the store service's
-    ``http://…``; ``store_token`` is its bearer token, passed outside the URL). The agent is
+    Processes start as fresh interpreters, safe next to threads and torch: from a fork server
+    that has imported what a runner needs of AgentGrad once (:func:`start_context`; a process is
+    ready in tens of milliseconds instead of a few hundred), or with the ``spawn`` method where
+    there is no fork server. Either way each imports the main script again and has the parent's
+    environment. They open the store by URL (``sqlite:///…``, ``postgresql://…`` or the store
+    service's ``http://…``; ``store_token`` is its bearer token, passed outside the URL). The agent is
     pickled: define it at module level.
 
     :meth:`check` is the pool's health: it raises :class:`RunnerDiedError` once a runner
@@ -466,13 +695,15 @@ class RunnerPool:
         self._check_lock = threading.Lock()
 
     def start(self) -> RunnerPool:
-        ctx = multiprocessing.get_context("spawn")
+        ctx = start_context()
         self._reports = ctx.SimpleQueue()
+        environ = dict(os.environ)
         for index in range(self.n_runners):
             options = {**self.runner_options}
             options.setdefault("worker_id", f"runner-{index}-{new_id('w')[2:8]}")
             process = ctx.Process(target=_runner_process,
-                                  args=(self.agent, self.store_url, options, self.store_token, self._reports, index),
+                                  args=(self.agent, self.store_url, options, self.store_token, self._reports, index,
+                                        environ, os.getpid()),
                                   name=f"agentgrad-runner-{index}", daemon=True)
             process.start()
             self.processes.append(process)

@@ -15,7 +15,15 @@ import string
 import time
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    FiniteFloat,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 from agentgrad.errors import TemplateError
 
@@ -35,6 +43,25 @@ def new_id(prefix: str) -> str:
 #: for every span an agent writes, and the generator (seeded from the OS, reseeded in forked
 #: children) is several times cheaper than ``uuid4``. Ids need uniqueness, not secrecy.
 _random_bits = random.getrandbits
+
+
+#: The largest integer any stored or queried field may hold: a signed 64-bit integer, the widest
+#: column SQLite and PostgreSQL have. Larger numbers are refused at the edge (422), not left to
+#: overflow inside a backend.
+INT64_MAX = 2**63 - 1
+#: The largest step of a metric record: its column is PostgreSQL's (32-bit) INTEGER.
+MAX_STEP = 2**31 - 1
+#: The longest id (rollout, attempt, span, resources, worker, run) in characters: ids are keys of
+#: database indexes, and PostgreSQL refuses an index entry over 2,704 bytes.
+MAX_ID_LENGTH = 256
+_NO_NUL = r"^[^\x00]*$"
+#: An id that is also a database key. No NUL character: PostgreSQL text cannot hold one, and
+#: every backend refuses what one of them cannot store, so they agree.
+Key = Annotated[str, StringConstraints(max_length=MAX_ID_LENGTH, pattern=_NO_NUL)]
+#: A name stored in a column of its own (a span's name, a metric run): no NUL character.
+Name = Annotated[str, StringConstraints(pattern=_NO_NUL)]
+#: A count, step or position stored as a database integer: 0 … INT64_MAX.
+StoredInt = Annotated[int, Field(ge=0, le=INT64_MAX)]
 
 
 class RolloutStatus(str, enum.Enum):
@@ -81,18 +108,49 @@ RetryReason = Literal["failed", "timeout", "unresponsive"]
 RolloutMode = Literal["train", "val", "test"]
 
 
+#: Every reason an attempt can be retried for.
+ALL_RETRY_REASONS: tuple[RetryReason, ...] = ("failed", "timeout", "unresponsive")
+#: The runner's default ``heartbeat_interval`` (seconds); a runner beats this often per attempt.
+HEARTBEAT_INTERVAL_SECONDS = 5.0
+#: The default heartbeat deadline: six missed heartbeats. Long enough for a busy runner, a slow
+#: store call and a store restart (the watchdog counts silence from the store's own start);
+#: short enough that a killed runner's rollout runs again within a minute.
+UNRESPONSIVE_SECONDS = 6 * HEARTBEAT_INTERVAL_SECONDS
+
+
 class RolloutConfig(BaseModel):
     """How long an attempt may take and when a failed attempt is retried.
 
     ``max_attempts`` counts every attempt, the first included: 1 means no retries.
+
+    The defaults recover a rollout whose runner died (killed, out of memory, its machine lost)
+    and nothing else: its attempt is ended ``unresponsive`` after ``unresponsive_seconds`` (30 s)
+    without a heartbeat, and the rollout runs again, up to 3 attempts. An agent's own failure is
+    not retried unless asked: ``retry_on`` defaults to ``["unresponsive"]`` when ``max_attempts``
+    is left at its default, and to all three reasons when ``max_attempts`` is given (so
+    ``RolloutConfig(max_attempts=2)`` retries a failure once, as it always has). Set
+    ``unresponsive_seconds=None`` to wait for a silent attempt forever.
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    timeout_seconds: float | None = Field(default=None, gt=0)
-    unresponsive_seconds: float | None = Field(default=None, gt=0)
-    max_attempts: int = Field(default=1, ge=1)
-    retry_on: list[RetryReason] = Field(default_factory=lambda: ["failed", "timeout", "unresponsive"])
+    #: Longest an attempt may run before the watchdog ends it ``timeout`` (None: no limit).
+    timeout_seconds: FiniteFloat | None = Field(default=None, gt=0)
+    #: Longest an attempt may go without a heartbeat (or span) before the watchdog ends it
+    #: ``unresponsive`` (None: never).
+    unresponsive_seconds: FiniteFloat | None = Field(default=UNRESPONSIVE_SECONDS, gt=0)
+    #: Attempts per rollout, the first included.
+    max_attempts: int = Field(default=3, ge=1, le=INT64_MAX)
+    #: Which endings of an attempt are retried (see the class doc for the default).
+    retry_on: list[RetryReason] = Field(default_factory=lambda: ["unresponsive"])
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retry_on_default(cls, data: Any) -> Any:
+        """Who sets ``max_attempts`` asks for retries of every kind, as before these defaults."""
+        if isinstance(data, dict) and "max_attempts" in data and "retry_on" not in data:
+            data = {**data, "retry_on": list(ALL_RETRY_REASONS)}
+        return data
 
 
 class Rollout(BaseModel):
@@ -159,34 +217,60 @@ class SpanEvent(BaseModel):
 class Span(BaseModel):
     """An OpenTelemetry-shaped span tied to one attempt.
 
-    ``sequence_id`` is issued by the store per rollout on first insert; ordering of spans never
-    depends on clocks. Inserting the same ``(rollout_id, attempt_id, span_id)`` twice keeps the
-    first copy, so retried writes never duplicate.
+    ``sequence_id`` is issued by the store per rollout on first insert: the order the store
+    *received* spans, never clock-dependent, but not the order they happened (LLM calls are stored
+    behind the proxy's answers; credit orders by the spans' times, see ``adapters.timeline``).
+    Inserting the same ``(rollout_id, attempt_id, span_id)`` twice keeps the first copy, so
+    retried writes never duplicate.
     """
 
-    rollout_id: str
-    attempt_id: str
-    span_id: str = Field(default_factory=lambda: f"{_random_bits(64):016x}")
+    rollout_id: Key
+    attempt_id: Key
+    span_id: Key = Field(default_factory=lambda: f"{_random_bits(64):016x}")
     trace_id: str = Field(default_factory=lambda: f"{_random_bits(128):032x}")
     parent_id: str | None = None
-    name: str
+    name: Name
     start_time: float = Field(default_factory=now)
     end_time: float | None = None
     status: SpanStatus = Field(default_factory=SpanStatus)
     attributes: dict[str, Any] = Field(default_factory=dict)
     events: list[SpanEvent] = Field(default_factory=list)
     resource: dict[str, Any] = Field(default_factory=dict)
-    sequence_id: int | None = None
+    sequence_id: StoredInt | None = None
 
 
 class LLM(BaseModel):
-    """An OpenAI-compatible endpoint and the model behind it."""
+    """An OpenAI-compatible endpoint and the model behind it.
+
+    ``sampling`` holds the sampling settings the agent should pass to its client (``temperature``,
+    ``max_tokens``…); algorithms write into it (GRPO: its training temperature, greedy for
+    validation). ``sampling_parameters`` is the same dictionary under the name Agent Lightning
+    uses: accepted when the model is created and readable as a property, so code written for
+    either name reads the value that was set — never silently dropped.
+    """
 
     resource_type: Literal["llm"] = "llm"
     endpoint: str
     model: str
     api_key: str | None = None
     sampling: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sampling_parameters(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "sampling_parameters" in data:
+            data = dict(data)
+            given = data.pop("sampling_parameters")
+            if "sampling" in data and data["sampling"] != given:
+                raise ValueError(f"LLM got both sampling={data['sampling']!r} and sampling_parameters={given!r}; "
+                                 "they are one setting under two names: give one")
+            data["sampling"] = given
+        return data
+
+    @property
+    def sampling_parameters(self) -> dict[str, Any]:
+        """``sampling`` under Agent Lightning's name (the same dictionary, not a copy)."""
+        return self.sampling
 
     @property
     def base_url(self) -> str:
@@ -303,20 +387,21 @@ class Resources(BaseModel):
 class Worker(BaseModel):
     """A runner process as the store sees it (for the dashboard and for debugging)."""
 
-    worker_id: str
+    worker_id: Key
     status: Literal["idle", "busy", "stopped"] = "idle"
     current_rollout_id: str | None = None
     current_attempt_id: str | None = None
-    last_heartbeat_time: float = Field(default_factory=now)
+    last_heartbeat_time: FiniteFloat = Field(default_factory=now)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
 class MetricRecord(BaseModel):
     """One step of training metrics, stored so the dashboard can plot learning curves."""
 
-    run_id: str = "default"
-    step: int
-    time: float = Field(default_factory=now)
+    run_id: Key = "default"
+    step: int = Field(ge=0, le=MAX_STEP)
+    time: FiniteFloat = Field(default_factory=now)
+    #: Finite numbers only (refused by the store naming the metric).
     values: dict[str, float]
 
 

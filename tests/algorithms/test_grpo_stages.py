@@ -11,7 +11,7 @@ import types
 import pytest
 
 from agentgrad import semconv
-from agentgrad.algorithms.grpo import GRPO, GRPOConfig, GRPOResult
+from agentgrad.algorithms.grpo import GRPO, GRPOConfig
 from agentgrad.config import field_docs
 from agentgrad.store.memory import MemoryStore
 from agentgrad.training.policy import TrainConfig
@@ -175,7 +175,7 @@ def test_a_new_best_validation_score_exports_the_model_and_survives_a_resume(tmp
     def fake_validation(self, context):
         return types.SimpleNamespace(rollouts=[types.SimpleNamespace(reward=next(scores))])
 
-    monkeypatch.setattr("agentgrad.algorithms.grpo.Evaluate.run", fake_validation)
+    monkeypatch.setattr("agentgrad.algorithms.baseline.Evaluate.run", fake_validation)
     grpo.store, grpo.console, grpo.trainer = MemoryStore(), types.SimpleNamespace(print=lambda *a: None), "trainer"
     grpo.val_tasks, grpo.val_resources = [{"q": 1}], types.SimpleNamespace(resources_id=None)
     metrics = [grpo.evaluate(step) for step in (0, 5, 10, 15)]
@@ -185,9 +185,8 @@ def test_a_new_best_validation_score_exports_the_model_and_survives_a_resume(tmp
     assert json.loads((tmp_path / "best.json").read_text()) == {"step": 5, "score": 0.5}
     assert grpo.result.validation == [(0, 0.25), (5, 0.5), (10, 0.375), (15, 0.5)]
     resumed = GRPO(tmp_path, output_dir=tmp_path)
-    resumed.result = GRPOResult(steps=15)
-    resumed._load_best()
-    assert (resumed.result.best_step, resumed.result.best_score) == (5, 0.5)
+    resumed.best.load()
+    assert (resumed.best.step, resumed.best.score) == (5, 0.5)
 
 
 def test_no_val_tasks_no_validation(tmp_path):

@@ -74,18 +74,36 @@ def test_train_refuses_bad_input_before_starting(tmp_path: Path, tasks: Path, ti
     assert missing.returncode == 1 and "nope" in missing.stderr
 
 
-def test_train_algorithm_sft_trains_on_kept_rollouts_and_exports(tmp_path: Path, tasks: Path,
-                                                                 tiny_model_dir: Path) -> None:
+def test_train_algorithm_sft_trains_on_kept_rollouts_validates_and_exports(tmp_path: Path, tasks: Path,
+                                                                           tiny_model_dir: Path) -> None:
+    config = tmp_path / "sft.yaml"
+    config.write_text("iterations: 2\nmin_reward: 0\nsamples_per_task: 2\nbatch_size: 4\n")
     out = tmp_path / "sft"
     done = agentgrad("train", "train_agents:short_answer_agent", "--algorithm", "sft", "--model", str(tiny_model_dir),
-                     "--tasks", str(tasks), "--group-size", "2", "--min-reward", "0", "--steps", "2",
-                     "--batch-size", "4", "--train.lr", "0.001", "--output-dir", str(out), "--runners", "1",
-                     "--concurrency", "8", cwd=tmp_path)
+                     "--tasks", str(tasks), "--val", str(tasks), "--config", str(config), "--steps", "1",
+                     "--train.lr", "0.001", "--output-dir", str(out), "--runners", "1", "--concurrency", "8",
+                     cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["algorithm"] == "sft" and summary["steps"] == 2 and summary["samples"] == [16]
-    assert "lr: 0.001" in (out / "config.yaml").read_text()
-    assert (out / "model" / "config.json").is_file() and "agentgrad serve-model" in done.stdout
+    assert summary["algorithm"] == "sft" and summary["iterations"] == 2 and summary["steps"] == 2
+    assert summary["samples"][0] == 16  # 8 tasks × 2 samples, every reward kept (min_reward 0)
+    assert [iteration for iteration, _ in summary["validation"]] == [0, 1, 2]  # before, then after each
+    recorded = (out / "config.yaml").read_text()  # SFTConfig's settings: file < flags
+    assert "iterations: 2" in recorded and "samples_per_task: 2" in recorded and "lr: 0.001" in recorded
+    assert "group_size" not in recorded
+    assert (out / "model" / "config.json").is_file() and (out / "best" / "config.json").is_file()
+    assert summary["best_model"] == str(out / "best") and "agentgrad serve-model" in done.stdout
+
+
+def test_train_refuses_the_other_algorithms_settings(tmp_path: Path, tasks: Path, tiny_model_dir: Path) -> None:
+    grpo_flag = agentgrad("train", "train_agents:short_answer_agent", "--algorithm", "sft", "--model",
+                          str(tiny_model_dir), "--tasks", str(tasks), "--group-size", "2",
+                          "--output-dir", str(tmp_path / "a"), cwd=tmp_path, timeout=60)
+    assert grpo_flag.returncode == 1 and "--group-size" in grpo_flag.stderr and "SFTConfig" in grpo_flag.stderr
+    sft_flag = agentgrad("train", "train_agents:short_answer_agent", "--model", str(tiny_model_dir), "--tasks",
+                         str(tasks), "--iterations", "2", "--output-dir", str(tmp_path / "b"), cwd=tmp_path, timeout=60)
+    assert sft_flag.returncode == 1 and "--iterations" in sft_flag.stderr and "GRPOConfig" in sft_flag.stderr
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
 def test_train_algorithm_evaluate_is_eval_on_the_local_model(tmp_path: Path, tasks: Path,

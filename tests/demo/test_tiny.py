@@ -113,6 +113,7 @@ def test_concurrent_callers_share_one_build(monkeypatch: pytest.MonkeyPatch, tmp
         return path
 
     monkeypatch.setattr(tiny, "build_tiny_model", build)
+    monkeypatch.setattr(tiny, "SHIPPED_MODEL_DIR", tmp_path / "none-shipped")  # so it must build
     results: list[Path] = []
     callers = [threading.Thread(target=lambda: results.append(tiny.ensure_tiny_model())) for _ in range(2)]
     for caller in callers:
@@ -122,3 +123,33 @@ def test_concurrent_callers_share_one_build(monkeypatch: pytest.MonkeyPatch, tmp
         caller.join(10)
     assert results == [tiny.default_model_dir()] * 2 and len(builds) == 1
     assert "waiting for another process building the tiny model" in capsys.readouterr().out
+
+
+def test_the_shipped_model_is_of_the_current_recipe() -> None:
+    import json
+
+    build = json.loads((tiny.SHIPPED_MODEL_DIR / "agentgrad_build.json").read_text())
+    assert build["format"] == tiny.BUILD_FORMAT, (
+        "the recipe changed (BUILD_FORMAT) but the shipped build did not: rebuild it with "
+        "`agentgrad models build-tiny --output src/agentgrad/demo/data/tiny-calc` and check its band")
+    assert 0.3 <= build["val_greedy_success"] <= 0.6 and build["val_greedy_tool_success"] > 0.9
+
+
+def test_first_use_installs_the_shipped_build_instead_of_building(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    import json
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    monkeypatch.setenv("AGENTGRAD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tiny, "build_tiny_model", lambda *a, **k: pytest.fail("built instead of installing"))
+    stale = tiny.default_model_dir()
+    stale.mkdir(parents=True)
+    (stale / "agentgrad_build.json").write_text(json.dumps({"format": tiny.BUILD_FORMAT - 1}))  # an older recipe
+    path = tiny.ensure_tiny_model()
+    assert path == stale and tiny._is_current(path)
+    assert sorted(f.name for f in path.iterdir()) == sorted(f.name for f in tiny.SHIPPED_MODEL_DIR.iterdir())
+    left = sorted(p.name for p in tmp_path.joinpath("models").iterdir() if not p.name.endswith(".lock"))
+    assert left == ["tiny-calc"]  # no staging directory left behind
+    AutoTokenizer.from_pretrained(path)
+    assert AutoModelForCausalLM.from_pretrained(path).num_parameters() > 0

@@ -58,3 +58,4 @@ def test_agents_sdk(capture: Capture, api: str, streamed: bool) -> None:
     spans = run_and_check(capture, make_agent(api, streamed))
     assert {s.attributes["agentgrad.llm.api"] for s in spans} == {api}
     assert all(s.attributes["agentgrad.llm.streamed"] is streamed for s in spans)
+    assert {s.attributes["agentgrad.agent.name"] for s in spans} == {"calc"}  # Agent.name

@@ -38,3 +38,4 @@ def make_agent(streaming: bool):
 def test_autogen_assistant_agent(capture: Capture, streaming: bool) -> None:
     spans = run_and_check(capture, make_agent(streaming))
     assert all(s.attributes["agentgrad.llm.streamed"] is streaming for s in spans)
+    assert {s.attributes["agentgrad.agent.name"] for s in spans} == {"calc"}  # the agent's name, not the function's

@@ -43,7 +43,8 @@ async def langgraph_streaming_agent(task: dict, llm: LLM) -> float:
 
 
 def test_langgraph_react_agent(capture: Capture) -> None:
-    run_and_check(capture, langgraph_agent)
+    spans = run_and_check(capture, langgraph_agent)
+    assert {s.attributes["agentgrad.agent.name"] for s in spans} == {"agent"}  # the ReAct graph's model node
 
 
 def test_langgraph_streaming_chat_model(capture: Capture) -> None:

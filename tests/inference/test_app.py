@@ -101,7 +101,8 @@ def test_bad_chat_requests_get_openai_400(base_url: str, payload: dict, param: s
 
 
 def test_malformed_json_and_bad_completion_prompt(base_url: str) -> None:
-    response = httpx.post(f"{base_url}/chat/completions", content=b'{"messages": [', timeout=30)
+    response = httpx.post(f"{base_url}/chat/completions", content=b'{"messages": [', timeout=30,
+                          headers={"Content-Type": "application/json"})
     assert response.status_code == 400 and response.json()["error"]["param"] == "body"
     response = httpx.post(f"{base_url}/completions", json={"prompt": [10 ** 9]}, timeout=30)
     assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"

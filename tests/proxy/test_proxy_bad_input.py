@@ -16,7 +16,8 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 
 
 def post(proxy: LLMProxy, path: str, **kwargs) -> httpx.Response:
-    return httpx.post(proxy.base_url + path, timeout=30, **kwargs)
+    """POST with a JSON content type (bodies of any other type are refused with 415)."""
+    return httpx.post(proxy.base_url + path, timeout=30, headers={"Content-Type": "application/json"}, **kwargs)
 
 
 @pytest.mark.parametrize(("body", "param"), [

@@ -174,8 +174,8 @@ def test_retry_of_a_recorded_call_is_deduplicated(memory_store, proxy, attempt) 
     url = proxy.endpoint_for(attempt.rollout.rollout_id, attempt.attempt.attempt_id) + "/chat/completions"
     body = json.dumps({"model": "m", "messages": MESSAGES}).encode()
     for retry in ("0", "1"):
-        assert httpx.post(url, content=body, headers={"x-stainless-retry-count": retry}).status_code == 200
-    httpx.post(url, content=body)  # a fresh call with the same prompt is a new sample
+        assert httpx.post(url, content=body, headers={"x-stainless-retry-count": retry, "Content-Type": "application/json"}).status_code == 200
+    httpx.post(url, content=body, headers={"Content-Type": "application/json"})  # a fresh call with the same prompt is a new sample
     assert len(llm_spans(memory_store, attempt)) == 2
     assert proxy.metrics.retries_deduplicated == 1
 

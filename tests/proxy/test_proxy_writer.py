@@ -87,7 +87,7 @@ def test_answer_does_not_wait_for_the_store_and_flush_is_the_barrier(memory_stor
 def test_flush_endpoint_refuses_bad_bodies(proxy) -> None:
     for body in (b"nope", b"[]", b'{"rollout_id": "r"}', b'{"rollout_id": "r", "attempt_id": 3}',
                  b'{"rollout_id": "r", "attempt_id": "a", "timeout": -1}'):
-        response = httpx.post(proxy.url + "/agentgrad/flush", content=body)
+        response = httpx.post(proxy.url + "/agentgrad/flush", content=body, headers={"Content-Type": "application/json"})
         assert response.status_code == 400, body
         assert "rollout_id" in response.json()["error"]["message"]
 

@@ -83,7 +83,7 @@ def test_timeout_applies_to_preparing_attempt(store, kit, clock):
 
 
 def test_unresponsive_after_silence(store, kit, clock):
-    started = kit.start(store, config=RolloutConfig(unresponsive_seconds=0.2))
+    started = kit.start(store, config=RolloutConfig(unresponsive_seconds=0.2, max_attempts=1))
     rid, aid = started.rollout.rollout_id, started.attempt.attempt_id
     clock.advance(0.3)
     changed = store.check_watchdog()
@@ -167,7 +167,7 @@ def test_watchdog_respects_retry_on(store, kit, clock):
 def test_check_watchdog_returns_only_changed_attempts(store, kit, clock):
     slow = kit.start(store, config=RolloutConfig(timeout_seconds=0.2))
     kit.start(store, config=RolloutConfig(timeout_seconds=30))
-    kit.start(store)  # no limits at all
+    kit.start(store, config=RolloutConfig(unresponsive_seconds=None))  # no limits at all
     clock.advance(0.3)
     changed = store.check_watchdog()
     assert [a.attempt_id for a in changed] == [slow.attempt.attempt_id]
@@ -240,3 +240,39 @@ def test_close_stops_background_threads(backend):
     while leftovers() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert leftovers() == []
+
+
+def test_default_config_recovers_a_silent_attempt(store, kit, clock):
+    """A runner killed outright stops heartbeating: with the default config its rollout is run
+    again after the default deadline, and a runner that keeps beating is left alone."""
+    dead = kit.start(store)
+    alive = kit.start(store)
+    deadline = RolloutConfig().unresponsive_seconds
+    assert deadline is not None
+    for _ in range(int(deadline // 5) + 2):  # a heartbeat every 5 s: the runner's default interval
+        clock.advance(5)
+        store.heartbeat(alive.rollout.rollout_id, alive.attempt.attempt_id)
+        store.check_watchdog()
+    assert store.get_latest_attempt(dead.rollout.rollout_id).status == "unresponsive"
+    assert store.get_rollout(dead.rollout.rollout_id).status == "requeuing"
+    assert store.get_latest_attempt(alive.rollout.rollout_id).status == "running"
+    again = store.dequeue_rollout()
+    assert again.rollout.rollout_id == dead.rollout.rollout_id and again.attempt.sequence_id == 2
+
+
+def test_silence_while_the_store_was_closed_does_not_count(backend, kit, clock):
+    """A store restarted after an outage longer than the deadline (no runner could reach it) gives
+    each attempt the whole deadline again, counted from its own start; a time limit still holds."""
+    backend.require("durable")
+    store = backend.new(clock=clock)
+    silent = kit.start(store, config=RolloutConfig(unresponsive_seconds=0.2, max_attempts=1))
+    slow = kit.start(store, config=RolloutConfig(timeout_seconds=0.2, max_attempts=1))
+    backend.close(store)
+    clock.advance(0.3)  # the outage: longer than both limits
+    store = backend.new(clock=clock)
+    changed = store.check_watchdog()
+    assert [(a.attempt_id, a.status) for a in changed] == [(slow.attempt.attempt_id, "timeout")]
+    assert store.get_latest_attempt(silent.rollout.rollout_id).status == "running"
+    clock.advance(0.3)  # silent for a whole deadline after the restart: now it is judged
+    store.check_watchdog()
+    assert store.get_latest_attempt(silent.rollout.rollout_id).status == "unresponsive"

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from agentgrad.errors import InvalidInputError
-from agentgrad.store.jsoncheck import normalize_json
+from agentgrad.store.jsoncheck import MAX_VALUE_DEPTH, normalize_json
 
 
 class Color(str, enum.Enum):
@@ -79,8 +79,17 @@ def test_cycles_and_runaway_nesting_are_refused_not_crashed():
             normalize_json(value, "input")
 
 
-def test_deep_but_finite_nesting_is_accepted():
+def test_nesting_up_to_the_limit_is_accepted_and_beyond_it_refused():
+    """Stored values nest at most MAX_VALUE_DEPTH levels: deeper ones could be stored but never
+    read back (pydantic's JSON parser, which reads every record and answer, stops at 200)."""
     deep: list = [1]
-    for _ in range(500):
+    for _ in range(MAX_VALUE_DEPTH - 1):
         deep = [deep]
     assert normalize_json(deep, "input") == deep
+    with pytest.raises(InvalidInputError, match=f"more than {MAX_VALUE_DEPTH} levels"):
+        normalize_json([deep], "input")
+    nested_tuples: tuple = (1,)  # converted by JSON first, then bounded the same way
+    for _ in range(MAX_VALUE_DEPTH + 5):
+        nested_tuples = (nested_tuples,)
+    with pytest.raises(InvalidInputError, match="nested too deeply"):
+        normalize_json({"steps": nested_tuples}, "input")

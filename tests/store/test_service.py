@@ -11,7 +11,12 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from agentgrad.errors import AlreadyExistsError, InvalidInputError, NotFoundError  # noqa: E402
+from agentgrad.errors import (  # noqa: E402
+    AlreadyExistsError,
+    IdempotencyKeyReusedError,
+    InvalidInputError,
+    NotFoundError,
+)
 from agentgrad.store.client import StoreClient, StoreServiceError, StoreUnavailableError  # noqa: E402
 from agentgrad.store.memory import MemoryStore  # noqa: E402
 from agentgrad.store.service.server import StoreServer  # noqa: E402
@@ -266,6 +271,28 @@ def test_idempotency_key_replays_the_first_answer(http):
     assert other_key.status_code == 409
 
 
+def test_idempotency_key_with_another_body_is_refused_with_422(http, client):
+    headers = {"Idempotency-Key": "k-1"}
+    assert http.post("/v1/resources", json={"items": {"t": 1}}, headers=headers).status_code == 200
+    body = _error(http.post("/v1/resources", json={"items": {"t": 2}}, headers=headers), 422)
+    assert body["error"] == "idempotency_key_reused" and "k-1" in body["message"]
+    with pytest.raises(IdempotencyKeyReusedError):  # the client raises what a local store raises
+        client.add_resources({"t": 3}, idempotency_key="k-1")
+    assert [r.items["t"].value for r in client.query_resources()] == [1]
+
+
+@pytest.mark.parametrize("path", ["/v1/rollouts/enqueue", "/v1/rollouts/dequeue"])
+def test_oversized_idempotency_keys_are_refused_and_nothing_is_kept(http, client, path):
+    """Issue 22, finding 9: 100 writes with a 1 MB key used to keep +100 MB of keys."""
+    client.enqueue_rollout("queued")
+    body = {"rollouts": [{"input": 1}]} if path.endswith("enqueue") else {"limit": 1}
+    for key in ("k" * 201, "k" * 1_000_000):
+        refused = _error(http.post(path, json=body, headers={"Idempotency-Key": key}), 400)
+        assert refused["error"] == "invalid_input" and "200" in refused["message"]
+        assert len(refused["message"]) < 500, "the key is not echoed back whole"
+    assert client.count_rollouts() == 1 and client.dequeue_rollout() is not None, "nothing was written or claimed"
+
+
 # ---- long polls -----------------------------------------------------------------------------------
 
 
@@ -350,9 +377,9 @@ class _Recording(MemoryStore):
         self.threads.append(threading.current_thread().name)
         return super().get_latest_resources()
 
-    def dequeue_rollouts(self, limit, worker_id=None, timeout=0.0):
+    def dequeue_rollouts(self, limit, worker_id=None, timeout=0.0, **keyed):
         self.threads.append(threading.current_thread().name)
-        return super().dequeue_rollouts(limit, worker_id=worker_id, timeout=timeout)
+        return super().dequeue_rollouts(limit, worker_id=worker_id, timeout=timeout, **keyed)
 
     def query_workers(self):
         raise RuntimeError("a bug in the store")

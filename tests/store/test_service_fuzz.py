@@ -1,4 +1,6 @@
-"""Bounded property-based fuzzing of the store service, driven by its own OpenAPI schema.
+"""Bounded property-based fuzzing of the store service, driven by its own OpenAPI schema (the
+strategies: ``tests/support/openapi_strategies.py``; against real servers over SQLite and
+PostgreSQL: ``tests/chaos/test_fuzz_store.py``).
 
 Hypothesis builds request bodies from each operation's JSON schema (well-typed ones, near misses
 with wrong types, extra keys and arbitrary JSON); every answer must be < 500, and every refused
@@ -16,52 +18,10 @@ pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from openapi_strategies import JSON, encode, from_schema  # noqa: E402
 
 from agentgrad.store.memory import MemoryStore  # noqa: E402
 from agentgrad.store.service.server import create_app  # noqa: E402
-
-JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
-    max_leaves=8,
-)
-
-
-def _resolve(schema: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
-    while "$ref" in schema:
-        schema = spec["components"]["schemas"][schema["$ref"].rsplit("/", 1)[-1]]
-    return schema
-
-
-def from_schema(schema: dict[str, Any], spec: dict[str, Any], depth: int = 0) -> st.SearchStrategy[Any]:
-    """Values shaped like ``schema``, sometimes wrong on purpose (any JSON instead)."""
-    schema = _resolve(schema, spec)
-    if depth > 4:
-        return JSON
-    options = schema.get("anyOf") or schema.get("oneOf")
-    if options:
-        return st.one_of([from_schema(o, spec, depth + 1) for o in options])
-    if "enum" in schema:
-        return st.sampled_from(schema["enum"]) | st.text(max_size=5)
-    if "const" in schema:
-        return st.just(schema["const"])
-    kind = schema.get("type")
-    if kind == "object":
-        props = schema.get("properties", {})
-        fields = {name: from_schema(sub, spec, depth + 1) for name, sub in props.items()}
-        required = set(schema.get("required", []))
-        shaped = st.fixed_dictionaries(
-            {k: v for k, v in fields.items() if k in required},
-            optional={k: v for k, v in fields.items() if k not in required},
-        )
-        return shaped | st.builds(lambda d, extra: {**d, **extra}, shaped, st.dictionaries(st.text(max_size=4), JSON,
-                                                                                             max_size=1))
-    if kind == "array":
-        return st.lists(from_schema(schema.get("items", {}), spec, depth + 1), max_size=3)
-    leaf = {"string": st.text(max_size=10), "integer": st.integers(-5, 5), "number": st.floats(-1e3, 1e3),
-            "boolean": st.booleans(), "null": st.none()}.get(kind)
-    return (leaf | JSON) if leaf is not None else JSON
-
 
 def _snapshot(store: MemoryStore) -> Any:
     rollouts = store.query_rollouts()
@@ -118,7 +78,8 @@ def test_no_5xx_and_refusals_change_nothing(service, data):
             response = client.request(method, path, content=data.draw(st.binary(max_size=32)),
                                       headers={"Content-Type": "application/json"})
         else:
-            response = client.request(method, path, json=body)
+            response = client.request(method, path, content=encode(body),  # NaN, surrogates as drawn
+                                      headers={"Content-Type": "application/json"})
     assert response.status_code < 500, (method, path, response.text)
     if response.status_code >= 400:
         assert response.json()["message"], response.text

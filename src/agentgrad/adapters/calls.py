@@ -24,18 +24,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentgrad import semconv
+from agentgrad.adapters.timeline import by_start, done_at
 from agentgrad.types import Span
 
 
 @dataclass
 class LLMCall:
-    """One captured LLM call of an attempt (``index`` counts all calls of the attempt from 0)."""
+    """One captured LLM call of an attempt (``index`` counts all calls of the attempt from 0, in
+    the order they started: see :mod:`agentgrad.adapters.timeline`)."""
 
     rollout_id: str
     attempt_id: str
     index: int
     span_id: str
     sequence_id: int
+    #: When the call started and when its answer was complete (the proxy's clock).
+    start_time: float
+    end_time: float
     agent_name: str | None
     prompt_ids: list[int] | None
     completion_ids: list[int] | None
@@ -182,7 +187,8 @@ def read_call(span: Span, index: int, by_id: dict[str, Span]) -> LLMCall:
 
     return LLMCall(
         rollout_id=span.rollout_id, attempt_id=span.attempt_id, index=index, span_id=span.span_id,
-        sequence_id=span.sequence_id or 0, agent_name=agent_name_of(span, by_id),
+        sequence_id=span.sequence_id or 0, start_time=span.start_time, end_time=done_at(span),
+        agent_name=agent_name_of(span, by_id),
         prompt_ids=_int_list(attrs.get(semconv.LLM_PROMPT_TOKEN_IDS), semconv.LLM_PROMPT_TOKEN_IDS, problems),
         completion_ids=_int_list(attrs.get(semconv.LLM_COMPLETION_TOKEN_IDS), semconv.LLM_COMPLETION_TOKEN_IDS,
                                  problems),
@@ -198,9 +204,11 @@ def read_call(span: Span, index: int, by_id: dict[str, Span]) -> LLMCall:
 
 
 def extract_calls(spans: Sequence[Span]) -> list[LLMCall]:
-    """Every LLM call among ``spans`` (one attempt), ordered by the store's ``sequence_id``."""
+    """Every LLM call among ``spans`` (one attempt), in the order the calls started (the store's
+    ``sequence_id`` breaks ties): not the order the store received them, which write-behind
+    recording shuffles (see :mod:`agentgrad.adapters.timeline`)."""
     by_id = {s.span_id: s for s in spans}
-    ordered = sorted((s for s in spans if s.name == semconv.SPAN_LLM_CALL), key=lambda s: s.sequence_id or 0)
+    ordered = sorted((s for s in spans if s.name == semconv.SPAN_LLM_CALL), key=by_start)
     return [read_call(span, index, by_id) for index, span in enumerate(ordered)]
 
 

@@ -13,6 +13,7 @@ from typing import Protocol, runtime_checkable
 
 from agentgrad import semconv
 from agentgrad.adapters.calls import LLMCall
+from agentgrad.adapters.timeline import done_at
 from agentgrad.rewards import reward_number
 from agentgrad.types import Span
 
@@ -23,8 +24,9 @@ TOOL_CALL_MARK = "<tool_call>"
 class RolloutTrace:
     """What a credit rule sees: the calls of one attempt, its reward spans and its final reward.
 
-    ``calls`` are *all* the attempt's calls (trainable or not), so position-dependent rules
-    (discounting, "follows" links) are the same whichever agents are being trained.
+    ``calls`` are *all* the attempt's calls (trainable or not), in the order they started, so
+    position-dependent rules (discounting, "follows" links) are the same whichever agents are
+    being trained. ``reward_spans`` may come in any order: a rule reads their times.
     """
 
     rollout_id: str
@@ -81,22 +83,26 @@ def reward_value(span: Span) -> float | None:
 
 
 class Emitted:
-    """Each reward span goes to the LLM call it follows (the last call with a smaller
-    ``sequence_id``); a call gets the sum of its rewards, 0 if none. Rewards emitted before the
-    first call go to the first call. When no reward span exists at all, every call gets the
-    final reward (so an agent that only returns a number still trains)."""
+    """Each reward span goes to the LLM call it follows: the last call that finished before the
+    reward was emitted, by the spans' own times (:mod:`agentgrad.adapters.timeline`), never by
+    the order the store received them. A call gets the sum of its rewards, 0 if none. Rewards
+    emitted before any call finished go to the first call. When no reward span exists at all,
+    every call gets the final reward (so an agent that only returns a number still trains)."""
 
     name = "emitted"
 
     def assign(self, trace: RolloutTrace) -> list[float]:
-        rewards = [(s.sequence_id or 0, reward_value(s)) for s in trace.reward_spans]
-        rewards = [(seq, value) for seq, value in rewards if value is not None]
-        if not rewards or not trace.calls:
+        rewards = [(done_at(s), reward_value(s)) for s in trace.reward_spans]
+        rewards = [(at, value) for at, value in rewards if value is not None]
+        calls = trace.calls
+        if not rewards or not calls:
             return FinalReward().assign(trace)
-        out = [0.0] * len(trace.calls)
-        for seq, value in rewards:
-            before = [i for i, c in enumerate(trace.calls) if c.sequence_id < seq]
-            out[before[-1] if before else 0] += float(value)  # type: ignore[arg-type]
+        out = [0.0] * len(calls)
+        for at, value in rewards:
+            before = [i for i, c in enumerate(calls) if c.end_time <= at]
+            # Of overlapping calls (parallel tools), the one that finished last (a tie: the later-started).
+            follows = max(before, key=lambda i: (calls[i].end_time, i)) if before else 0
+            out[follows] += float(value)  # type: ignore[arg-type]
         return out
 
 

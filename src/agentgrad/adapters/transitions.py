@@ -22,6 +22,7 @@ from typing import Literal
 from agentgrad import semconv
 from agentgrad.adapters.calls import LLMCall, extract_calls, matches_agent
 from agentgrad.adapters.credit import CreditRule, RolloutTrace, credit_rule, reward_value
+from agentgrad.adapters.timeline import by_done
 from agentgrad.store.protocol import Store
 from agentgrad.types import Rollout, RolloutStatus, Transition
 
@@ -99,8 +100,7 @@ class TransitionAdapter:
         reward_spans = [s for s in spans if s.name == semconv.SPAN_REWARD]
         final = rollout.reward
         if final is None:
-            values = [v for v in map(reward_value, sorted(reward_spans, key=lambda s: s.sequence_id or 0))
-                      if v is not None]
+            values = [v for v in map(reward_value, sorted(reward_spans, key=by_done)) if v is not None]
             final = values[-1] if values else None
         trace = RolloutTrace(rollout.rollout_id, calls, reward_spans, final)
         if final is None and not any(reward_value(s) is not None for s in reward_spans):

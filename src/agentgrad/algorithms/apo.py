@@ -48,6 +48,7 @@ from typing import Any
 
 from agentgrad import semconv
 from agentgrad.adapters.calls import extract_calls
+from agentgrad.adapters.timeline import by_done
 from agentgrad.algorithms.base import Algorithm, AlgorithmContext
 from agentgrad.algorithms.batch import StragglersError, wait_batch
 from agentgrad.algorithms.runlog import RunLog
@@ -222,8 +223,10 @@ def candidate_id(run_id: str, template: PromptTemplate) -> str:
 
 
 def render_trace(store: Store, rollout: Rollout, max_chars: int) -> str:
-    """A compact, human-readable account of a rollout's latest attempt for the critic."""
-    spans = store.query_spans(rollout.rollout_id, "latest")
+    """A compact, human-readable account of a rollout's latest attempt for the critic, one line
+    per event in the order the events completed (not the order the store received them: LLM calls
+    are stored behind their answers, see :mod:`agentgrad.adapters.timeline`)."""
+    spans = sorted(store.query_spans(rollout.rollout_id, "latest"), key=by_done)
     lines: list[str] = []
     calls = {c.span_id: c for c in extract_calls(spans)}
     for span in spans:

@@ -27,7 +27,6 @@ whose groups all have identical rewards has no learning signal: it is logged and
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -38,9 +37,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from agentgrad.adapters import AdaptStats, CreditRule, TransitionAdapter, group_advantages
 from agentgrad.algorithms.base import Algorithm, AlgorithmContext
-from agentgrad.algorithms.baseline import Evaluate
 from agentgrad.algorithms.batch import run_batch
 from agentgrad.algorithms.runlog import RunLog, Tracker
+from agentgrad.algorithms.validation import BestModel, with_sampling
 from agentgrad.store.protocol import RolloutRequest, Store
 from agentgrad.training.policy import TrainConfig  # a dataclass: importing it loads no torch
 from agentgrad.types import LLM, Resources, Rollout, RolloutConfig, RolloutStatus, Transition
@@ -204,6 +203,7 @@ class GRPO(Algorithm):
         self.val_resources: Resources
         self.cursor = 0
         self.result = GRPOResult(steps=0, output_dir=self.output_dir)
+        self.best = BestModel(self.output_dir, timeout=config.batch_timeout, rollout_config=self.rollout_config)
         self.run_log: RunLog | None = None
         #: What the adapter did with the last batch (an empty batch names what agent_match left out).
         self.adapt_stats = AdaptStats()
@@ -286,7 +286,8 @@ class GRPO(Algorithm):
         self.result = GRPOResult(steps=self.trainer.step, output_dir=self.output_dir)
         if state:  # the engine must serve the checkpoint's weights, not the initial ones
             self.publish()
-            self._load_best()
+            self.best.load()
+            self._sync_best()
             self.console.print(f"[bold]resumed[/] from step {self.trainer.step} (task cursor {self.cursor})")
         else:
             self.versions.append(context.policy.model_version if context.policy is not None else "v0")
@@ -415,12 +416,7 @@ class GRPO(Algorithm):
         self.val_resources = self._resources({"temperature": 0.0}, "val")
 
     def _resources(self, sampling: dict[str, Any], purpose: str) -> Resources:
-        items: dict[str, Any] = {}
-        for name, item in self.base_items.items():
-            if isinstance(item, LLM):
-                item = item.model_copy(update={"sampling": {**item.sampling, **sampling},
-                                               "model": self.model_name or item.model})
-            items[name] = item
+        items = with_sampling(self.base_items, sampling, self.model_name)
         items["agentgrad_policy"] = {"model_version": self.versions[-1], "purpose": purpose}
         return self.store.add_resources(items)
 
@@ -434,31 +430,14 @@ class GRPO(Algorithm):
         the current model to ``output_dir/best``. Returns the validation metrics."""
         if not self.val_tasks:
             return {}
-        started = time.monotonic()
-        report = Evaluate(mode="val", timeout=self.config.batch_timeout, resources_id=self.val_resources.resources_id,
-                          config=self.rollout_config).run(
-            AlgorithmContext(store=self.store, train_tasks=self.val_tasks, val_tasks=self.val_tasks,
-                             console=self.console))
-        score = float(statistics.fmean([r.reward or 0.0 for r in report.rollouts])) if report.rollouts else 0.0
-        self.result.validation.append((step, score))
-        self.console.print(f"  [cyan]validation (greedy, {len(self.val_tasks)} tasks) at step {step}: {score:.3f}[/]")
-        if self.result.best_score is None or score > self.result.best_score:
-            self._keep_best(step, score)
-        return {"val/reward_mean": score, "val/seconds": time.monotonic() - started}
+        values = self.best.validate(self.store, self.val_tasks, step, self.trainer,
+                                    resources_id=self.val_resources.resources_id, console=self.console)
+        self._sync_best()
+        return values
 
-    def _keep_best(self, step: int, score: float) -> None:
-        """Export the current model as the best one, and record its step and score in
-        ``best.json`` (a resumed run reads them back, so it never replaces a better model)."""
-        self._export("best")
-        self.result.best_step, self.result.best_score = step, score
-        (self.output_dir / "best.json").write_text(json.dumps({"step": step, "score": score}))
-        self.console.print(f"  [cyan]new best ({score:.3f}) at step {step}: {self.output_dir / 'best'}[/]")
-
-    def _load_best(self) -> None:
-        path = self.output_dir / "best.json"
-        if path.exists():
-            best = json.loads(path.read_text())
-            self.result.best_step, self.result.best_score = int(best["step"]), float(best["score"])
+    def _sync_best(self) -> None:
+        self.result.validation = list(self.best.curve)
+        self.result.best_step, self.result.best_score = self.best.step, self.best.score
 
     def _export(self, name: str) -> Path:
         """The trainer's current model as a Hugging Face directory ``output_dir/name``."""

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import shutil
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,10 +36,11 @@ from agentgrad.adapters.transitions import TransitionAdapter
 from agentgrad.algorithms.base import Algorithm, AlgorithmContext
 from agentgrad.algorithms.batch import run_batch
 from agentgrad.algorithms.runlog import RunLog
+from agentgrad.algorithms.validation import BestModel, with_sampling
 from agentgrad.errors import AgentGradError
 from agentgrad.store.protocol import RolloutFilter, RolloutRequest, Store
+from agentgrad.training.policy import TrainConfig  # a dataclass: importing it loads no torch
 from agentgrad.types import (
-    LLM,
     JsonResource,
     Rollout,
     RolloutConfig,
@@ -50,7 +50,7 @@ from agentgrad.types import (
 )
 
 if TYPE_CHECKING:
-    from agentgrad.training import PolicyTrainer, Published, Publisher, StepMetrics, TrainConfig
+    from agentgrad.training import PolicyTrainer, Published, Publisher, StepMetrics
 
 log = logging.getLogger(__name__)
 
@@ -259,18 +259,49 @@ class SaveToDirectory:
         self.output_dir = Path(output_dir)
 
     def publish(self, trainer: PolicyTrainer) -> Published:
-        from transformers import AutoModelForCausalLM
-
         from agentgrad.training import Published
+        from agentgrad.training.export import export_model
 
-        target = self.output_dir / f"step-{trainer.step:06d}"
-        model = AutoModelForCausalLM.from_pretrained(trainer.model_dir)
-        model.load_state_dict(trainer.engine_state_dict())
-        model.save_pretrained(target)
-        for extra in trainer.model_dir.iterdir():  # tokenizer, chat template, generation config
-            if extra.is_file() and not (target / extra.name).exists():
-                shutil.copy2(extra, target / extra.name)
-        return Published(version=str(target))
+        return Published(version=str(export_model(trainer, self.output_dir / f"step-{trainer.step:06d}")))
+
+
+@dataclass
+class SFTConfig:
+    """The settings of an SFT run as ``agentgrad train --algorithm sft`` and config files give
+    them (:meth:`SFT.from_config`); the Python API takes the same values as keyword arguments."""
+
+    iterations: int = 1
+    """Rounds of sample → select → train → publish."""
+    samples_per_task: int = 4
+    """Rollouts of each train task per iteration (0: train on what the store already holds)."""
+    min_reward: float = 1.0
+    """Keep rollouts whose reward is at least this."""
+    steps: int = 20
+    """NLL optimizer steps per iteration."""
+    batch_size: int = 16
+    """Sequences per optimizer step."""
+    agent_match: str | None = None
+    """Regex on each LLM call's agent name: train only the matching agents (None: all)."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Optimizer and LoRA settings of the policy trainer (``lr: null`` picks a default for the model's size)."""
+    rollout_timeout_seconds: float | None = None
+    """Seconds one rollout may run before it is ended as timed out (None: no limit)."""
+    batch_timeout: float | None = 600.0
+    """Seconds one iteration's sampling (or one validation) may take; rollouts still running then
+    stop the run with an error (validation: they are cancelled and score 0)."""
+    output_dir: str = "runs/sft"
+    """Where the final model (``model/``), the best-validation one (``best/``) and checkpoints go."""
+    resume: bool = False
+    """Continue from the latest checkpoint in ``output_dir/checkpoints``."""
+    run_id: str = "sft"
+    """Name of the run in the store (metrics appear as run ``sft:<run_id>``)."""
+
+    def __post_init__(self) -> None:
+        for name in ("iterations", "steps", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SFTConfig.{name} must be ≥ 1, got {getattr(self, name)!r}")
+        if self.samples_per_task < 0:
+            raise ValueError(f"SFTConfig.samples_per_task must be ≥ 0, got {self.samples_per_task!r}")
 
 
 @dataclass
@@ -281,6 +312,13 @@ class SFTResult:
     samples: list[int]
     versions: list[str]
     history: list[StepMetrics]
+    #: (iteration, greedy validation reward mean) — iteration 0 is before any training.
+    validation: list[tuple[int, float]] = field(default_factory=list)
+    #: The iteration and validation score of the best model (exported to ``output_dir/best``).
+    best_iteration: int | None = None
+    best_score: float | None = None
+    #: The final model's directory (``output_dir/model``); None without ``output_dir``.
+    model: Path | None = None
 
 
 class SFT(Algorithm):
@@ -298,6 +336,9 @@ class SFT(Algorithm):
         checkpoint_dir: resume point; training continues from its latest checkpoint.
         wait_timeout: how long one iteration's sampling may take (None: no limit); rollouts still
             running then stop the run with an error asking whether runners serve the agent.
+        output_dir: where to export the final model (``model/``) and, with validation tasks
+            (``Trainer.fit(..., val_tasks)``), the best one (``best/``, validated greedily before
+            the first iteration and after each). None: nothing is exported.
     """
 
     def __init__(
@@ -315,6 +356,7 @@ class SFT(Algorithm):
         rollout_config: RolloutConfig | None = None,
         wait_timeout: float | None = None,
         run_id: str = "sft",
+        output_dir: str | Path | None = None,
     ) -> None:
         if iterations < 1 or steps < 1 or batch_size < 1 or samples_per_task < 0:
             raise ValueError("iterations, steps and batch_size must be ≥ 1 and samples_per_task ≥ 0")
@@ -328,6 +370,21 @@ class SFT(Algorithm):
         self.rollout_config = rollout_config or RolloutConfig()
         self.wait_timeout = wait_timeout
         self.run_id = run_id
+        self.output_dir = Path(output_dir) if output_dir is not None else None
+        # What run() sets up: whether it validates, and the best model so far.
+        self._validating = False
+        self.best: BestModel | None = None
+
+    @classmethod
+    def from_config(cls, model_dir: str | Path, config: SFTConfig, *, publisher: Publisher | None = None) -> SFT:
+        """An SFT run with the settings of ``config``, exporting to ``config.output_dir``."""
+        out = Path(config.output_dir)
+        return cls(model_dir, criteria=SelectionCriteria(min_reward=config.min_reward, agent_match=config.agent_match),
+                   train_config=config.train, iterations=config.iterations, samples_per_task=config.samples_per_task,
+                   steps=config.steps, batch_size=config.batch_size, publisher=publisher,
+                   checkpoint_dir=out / "checkpoints" if config.resume else None,
+                   rollout_config=RolloutConfig(timeout_seconds=config.rollout_timeout_seconds),
+                   wait_timeout=config.batch_timeout, run_id=config.run_id, output_dir=out)
 
     def _publisher(self, context: AlgorithmContext) -> Publisher:
         if self.publisher is not None:
@@ -349,23 +406,40 @@ class SFT(Algorithm):
             run_batch(store, requests, timeout=self.wait_timeout, on_straggler="raise",
                       label=f"SFT iteration {iteration}")
 
-    def _announce(self, store: Store, published: Published) -> None:
+    def _announce(self, store: Store, published: Published) -> str | None:
         """A resources snapshot naming the new policy, so rollouts record what they ran on."""
         latest = store.get_latest_resources()
-        items: dict[str, Any] = dict(latest.items) if latest is not None else {}
-        if published.model is not None:
-            items = {k: v.model_copy(update={"model": published.model}) if isinstance(v, LLM) else v
-                     for k, v in items.items()}
+        items: dict[str, Any] = with_sampling(dict(latest.items) if latest is not None else {}, {}, published.model)
         items["policy_version"] = JsonResource(value=published.version)
+        return self._add_resources(store, items)
+
+    def _add_resources(self, store: Store, items: dict[str, Any]) -> str | None:
+        """Add ``items`` as the latest snapshot (the one sampling uses); when validating, first its
+        greedy twin, whose id is returned."""
+        greedy = store.add_resources(with_sampling(items, {"temperature": 0.0})) if self._validating else None
         store.add_resources(items)
+        return greedy.resources_id if greedy is not None else None
+
+    def _validate(self, context: AlgorithmContext, iteration: int, trainer: PolicyTrainer,
+                  resources_id: str | None) -> None:
+        assert self.best is not None
+        self.best.validate(context.store, context.val_tasks, iteration, trainer, resources_id=resources_id,
+                           console=context.console)
 
     def run(self, context: AlgorithmContext) -> SFTResult:
         from agentgrad.training import PolicyTrainer, Sample, fit_sequences
+        from agentgrad.training.export import export_model
 
         publisher = self._publisher(context)
         trainer = PolicyTrainer(self.model_dir, self.train_config)
         result = SFTResult([], [], [], [])
+        self._validating = bool(context.val_tasks) and self.output_dir is not None
+        self.best = BestModel(self.output_dir, timeout=self.wait_timeout,
+                              rollout_config=self.rollout_config) if self.output_dir is not None else None
         run_log = RunLog(None, context.store, f"sft:{self.run_id}")  # the store only: no file to close
+        if self._validating:
+            start = context.store.get_latest_resources()
+            self._validate(context, 0, trainer, self._add_resources(context.store, dict(start.items) if start else {}))
         for iteration in range(self.iterations):
             if context.train_tasks and self.samples_per_task:
                 self._collect(context, iteration)
@@ -381,9 +455,17 @@ class SFT(Algorithm):
                                             batch_size=self.batch_size, checkpoint_dir=self.checkpoint_dir,
                                             on_step=on_step)
             published = publisher.publish(trainer)
-            self._announce(context.store, published)
+            greedy_id = self._announce(context.store, published)
             result.funnels.append(funnel)
             result.samples.append(len(samples))
             result.versions.append(published.version)
             context.console.log(f"SFT iteration {iteration}: published {published.version}")
+            if self._validating:
+                self._validate(context, iteration + 1, trainer, greedy_id)
+        if self.best is not None:
+            result.validation = self.best.curve
+            result.best_iteration, result.best_score = self.best.step, self.best.score
+        if self.output_dir is not None:
+            result.model = export_model(trainer, self.output_dir / "model")
+            context.console.log(f"SFT: final model {result.model}")
         return result

@@ -63,9 +63,8 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 
 
 def _cmd_apo(args: argparse.Namespace) -> int:
-    from agentgrad.agents import load_agent
     from agentgrad.algorithms.apo import APO, ChatEndpoint
-    from agentgrad.cli.run import llm_resource_of
+    from agentgrad.cli.run import llm_resource_name, llm_resource_of, load_cli_agent
     from agentgrad.tasks import read_tasks
     from agentgrad.trainer import Trainer
     from agentgrad.types import PromptTemplate, RolloutConfig
@@ -82,13 +81,14 @@ def _cmd_apo(args: argparse.Namespace) -> int:
               beam_width=args.beam_width, branch_factor=args.branch_factor, rounds=args.rounds,
               train_batch_size=args.train_batch_size, val_batch_size=args.val_batch_size, run_id=args.run_id,
               rollout_config=RolloutConfig(timeout_seconds=args.rollout_timeout) if args.rollout_timeout else None)
-    name, llm = llm_resource_of(args)
+    agent = load_cli_agent(args.agent)
+    name, llm = llm_resource_of(args, default=llm_resource_name(None, agent))
     resources: dict[str, Any] = {args.prompt_name: PromptTemplate(template=prompt_text, engine=args.engine), **llm}
     train = read_tasks(args.tasks)
     val = read_tasks(args.val_tasks) if args.val_tasks else train
     trainer = Trainer(args.store, n_runners=args.n_runners, concurrency=args.runner_concurrency, algorithm=apo,
                       proxy=args.proxy, llm_resource=name)
-    result = trainer.fit(load_agent(args.agent), train, val, resources=resources)
+    result = trainer.fit(agent, train, val, resources=resources)
     print(f"seed score {result.seed.score:.3f} → best score {result.best.score:.3f} ({result.best.resources_id})")
     if args.output:
         Path(args.output).write_text(result.best.template.template)
@@ -100,12 +100,13 @@ def _cmd_apo(args: argparse.Namespace) -> int:
 
 def add_commands(commands: Any) -> None:
     """Register ``apo``, ``sft`` and ``export`` on the main CLI's sub-parsers."""
+    from agentgrad.cli.run import AGENT_HELP, LLM_RESOURCE_HELP
     apo = commands.add_parser(
         "apo", help="optimize an agent's prompt template with critic/editor LLMs (beam search)",
         description="Beam search over prompt templates: rollouts → critique → edits → validation. "
                     "Critic and editor are any OpenAI-compatible endpoint. Re-running with the same "
                     "--store and --run-id resumes.")
-    apo.add_argument("agent", help="module:attribute of an agent that reads a PromptTemplate resource")
+    apo.add_argument("agent", help=AGENT_HELP + "; the agent reads a PromptTemplate resource")
     apo.add_argument("--tasks", required=True, help="train tasks (JSONL or JSON array)")
     apo.add_argument("--val-tasks", help="validation tasks (default: the train tasks)")
     apo.add_argument("--prompt", required=True, help="the seed prompt template, or @file to read it from a file")
@@ -137,7 +138,7 @@ def add_commands(commands: Any) -> None:
                      help="the capture proxy (agentgrad proxy): every LLM call of the agent goes through it and is "
                           "recorded (without --llm-endpoint, the proxy's upstream is the agent's LLM)")
     apo.add_argument("--llm-resource", default=None, metavar="NAME",
-                     help="the name of the LLM resource the agent asks for (default: llm)")
+                     help=LLM_RESOURCE_HELP)
     apo.add_argument("--model", help="model name of the agent's LLM resource")
     apo.add_argument("--api-key", help="API key of the agent's LLM resource")
     apo.add_argument("--output", help="write the best prompt to this file")

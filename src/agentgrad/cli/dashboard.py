@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
+from agentgrad.cli.serving import add_guard_arguments, token_of
 from agentgrad.store import TOKEN_ENV
 
 #: The dashboard's first name for the same token, still read (docs/dashboard.md shows it), and
@@ -17,13 +17,14 @@ def _token(args: argparse.Namespace) -> str | None:
     """``--token``, else ``$AGENTGRAD_TOKEN``, else the store service's ``$AGENTGRAD_STORE_TOKEN``:
     one token guards a store's data over HTTP, whether the dashboard runs alone or is mounted by
     ``agentgrad store serve``."""
-    return args.token or os.environ.get(LEGACY_TOKEN_ENV) or os.environ.get(TOKEN_ENV) or None
+    return token_of(args, LEGACY_TOKEN_ENV, TOKEN_ENV)
 
 
 def _cmd_dashboard(args: argparse.Namespace) -> int:
     from agentgrad.dashboard.app import serve  # lazy: FastAPI/Jinja2 only when serving
 
-    serve(args.store, args.host, args.port, _token(args), log_level="info" if args.verbose else "warning")
+    serve(args.store, args.host, args.port, _token(args), log_level="info" if args.verbose else "warning",
+          allowed_hosts=args.allowed_hosts)
     return 0
 
 
@@ -37,7 +38,6 @@ def add_commands(subparsers: Any) -> None:
     parser.add_argument("--store", required=True, help="store URL (sqlite:///path/to/file.db, postgresql://…)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8766, help="port to listen on (0 picks a free one)")
-    parser.add_argument("--token", default=None,
-                        help=f"require this token to see any data (default: ${LEGACY_TOKEN_ENV}, else "
-                        f"${TOKEN_ENV}; off when neither is set)")
+    add_guard_arguments(parser, TOKEN_ENV, token_help=f"require this token to see any data (default: "
+                        f"${LEGACY_TOKEN_ENV}, else ${TOKEN_ENV}; off when neither is set)")
     parser.set_defaults(func=_cmd_dashboard)

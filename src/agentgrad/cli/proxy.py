@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 
+from agentgrad.cli.serving import add_guard_arguments, token_of
+from agentgrad.http.guard import DEFAULT_MAX_BODY_BYTES, MODEL_TOKEN_ENV, PROXY_TOKEN_ENV
+
 
 def _cmd_proxy(args: argparse.Namespace) -> int:
     from agentgrad.proxy.server import LLMProxy
@@ -13,7 +16,8 @@ def _cmd_proxy(args: argparse.Namespace) -> int:
     store = open_store(args.store, watchdog=False)
     proxy = LLMProxy(store, args.upstream, host=args.host, port=args.port, model=args.model,
                      upstream_api_key=args.upstream_api_key, max_body_bytes=args.max_body_bytes,
-                     record_mode=args.record_mode, write_linger=args.write_linger_ms / 1000)
+                     record_mode=args.record_mode, write_linger=args.write_linger_ms / 1000,
+                     token=token_of(args, PROXY_TOKEN_ENV), allowed_hosts=args.allowed_hosts)
     message = f"LLM proxy on {proxy.bind()} → {args.upstream}, recording into {args.store}"
     logging.getLogger("agentgrad.proxy").info("%s", message)
     print(message, flush=True)
@@ -33,8 +37,12 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     proxy.add_argument("--port", type=int, default=8400, help="port to listen on")
     proxy.add_argument("--model", default=None, help="send every call to this upstream model (default: map "
                        "unknown names to the first model the upstream serves)")
-    proxy.add_argument("--upstream-api-key", default=None, help="API key for the upstream (default: the client's)")
-    proxy.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024, help="refuse larger requests (413)")
+    proxy.add_argument("--upstream-api-key", default=None,
+                       help=f"API key for the upstream (default: ${MODEL_TOKEN_ENV}, else the client's own, "
+                       "unless the proxy has a --token)")
+    proxy.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                       help="refuse larger requests (413; default: %(default)s)")
+    add_guard_arguments(proxy, PROXY_TOKEN_ENV)
     proxy.add_argument("--record-mode", choices=("async", "sync"), default="async",
                        help="async: write spans behind the answers, in batches (runners flush per attempt); "
                        "sync: commit each span before the client has the whole answer")

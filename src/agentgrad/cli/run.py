@@ -8,21 +8,27 @@ import logging
 import signal
 from typing import Any
 
-from agentgrad.agents import load_agent
+from agentgrad.agents import Agent, load_agent
 from agentgrad.errors import AgentGradError
 from agentgrad.tasks import read_tasks
+
+#: What every command's AGENT argument accepts.
+AGENT_HELP = ("module:Class (an Agent or agentlightning LitAgent subclass, created with no arguments), "
+              "module:instance or module:function (a @rollout function); a file path works as the module")
+#: The help of ``--llm-resource`` where the command publishes the agent's LLM.
+LLM_RESOURCE_HELP = ("the name of the LLM resource the agent reads (default: the agent's llm_resource — main_llm for "
+                     "an agentlightning LitAgent — else llm)")
 
 
 def add_commands(commands: Any) -> None:
     """Register ``dev`` and ``runner``."""
     dev = commands.add_parser("dev", help="run every task once with an agent and print a summary")
-    dev.add_argument("agent", help="module:attribute of an Agent or @rollout function")
+    dev.add_argument("agent", help=AGENT_HELP)
     dev.add_argument("--tasks", required=True, help="tasks as JSONL (one JSON value per line) or a JSON array")
     dev.add_argument("--llm-endpoint", help="OpenAI-compatible base URL handed to the agent as its LLM resource")
     dev.add_argument("--model", help="model name for the LLM resource")
     dev.add_argument("--api-key", default=None, help="API key for the LLM resource")
-    dev.add_argument("--llm-resource", default=None, metavar="NAME",
-                     help="the name of the LLM resource the agent asks for (default: llm)")
+    dev.add_argument("--llm-resource", default=None, metavar="NAME", help=LLM_RESOURCE_HELP)
     dev.add_argument("--proxy", default=None, metavar="URL",
                      help="the capture proxy (agentgrad proxy): every LLM call goes through it and is recorded")
     dev.add_argument("--store", default="memory", help="store URL (memory, sqlite:///file.db, http://host:port)")
@@ -36,14 +42,15 @@ def add_commands(commands: Any) -> None:
     dev.set_defaults(func=_cmd_dev)
 
     runner = commands.add_parser("runner", help="serve an agent: take rollouts from a store until stopped")
-    runner.add_argument("agent", help="module:attribute of an Agent or @rollout function")
+    runner.add_argument("agent", help=AGENT_HELP)
     runner.add_argument("--store", required=True, help="store URL (http://host:port, sqlite:///file.db, postgresql://…)")
     runner.add_argument("--proxy", default=None, metavar="URL",
                         help="the capture proxy: each attempt's LLM endpoints are rewritten through it, and its "
                              "calls are flushed into the store before the attempt is reported")
     runner.add_argument("--llm-resource", default=None, metavar="NAME",
                         help="with --proxy: the name of the LLM resource an attempt gets when its resources hold "
-                             "none (default: llm); LLM resources it has keep their names")
+                             "none (default: the agent's llm_resource — main_llm for an agentlightning LitAgent — "
+                             "else llm); LLM resources it has keep their names")
     runner.add_argument("--concurrency", type=int, default=1, help="rollouts in flight")
     runner.add_argument("--max-rollouts", type=int, default=None, help="stop after this many")
     runner.add_argument("--worker-id", default=None, help="name shown in the dashboard")
@@ -54,11 +61,11 @@ def _cmd_dev(args: argparse.Namespace) -> int:
     from agentgrad.trainer import Trainer
     from agentgrad.types import RolloutConfig
 
-    agent = load_agent(args.agent)
+    agent = load_cli_agent(args.agent)
     tasks = read_tasks(args.tasks)
     if args.limit:
         tasks = tasks[: args.limit]
-    name, resources = llm_resource_of(args)
+    name, resources = llm_resource_of(args, default=llm_resource_name(None, agent))
     trainer = Trainer(args.store, n_runners=args.n_runners, concurrency=args.concurrency, proxy=args.proxy,
                       llm_resource=name)
     config = RolloutConfig(timeout_seconds=args.rollout_timeout) if args.rollout_timeout else None
@@ -68,13 +75,28 @@ def _cmd_dev(args: argparse.Namespace) -> int:
     return 0 if report.succeeded else 1
 
 
-def llm_resource_of(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+def load_cli_agent(spec: str) -> Agent:
+    """:func:`~agentgrad.agents.load_agent`, with ``import agentlightning`` resolving to AgentGrad's
+    compatibility module when no real one is installed (so an Agent Lightning agent's module loads
+    unchanged; runner processes it starts do the same)."""
+    from agentgrad.compat import install_alias
+
+    install_alias()
+    return load_agent(spec)
+
+
+def llm_resource_name(flag: str | None, agent: Agent) -> str:
+    """``--llm-resource`` when given, else the name the agent reads (``Agent.llm_resource``), else ``llm``."""
+    return flag or agent.llm_resource or "llm"
+
+
+def llm_resource_of(args: argparse.Namespace, default: str = "llm") -> tuple[str, dict[str, Any]]:
     """The LLM resource that ``--llm-endpoint`` / ``--proxy`` / ``--llm-resource`` / ``--model`` /
     ``--api-key`` describe, as ``(name, {name: LLM})`` (no item when neither URL is given), each URL
-    checked to answer first."""
+    checked to answer first; ``default`` names it when ``--llm-resource`` does not."""
     from agentgrad.types import LLM
 
-    name = args.llm_resource or "llm"
+    name = args.llm_resource or default
     if args.llm_resource and not (args.llm_endpoint or args.proxy):
         raise AgentGradError("--llm-resource names the LLM resource of --llm-endpoint or --proxy; give one of them")
     if args.proxy:
@@ -109,24 +131,26 @@ def check_reachable(url: str, flag: str, *, path: str, api_key: str | None = Non
 
 
 def _cmd_runner(args: argparse.Namespace) -> int:
-    from agentgrad.runner import Runner
+    from agentgrad.runner import Runner, show_outage_ends
     from agentgrad.store import open_store
 
-    agent = load_agent(args.agent)
+    agent = load_cli_agent(args.agent)
     if args.llm_resource and not args.proxy:
         raise AgentGradError("--llm-resource names the LLM resource the runner points at --proxy; give --proxy URL")
     hook = None
     if args.proxy:
         check_reachable(args.proxy, "--proxy", path="/health")
-        if args.llm_resource:  # runs before the Runner's own proxy hook, which then finds an LLM to keep
+        name = llm_resource_name(args.llm_resource, agent)
+        if name != "llm":  # runs before the Runner's own proxy hook, which then finds an LLM to keep
             from agentgrad.proxy.hooks import ProxyResourcesHook
 
-            hook = ProxyResourcesHook(args.proxy, llm_resource=args.llm_resource)
+            hook = ProxyResourcesHook(args.proxy, llm_resource=name)
     store = open_store(args.store, watchdog=False)
     runner = Runner(agent, store, concurrency=args.concurrency, max_rollouts=args.max_rollouts,
                     worker_id=args.worker_id, llm_proxy_url=args.proxy, resources_hook=hook)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: runner.stop())
+    show_outage_ends()  # a store outage is waited out, and logged: its start and its end
     logging.getLogger("agentgrad").info("runner %s serving %s from %s", runner.worker_id, args.agent, args.store)
     through = f", LLM calls through the proxy {args.proxy}" if args.proxy else ""
     print(f"runner {runner.worker_id} taking rollouts from {args.store}{through} (Ctrl-C to stop)", flush=True)

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
 from typing import Any
+
+from agentgrad.cli.serving import add_guard_arguments, token_of
+from agentgrad.http.guard import DEFAULT_MAX_BODY_BYTES, MODEL_TOKEN_ENV
 
 log = logging.getLogger("agentgrad.inference")
 
@@ -26,6 +30,10 @@ def add_commands(subparsers: Any) -> None:
     serve.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (hf engine)")
     serve.add_argument("--max-batch-size", type=int, default=32)
     serve.add_argument("--served-model-name", default=None)
+    serve.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                       help="refuse larger requests (413; default: %(default)s; hf engine)")
+    add_guard_arguments(serve, MODEL_TOKEN_ENV, token_help="require 'Authorization: Bearer <token>' on every route "
+                        f"but /health (default: ${MODEL_TOKEN_ENV}, else no token; vLLM gets it as $VLLM_API_KEY)")
     serve.set_defaults(func=serve_model)
 
 
@@ -51,7 +59,9 @@ def serve_model(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"error: cannot load model {args.model!r}: {exc}", file=sys.stderr)
         return 2
-    server = ModelServer(engine, args.host, args.port, served_model_name=args.served_model_name)
+    server = ModelServer(engine, args.host, args.port, served_model_name=args.served_model_name,
+                         token=token_of(args, MODEL_TOKEN_ENV), allowed_hosts=args.allowed_hosts,
+                         max_body_bytes=args.max_body_bytes)
     try:
         url = server.bind()  # listening: a client connecting now waits in the backlog
         log.info("serving %s (version %s) at %s", args.served_model_name or Path(model).name,
@@ -67,6 +77,9 @@ def serve_model(args: argparse.Namespace) -> int:
 def _serve_vllm(args: argparse.Namespace, model: str) -> int:
     from agentgrad.inference.vllm import launch_vllm
 
+    token = token_of(args, MODEL_TOKEN_ENV)
+    if token:  # vLLM reads its key from the environment it inherits (not argv, which ps shows)
+        os.environ["VLLM_API_KEY"] = token
     try:
         proc, url = launch_vllm(model, host=args.host, port=args.port, served_model_name=args.served_model_name)
     except RuntimeError as exc:

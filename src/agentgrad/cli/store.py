@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 
+from agentgrad.cli.serving import add_guard_arguments, token_of
 from agentgrad.store import TOKEN_ENV
 
 
@@ -23,8 +23,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                        help="memory | sqlite:///path.db | postgresql://user@host/db (default: %(default)s)")
     serve.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)")
     serve.add_argument("--port", type=int, default=8765, help="0 picks a free port (default: %(default)s)")
-    serve.add_argument("--token", default=None,
-                       help=f"require 'Authorization: Bearer <token>' (default: ${TOKEN_ENV}, else no auth)")
+    add_guard_arguments(serve, TOKEN_ENV)
     serve.add_argument("--max-body-mb", type=float, default=32.0, help="largest request body (default: %(default)s)")
     serve.add_argument("--cors-origin", action="append", default=None, dest="cors_origins",
                        help="allow browser calls from this origin (repeatable; CORS is off by default)")
@@ -39,10 +38,7 @@ def serve_command(args: argparse.Namespace) -> int:
     # The CLI configured logging at WARNING already (a second basicConfig is a no-op): the service
     # logs the URL it listens on at INFO.
     logging.getLogger("agentgrad").setLevel(args.log_level.upper())
-    token = args.token or os.environ.get(TOKEN_ENV) or None
-    if args.host not in ("127.0.0.1", "localhost", "::1") and not token:
-        logging.getLogger(__name__).warning("serving on %s without a token: anyone who can reach it can "
-                                            "read and change the store", args.host)
+    token = token_of(args, TOKEN_ENV)  # serve() warns when it binds beyond loopback without one
     serve(
         args.backend,
         args.host,
@@ -52,5 +48,6 @@ def serve_command(args: argparse.Namespace) -> int:
         cors_origins=args.cors_origins,
         log_level=args.log_level,
         extra_routers=lambda store: [dashboard_router(store, token)],
+        allowed_hosts=args.allowed_hosts,
     )
     return 0

@@ -7,10 +7,12 @@ then ``--config FILE``, then flags; the resolved settings are written to ``confi
 output directory), exports the best and the final model as Hugging Face directories, and prints a
 summary. It exits non-zero, saying why, when nothing could be trained.
 
-``--algorithm sft`` runs rejection-sampling SFT with the same wiring instead: the local model
-attempts every task ``--group-size`` times, the rollouts with reward ≥ ``--min-reward`` are kept,
-and the model is trained on them with NLL (``--steps`` steps of ``--batch-size`` sequences, the
-``--train.*`` settings), ``--iterations`` times; the final model is exported to ``output_dir/model``.
+``--algorithm sft`` runs rejection-sampling SFT with the same wiring and the settings of
+``SFTConfig`` instead: the local model attempts every task ``--samples-per-task`` times, the
+rollouts with reward ≥ ``--min-reward`` are kept, and the model is trained on them with NLL
+(``--steps`` steps of ``--batch-size`` sequences, the ``--train.*`` settings), ``--iterations``
+times; with ``--val`` it is validated greedily before the first iteration and after each, the
+best model exported to ``output_dir/best``; the final one goes to ``output_dir/model``.
 ``--algorithm evaluate`` is ``agentgrad eval`` on ``--tasks`` with the local model. ``--algorithm
 apo`` optimizes a prompt, not a model: it needs critic and editor LLMs, so it is ``agentgrad apo``.
 
@@ -21,38 +23,44 @@ apo`` optimizes a prompt, not a model: it needs critic and editor LLMs, so it is
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentgrad.cli.run import (
+    AGENT_HELP,
+    LLM_RESOURCE_HELP,
+    llm_resource_name,
+    load_cli_agent,
+)
 from agentgrad.config import add_dataclass_arguments
 
 #: Flags the commands define themselves; GRPOConfig's own flags are added from its fields.
 _TRACKERS = ("tensorboard", "wandb", "mlflow")
 _ALGORITHMS = ("grpo", "sft", "evaluate", "apo")
 
-#: The GRPOConfig settings ``--algorithm sft`` reads (the others are GRPO's alone).
-_SFT_SETTINGS = ("--steps (NLL steps per iteration), --batch-size (sequences per step), --group-size "
-                 "(rollouts per task per iteration), --train.*, --agent-match, --rollout-timeout-seconds, "
-                 "--batch-timeout, --output-dir, --resume, --run-id")
 
 
 def add_commands(commands: Any) -> None:
     """Register ``train`` and ``eval``."""
     from agentgrad.algorithms.grpo import GRPOConfig  # light: no torch at import
+    from agentgrad.algorithms.sft import SFTConfig
 
     train = commands.add_parser(
         "train", help="train an agent's model (GRPO, or SFT): store, engine, proxy and runners included",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_run_arguments(train)
     train.add_argument("--algorithm", choices=_ALGORITHMS, default="grpo",
-                       help="grpo (default); sft: rejection-sampling fine-tuning (reads only the settings named "
-                            "below); evaluate: `agentgrad eval` on --tasks with the local model (no settings); "
+                       help="grpo (default); sft: rejection-sampling fine-tuning (SFTConfig's settings: the "
+                            "shared ones and those of the SFT group); evaluate: `agentgrad eval` on --tasks with the local model (no settings); "
                             "apo: see `agentgrad apo`")
-    train.add_argument("--val", help="validation tasks, run greedily every --val-every steps (same formats; grpo only)")
-    train.add_argument("--config", help="YAML or TOML file of GRPO settings (the flags below override it)")
+    train.add_argument("--val", help="validation tasks, run greedily every --val-every steps (grpo) or after every iteration (sft); "
+                            "the best model is exported to OUTPUT_DIR/best")
+    train.add_argument("--config", help="YAML or TOML file of the algorithm's settings: GRPOConfig, or SFTConfig "
+                                        "with --algorithm sft (the flags below override it)")
     train.add_argument("--upstream", default=None,
                        help="grpo: an AgentGrad model server started separately (`agentgrad serve-model DIR` of the "
                             "same --model, on this machine or a shared filesystem); new weights are published to it "
@@ -60,15 +68,12 @@ def add_commands(commands: Any) -> None:
     train.add_argument("--tracker", action="append", choices=_TRACKERS, default=None,
                        help="also log metrics to this experiment tracker "
                             "(repeatable; pip install 'agentgrad[trackers]'; grpo only)")
-    sft = train.add_argument_group("SFT settings (--algorithm sft only)")
-    sft.add_argument("--iterations", type=int, default=1,
-                     help="rounds of sample → select → train → publish (default 1)")
-    sft.add_argument("--min-reward", type=float, default=1.0,
-                     help="keep rollouts whose reward is at least this (default 1.0)")
     add_dataclass_arguments(train.add_argument_group(
         "GRPO settings (GRPOConfig; defaults shown)",
-        f"All apply to --algorithm grpo. --algorithm sft reads {_SFT_SETTINGS}; --algorithm evaluate none."),
-        GRPOConfig)
+        f"All apply to --algorithm grpo. --algorithm sft reads {_shared_flags(GRPOConfig, SFTConfig)} (its "
+        "defaults: `--output-dir runs/sft --run-id sft --steps 20`) and the SFT settings below."), GRPOConfig)
+    add_dataclass_arguments(train.add_argument_group("SFT settings (SFTConfig; --algorithm sft only)"), SFTConfig,
+                            skip=_top_level(GRPOConfig))
     train.set_defaults(func=_cmd_train)
 
     evaluate = commands.add_parser(
@@ -85,9 +90,30 @@ def add_commands(commands: Any) -> None:
     evaluate.set_defaults(func=_cmd_eval)
 
 
+def _top_level(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def _shared_flags(a: type, b: type) -> str:
+    return ", ".join(f"--{name.replace('_', '-')}" + (".*" if name == "train" else "")
+                     for name in sorted(_top_level(a) & _top_level(b)))
+
+
+def _refuse_foreign_flags(args: argparse.Namespace, used: type, other: type) -> None:
+    """A flag of the other algorithm's settings is a mistake worth naming, not a silent no-op."""
+    from agentgrad.config import ConfigError, config_fields
+
+    own = _top_level(used)
+    foreign = sorted({s.path.partition(".")[0] for s in config_fields(other)
+                      if s.path.partition(".")[0] not in own and hasattr(args, s.path)})
+    if foreign:
+        flags = ", ".join(f"--{name.replace('_', '-')}" for name in foreign)
+        raise ConfigError(f"{flags}: not a setting of --algorithm {args.algorithm} ({used.__name__})", source="flags",
+                          key=foreign[0])
+
+
 def _add_run_arguments(parser: argparse.ArgumentParser, *, model_required: bool = True) -> None:
-    parser.add_argument("agent", metavar="AGENT",
-                        help="module:function (a @rollout function) or module:Class (an Agent subclass)")
+    parser.add_argument("agent", metavar="AGENT", help=AGENT_HELP)
     parser.add_argument("--model", required=model_required,
                         help="'tiny' or a local Hugging Face causal-LM directory" +
                              ("" if model_required else " (or a training run or checkpoint directory)"))
@@ -97,7 +123,7 @@ def _add_run_arguments(parser: argparse.ArgumentParser, *, model_required: bool 
     parser.add_argument("--runners", type=int, default=2,
                         help="runner processes (0: started elsewhere with `agentgrad runner --store … --proxy …`)")
     parser.add_argument("--concurrency", type=int, default=8, help="rollouts in flight per runner")
-    parser.add_argument("--llm-resource", default="llm", help="the name of the LLM resource the agent asks for")
+    parser.add_argument("--llm-resource", default=None, metavar="NAME", help=LLM_RESOURCE_HELP)
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads for the engine and the trainer (1 is fastest on a small shared CPU)")
@@ -116,7 +142,7 @@ def resolve_model(name: str) -> Path:
 class _Run:
     """What a training run starts from, every input already checked."""
 
-    config: Any  # GRPOConfig (its flags and file also set SFT's shared settings)
+    config: Any  # GRPOConfig, or SFTConfig for --algorithm sft
     agent: Any
     tasks: list[Any]
     val_tasks: list[Any]
@@ -130,14 +156,20 @@ def _prepare(args: argparse.Namespace) -> _Run:
     starts, then create the output directory with the resolved ``config.yaml`` in it."""
     import torch
 
-    from agentgrad.agents import load_agent
     from agentgrad.algorithms.grpo import GRPOConfig
+    from agentgrad.algorithms.sft import SFTConfig
     from agentgrad.config import dump, resolve
     from agentgrad.tasks import read_tasks
     from agentgrad.training.policy import check_model
 
-    config = resolve(GRPOConfig, args.config, args)
-    agent = load_agent(args.agent)
+    used, other = (SFTConfig, GRPOConfig) if args.algorithm == "sft" else (GRPOConfig, SFTConfig)
+    _refuse_foreign_flags(args, used, other)
+    config = resolve(used, args.config, args)
+    agent = load_cli_agent(args.agent)
+    args.llm_resource = llm_resource_name(args.llm_resource, agent)
+    trained = getattr(agent, "trained_agents", None)  # an agentlightning LitAgent's own agent_match
+    if config.agent_match is None and trained:
+        config = dataclasses.replace(config, agent_match=trained)
     tasks = read_tasks(args.tasks)
     val_tasks = read_tasks(args.val) if args.val else []
     model_dir = resolve_model(args.model)
@@ -223,6 +255,7 @@ def _fit_on_upstream(args: argparse.Namespace, grpo: Any, agent: Any, tasks: lis
     """GRPO against an AgentGrad model server started elsewhere (``agentgrad serve-model`` of the
     same model): a capture proxy here in front of it; the trainer here, publishing to it."""
     from agentgrad.errors import InvalidInputError
+    from agentgrad.http.guard import MODEL_TOKEN_ENV, env_token
     from agentgrad.http.transport import request_json
     from agentgrad.proxy import LLMProxy
     from agentgrad.trainer import Trainer
@@ -230,7 +263,9 @@ def _fit_on_upstream(args: argparse.Namespace, grpo: Any, agent: Any, tasks: lis
 
     v1 = args.upstream.rstrip("/").removesuffix("/v1") + "/v1"
     try:
-        served = request_json("GET", f"{v1}/models", timeout=10).json()["data"][0]["id"]
+        token = env_token(MODEL_TOKEN_ENV)  # a model server started with --token
+        served = request_json("GET", f"{v1}/models", headers={"Authorization": f"Bearer {token}"} if token else None,
+                              timeout=10).json()["data"][0]["id"]
     except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
         raise InvalidInputError(f"--upstream {args.upstream}: no OpenAI-compatible model server answers there "
                                 f"({type(exc).__name__}: {exc})") from None
@@ -244,70 +279,49 @@ def _train_sft(args: argparse.Namespace) -> int:
     """``--algorithm sft``: rejection-sampling SFT with the same embedded policy and runners as GRPO."""
     from rich.console import Console
 
-    from agentgrad.algorithms.sft import SFT, SelectionCriteria
-    from agentgrad.errors import AgentGradError
+    from agentgrad.algorithms.sft import SFT
     from agentgrad.store import open_store
     from agentgrad.trainer import Trainer
-    from agentgrad.training.export import export_model
     from agentgrad.training.local import LocalPolicy
-    from agentgrad.types import RolloutConfig
 
     console = Console()
-    if args.iterations < 1:
-        raise SystemExit("--iterations must be ≥ 1")
     run = _prepare(args)
-    config, agent, tasks = run.config, run.agent, run.tasks
+    config, agent, tasks, val_tasks = run.config, run.agent, run.tasks, run.val_tasks
     model_dir, out, store_url = run.model_dir, run.out, run.store_url
     store = open_store(store_url)
-    run_id = "sft" if config.run_id == "grpo" else config.run_id  # GRPOConfig's default names GRPO
-    console.print(f"SFT of [bold]{args.agent}[/] on {model_dir} · {len(tasks)} tasks × {config.group_size} samples · "
-                  f"output {out}")
+    console.print(f"SFT of [bold]{args.agent}[/] on {model_dir} · {len(tasks)} tasks × {config.samples_per_task} "
+                  f"samples · {len(val_tasks)} val tasks · output {out}")
     try:
         with LocalPolicy(model_dir, device=args.device).serving(store) as policy:
-            publisher = _KeepTrainer(policy.publisher())
-            sft = SFT(model_dir, criteria=SelectionCriteria(min_reward=args.min_reward, agent_match=config.agent_match),
-                      train_config=config.train, iterations=args.iterations, samples_per_task=config.group_size,
-                      steps=config.steps, batch_size=config.batch_size, publisher=publisher,
-                      checkpoint_dir=out / "checkpoints" if config.resume else None,
-                      rollout_config=RolloutConfig(timeout_seconds=config.rollout_timeout_seconds),
-                      wait_timeout=config.batch_timeout, run_id=run_id)
-            trainer = Trainer(store, algorithm=sft, policy=policy, n_runners=args.runners,
-                              concurrency=args.concurrency, llm_resource=args.llm_resource, console=console)
-            result = trainer.fit(agent, tasks)
-            if publisher.trainer is None:
-                raise AgentGradError("SFT published no model")
-            model = export_model(publisher.trainer, out / "model")
+            trainer = Trainer(store, algorithm=SFT.from_config(model_dir, config), policy=policy,
+                              n_runners=args.runners, concurrency=args.concurrency, llm_resource=args.llm_resource,
+                              console=console)
+            result = trainer.fit(agent, tasks, val_tasks)
     except RuntimeError as exc:
         console.print(f"[red]error:[/] {exc}")
         return 1
     finally:
         store.close()
-    summary = {"algorithm": "sft", "iterations": len(result.versions), "min_reward": args.min_reward,
-               "samples": result.samples,
+    best = str(out / "best") if result.best_iteration is not None else None
+    summary = {"algorithm": "sft", "iterations": len(result.versions), "samples": result.samples,
                "steps": len(result.history), "versions": result.versions,
-               "funnels": [funnel.describe() for funnel in result.funnels], "model": str(model),
-               "config": str(out / "config.yaml"), "store": store_url}
+               "funnels": [funnel.describe() for funnel in result.funnels], "validation": result.validation,
+               "best_iteration": result.best_iteration, "best_score": result.best_score, "model": str(result.model),
+               "best_model": best, "config": str(out / "config.yaml"), "store": store_url}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     console.rule("[bold]agentgrad train --algorithm sft")
-    console.print(f"{len(result.history)} SFT steps on {sum(result.samples)} sequence(s) · final model {model}")
-    console.print(f"serve it:     agentgrad serve-model {model}")
+    if result.validation:
+        first, last = result.validation[0][1], result.validation[-1][1]
+        console.print(f"greedy validation on {len(val_tasks)} tasks: [bold]{first:.3f} → {last:.3f}[/] "
+                      f"(best {result.best_score:.3f} after iteration {result.best_iteration})")
+    console.print(f"{len(result.history)} SFT steps on {sum(result.samples)} sequence(s) · final model "
+                  f"{result.model} · best model {best}")
+    console.print(f"serve it:     agentgrad serve-model {result.model}")
     console.print(f"dashboard:    agentgrad dashboard --store {store_url}")
     return 0
 
 
-class _KeepTrainer:
-    """A publisher that remembers the policy trainer it published, so that it can be exported after."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner, self.trainer = inner, None
-
-    def publish(self, trainer: Any) -> Any:
-        self.trainer = trainer
-        return self.inner.publish(trainer)
-
-
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from agentgrad.agents import load_agent
     from agentgrad.store import open_store
     from agentgrad.tasks import read_tasks
     from agentgrad.trainer import Trainer
@@ -315,7 +329,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     if (args.model is None) == (args.upstream is None):
         raise SystemExit("eval needs exactly one of --model (a local model, run or checkpoint) and --upstream URL")
-    agent = load_agent(args.agent)
+    agent = load_cli_agent(args.agent)
+    args.llm_resource = llm_resource_name(args.llm_resource, agent)
     tasks = read_tasks(args.tasks)
     with tempfile.TemporaryDirectory(prefix="agentgrad-eval-") as work:
         store = open_store(args.store or f"sqlite://{Path(work) / 'store.sqlite'}")

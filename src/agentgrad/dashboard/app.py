@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import RedirectResponse
 
 from agentgrad.dashboard.router import create_router
+from agentgrad.http.guard import Guard, GuardMiddleware, HostCheck, warn_if_exposed
 from agentgrad.http.serve import http_url, listening_socket, serve_until_signal
 from agentgrad.store.protocol import Store
 
@@ -41,15 +43,18 @@ def create_app(store: Store, *, token: str | None = None, prefix: str = "/dashbo
 
 
 def serve(store_url: str, host: str = "127.0.0.1", port: int = 8766, token: str | None = None, *,
-          log_level: str = "warning") -> None:
-    """Open the store at ``store_url`` read-only and serve the dashboard until SIGTERM/SIGINT."""
+          log_level: str = "warning", allowed_hosts: Sequence[str] = ()) -> None:
+    """Open the store at ``store_url`` read-only and serve the dashboard until SIGTERM/SIGINT, to
+    requests naming it in their ``Host`` (loopback, ``host``, ``allowed_hosts``; see
+    :mod:`agentgrad.http.guard`)."""
     import uvicorn
 
     from agentgrad.store import open_store
 
     store = open_store(store_url, watchdog=False)
     try:
-        app = create_app(store, token=token)
+        app = GuardMiddleware(create_app(store, token=token), Guard(hosts=HostCheck.for_bind(host, allowed_hosts)))
+        warn_if_exposed("the dashboard", host, token, log)
         sock = listening_socket(host, port)  # bound here so that --port 0 reports the port it got
         url = http_url(host, sock.getsockname()[1]) + "/dashboard/"
         log.info("dashboard for %s at %s (auth %s)", store_url, url, "on" if token else "off")

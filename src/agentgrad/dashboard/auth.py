@@ -7,7 +7,10 @@ With a token configured, a request sees data only if it proves it knows the toke
   redirect to the same URL without the token, so it leaves no trace in the address bar or in
   the history. The cookie holds an HMAC of the token, never the token itself, and is HttpOnly.
 
-Every comparison uses :func:`hmac.compare_digest`.
+Every comparison is constant-time (:func:`hmac.compare_digest`; the bearer header through
+:func:`agentgrad.http.guard.bearer_matches`, the one check of every server's token). The ``Host``
+check, the body limit and the warning on a token-less public bind are the gate's
+(:mod:`agentgrad.http.guard`), in front of the dashboard wherever it is served.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import hashlib
 import hmac
 from typing import TYPE_CHECKING
 from urllib.parse import urlencode
+
+from agentgrad.http.guard import bearer_matches
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -27,14 +32,14 @@ class TokenGate:
     """Decides whether a request may see data; ``token=None`` lets everyone in."""
 
     def __init__(self, token: str | None) -> None:
-        self._bearer = f"Bearer {token}".encode() if token else None
+        self._token = token or None
         self._session = (
             hmac.new(token.encode(), b"agentgrad-dashboard-session", hashlib.sha256).hexdigest() if token else None
         )
 
     @property
     def enabled(self) -> bool:
-        return self._bearer is not None
+        return self._token is not None
 
     @property
     def session_value(self) -> str | None:
@@ -43,10 +48,10 @@ class TokenGate:
 
     def allows(self, request: Request) -> bool:
         """True when no token is set, or the request carries it (header or login cookie)."""
-        if self._bearer is None or self._session is None:
+        if self._token is None or self._session is None:
             return True
         header = request.headers.get("authorization", "").encode()
-        if header and hmac.compare_digest(header, self._bearer):
+        if header and bearer_matches(header, self._token):
             return True
         cookie = request.cookies.get(COOKIE_NAME, "").encode()
         return bool(cookie) and hmac.compare_digest(cookie, self._session.encode())
@@ -54,9 +59,9 @@ class TokenGate:
     def login_attempt(self, request: Request) -> bool | None:
         """None without a ``?token=`` parameter, else whether it is the right token."""
         given = request.query_params.get("token")
-        if given is None or self._bearer is None:
+        if given is None or self._token is None:
             return None
-        return hmac.compare_digest(f"Bearer {given}".encode(), self._bearer)
+        return hmac.compare_digest(given.encode(), self._token.encode())
 
 
 def url_without_token(request: Request) -> str:

@@ -19,11 +19,12 @@ import jinja2
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from agentgrad import semconv
 from agentgrad.dashboard import views
 from agentgrad.dashboard.auth import COOKIE_NAME, TokenGate, url_without_token
 from agentgrad.errors import NotFoundError
 from agentgrad.store.protocol import RolloutFilter, Store
-from agentgrad.types import RolloutStatus
+from agentgrad.types import INT64_MAX, RolloutStatus
 
 #: Sent with every page: no inline script or style is needed, so none is allowed.
 SECURITY_HEADERS = {
@@ -37,6 +38,11 @@ _STATIC_TYPES = {"dashboard.css": "text/css; charset=utf-8", "dashboard.js": "te
 _SORT_KEYS = ("enqueue_time", "start_time", "end_time", "rollout_id", "status", "reward")
 _PAGE_SIZES = (25, 50, 100, 200)
 _STATUSES = tuple(s.value for s in RolloutStatus)
+#: Spans shown per page of a rollout: a rollout may hold hundreds of thousands, and its page
+#: must answer at once (the next ones are a link away).
+SPAN_PAGE = 200
+#: Reward spans listed on a rollout's page.
+REWARDS_SHOWN = 100
 
 
 @functools.lru_cache(maxsize=1)
@@ -64,12 +70,13 @@ def _choice(value: str | None, allowed: tuple[Any, ...], default: Any) -> Any:
     return value if value in allowed else default
 
 
-def _positive_int(value: str | None, default: int) -> int:
+def _positive_int(value: str | None, default: int, most: int = INT64_MAX) -> int:
+    """A positive integer from a query parameter, at most ``most``; ``default`` when absent or not one."""
     try:
         number = int(value) if value is not None else default
     except ValueError:
         return default
-    return number if number > 0 else default
+    return min(number, most) if number > 0 else default
 
 
 def create_router(
@@ -145,7 +152,7 @@ def create_router(
         sort = _choice(params.get("sort"), _SORT_KEYS, "enqueue_time")
         order = _choice(params.get("order"), ("asc", "desc"), "desc")
         per_page = _choice(_positive_int(params.get("per_page"), 50), _PAGE_SIZES, 50)
-        page_number = _positive_int(params.get("page"), 1)
+        page_number = _positive_int(params.get("page"), 1, most=INT64_MAX // per_page)
         query = RolloutFilter(status=[RolloutStatus(s) for s in statuses] or None, mode=mode,
                               no_llm_calls=True if no_llm else None, sort_by=sort, descending=order == "desc",
                               limit=per_page, offset=(page_number - 1) * per_page)
@@ -175,7 +182,8 @@ def create_router(
     @router.get("/rollouts/{rollout_id:path}")
     @page
     def rollout_detail(request: Request, rollout_id: str) -> Response:
-        """One rollout: attempts on a timeline, the span tree, LLM calls and rewards."""
+        """One rollout: attempts on a timeline, rewards, and one page of the span tree with its
+        LLM calls (``?after=`` a sequence id: the page after it; SPAN_PAGE spans a page)."""
         rollout = store.get_rollout(rollout_id)
         attempts = store.get_attempts(rollout_id)
         now = time.time()
@@ -183,11 +191,19 @@ def create_router(
         attempt = next((a for a in attempts if a.attempt_id == wanted), attempts[-1] if attempts else None)
         if wanted and (attempt is None or attempt.attempt_id != wanted):
             raise NotFoundError("attempt", wanted, f" of rollout {rollout_id!r}")
-        spans = store.query_spans(rollout_id, attempt.attempt_id) if attempt else []
+        after = _positive_int(request.query_params.get("after"), 0)
+        spans, rewards, next_after = [], [], None
+        if attempt is not None:
+            spans = store.query_spans(rollout_id, attempt.attempt_id, after_sequence_id=after, limit=SPAN_PAGE + 1)
+            if len(spans) > SPAN_PAGE:
+                del spans[SPAN_PAGE:]
+                next_after = spans[-1].sequence_id
+            rewards = store.query_spans(rollout_id, attempt.attempt_id, name=semconv.SPAN_REWARD, limit=REWARDS_SHOWN)
         rows = views.span_rows(spans, now)
         return render("rollout.html", request, rollout=rollout, duration=views.rollout_duration(rollout, now),
                       no_llm=views.lacks_llm_calls(rollout), attempts=views.attempt_rows(attempts, now),
-                      attempt=attempt, spans=rows, calls=views.llm_calls(rows), rewards=views.reward_rows(spans))
+                      attempt=attempt, spans=rows, calls=views.llm_calls(rows), rewards=views.reward_rows(rewards),
+                      after=after, next_after=next_after, span_page=SPAN_PAGE)
 
     @router.get("/training")
     @page

@@ -5,6 +5,10 @@ the API's. (The store service answers in its own format, :mod:`agentgrad.store.s
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agentgrad.http.guard import Refusal
 
 
 class OpenAIError(Exception):
@@ -22,3 +26,9 @@ class OpenAIError(Exception):
 def error_body(message: str, *, kind: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> bytes:
     return json.dumps({"error": {"message": message, "type": kind, "param": param, "code": code}}).encode()
+
+
+def openai_refusal(refusal: Refusal) -> bytes:
+    """A gate's :class:`~agentgrad.http.guard.Refusal` as an OpenAI-style body (its code as ``code``)."""
+    kind = "authentication_error" if refusal.status == 401 else "invalid_request_error"
+    return error_body(refusal.message, kind=kind, code=refusal.code)

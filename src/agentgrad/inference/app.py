@@ -6,44 +6,77 @@ and ``/v1/update_weights``. Responses carry ``model_version``; with ``return_tok
 they carry ``prompt_token_ids`` and per-choice ``token_ids`` (vLLM's field names), in streams too.
 
 Bad input gets HTTP 400 with an OpenAI-style body ``{"error": {"message", "type", "param",
-"code"}}`` naming the field (:mod:`agentgrad.http.openai_errors`, the capture proxy's format too). An unknown ``model`` is served by the loaded model and echoed back
-(some frameworks switch APIs after a 404); a loaded LoRA adapter's name selects that adapter.
+"code"}}`` naming the field (:mod:`agentgrad.http.openai_errors`, the capture proxy's format too);
+fields are typed strictly (``"stream": "yes"`` is refused, not read as true). An unknown ``model``
+is served by the loaded model and echoed back (some frameworks switch APIs after a 404); a loaded
+LoRA adapter's name selects that adapter.
+
+Every request passes the gate of :mod:`agentgrad.http.guard` first (allowed ``Host``, the bearer
+token when one is set, a JSON body within the size limit). Large bodies are parsed, and every
+prompt is rendered and tokenized, in a worker thread, so ``/health`` and other requests are
+answered meanwhile; a prompt far beyond the context length is refused after tokenizing a prefix
+of it, not all of it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
+from pathlib import Path
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from agentgrad.http.openai_errors import OpenAIError, error_body
-from agentgrad.inference.engine import Engine, EngineError, GenerationResult, RequestError, SamplingParams, TokenEvent
+from agentgrad.http.guard import DEFAULT_MAX_BODY_BYTES, Guard, GuardMiddleware, HostCheck
+from agentgrad.http.jsonbody import BadJson, parse_object
+from agentgrad.http.openai_errors import OpenAIError, error_body, openai_refusal
+from agentgrad.inference.engine import (
+    Engine,
+    EngineError,
+    GenerationResult,
+    RequestError,
+    SamplingParams,
+    TokenEvent,
+    load_state_dict,
+)
 from agentgrad.inference.toolcalls import TOOL_CALL_OPEN, parse_tool_calls
 
 MAX_N = 16
+#: Bodies larger than this are parsed in a worker thread (smaller ones cost less than the hop).
+INLINE_PARSE_BYTES = 64 * 1024
+#: Characters tokenized per token of context before a long prompt is judged on that prefix alone.
+_PROBE_CHARS_PER_TOKEN = 8
+#: Tokens a prefix may have beyond the context before the prompt is refused on it (the cut may
+#: split a word into more tokens than the whole text gives it).
+_PROBE_MARGIN = 64
+#: Temperatures below this sample greedily, as in vLLM: dividing the logits by 1e-209 gives
+#: infinities, and the engine step (every request in the batch) would fail.
+GREEDY_BELOW = 1e-5
+#: ``torch.Generator.manual_seed`` takes 64 bits; choice ``i`` of ``n`` is sampled with ``seed + i``.
+_SEED_RANGE = (-(2**63), 2**64 - 1 - MAX_N)
 
 
 class _Sampling(BaseModel):
-    """Fields shared by chat and text completions; unknown fields are ignored like OpenAI's."""
+    """Fields shared by chat and text completions; unknown fields are ignored like OpenAI's, known
+    ones are typed strictly (no string read as a boolean or a number)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=-1)
+    top_k: int | None = Field(default=None, ge=-1, le=2**31 - 1)
     max_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     n: int = Field(default=1, ge=1, le=MAX_N)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=_SEED_RANGE[0], le=_SEED_RANGE[1])
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     return_token_ids: bool = False
@@ -68,7 +101,8 @@ class _Sampling(BaseModel):
     def sampling(self, logprobs: int | None) -> SamplingParams:
         return SamplingParams(
             max_tokens=self.max_tokens,
-            temperature=1.0 if self.temperature is None else self.temperature,
+            temperature=1.0 if self.temperature is None else
+            0.0 if self.temperature < GREEDY_BELOW else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=max(0, self.top_k or 0),
             stop=[self.stop] if isinstance(self.stop, str) else list(self.stop or []),
@@ -230,12 +264,27 @@ class _Server:
                 _normalize_messages(req.messages), tools=tools, add_generation_prompt=True, tokenize=False)
         except Exception as exc:  # jinja errors name the problem in the template's words
             raise OpenAIError(f"could not apply the chat template: {exc}", param="messages") from exc
+        return self.encode_prompt(text, "messages")
+
+    def encode_prompt(self, text: str, param: str) -> list[int]:
+        """``text``'s token ids; a text far beyond the context is refused (400) on a prefix alone, so
+        a huge request costs a bounded tokenization (the engine checks the exact length later)."""
+        limit = self.engine.max_model_len
+        probe = limit * _PROBE_CHARS_PER_TOKEN
+        if len(text) > probe:
+            head = self.tokenizer.encode(text[:probe], add_special_tokens=False)
+            if len(head) > limit + _PROBE_MARGIN:
+                raise OpenAIError(f"{param}: {self._too_long(f'more than {limit + _PROBE_MARGIN}')}", param=param)
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _too_long(self, tokens: str) -> str:
+        return (f"This model's maximum context length is {self.engine.max_model_len} tokens; the prompt has "
+                f"{tokens} tokens.")
 
     async def chat(self, req: ChatRequest) -> Any:
         if req.max_completion_tokens is not None and req.max_tokens is None:
             req.max_tokens = req.max_completion_tokens
-        prompt = self.chat_prompt(req)
+        prompt = await asyncio.to_thread(self.chat_prompt, req)  # rendering and tokenizing: off the loop
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = req.sampling(logprobs)
         parse_tools = bool(req.tools) and req.tool_choice != "none"
@@ -403,7 +452,7 @@ class _Server:
     # ------------------------------------------------------------ text completions
 
     async def completions(self, req: CompletionRequest) -> Any:
-        prompts = self._completion_prompts(req.prompt)
+        prompts = await asyncio.to_thread(self._completion_prompts, req.prompt)
         params = req.sampling(req.logprobs)
         lora = self.lora_for(req.model)
         if req.stream:
@@ -436,9 +485,11 @@ class _Server:
             prompt = [prompt]
         out = []
         for p in prompt:
-            ids = self.tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else list(p)
+            ids = self.encode_prompt(p, "prompt") if isinstance(p, str) else list(p)
             if not ids:
                 raise OpenAIError("prompt must not be empty", param="prompt")
+            if len(ids) >= self.engine.max_model_len:  # before the engine checks each id, on the loop
+                raise OpenAIError(f"prompt: {self._too_long(str(len(ids)))}", param="prompt")
             out.append(ids)
         if not out:
             raise OpenAIError("prompt must not be empty", param="prompt")
@@ -470,27 +521,43 @@ class _Server:
         yield "data: [DONE]\n\n"
 
 
-def create_app(engine: Engine, *, served_model_name: str | None = None) -> FastAPI:
-    """The FastAPI application serving ``engine`` (OpenAI-compatible, see module doc)."""
+def _validated(raw: bytes, model: type[BaseModel]) -> Any:
+    """The request body as ``model``; :class:`OpenAIError` naming the first bad field."""
+    try:
+        payload = parse_object(raw)
+    except BadJson as exc:
+        raise OpenAIError(str(exc), param="body") from None
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        param = ".".join(str(p) for p in err["loc"]) or None
+        raise OpenAIError(f"{param}: {err['msg']}", param=param) from None
+
+
+def create_app(engine: Engine, *, served_model_name: str | None = None, token: str | None = None,
+               allowed_hosts: HostCheck | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """The FastAPI application serving ``engine`` (OpenAI-compatible, see module doc).
+
+    Args:
+        token: when set, every route but ``/health`` needs ``Authorization: Bearer <token>``
+            (an OpenAI client's ``api_key``).
+        allowed_hosts: the ``Host`` names answered; None: any (:class:`ModelServer` always sets them).
+        max_body_bytes: larger request bodies get 413 before they are read.
+    """
     name = served_model_name or (engine.model_dir.name if engine.model_dir else "model")
     server = _Server(engine, name)
     app = FastAPI(title="AgentGrad model server")
     app.state.engine = engine
     app.state.served_model_name = name
+    app.add_middleware(GuardMiddleware, guard=Guard(token=token, hosts=allowed_hosts, max_body_bytes=max_body_bytes),
+                       render=openai_refusal)
 
     async def parse(request: Request, model: type[BaseModel]) -> Any:
-        try:
-            payload = json.loads(await request.body())
-        except ValueError as exc:
-            raise OpenAIError(f"malformed JSON body: {exc}", param="body") from exc
-        if not isinstance(payload, dict):
-            raise OpenAIError("the request body must be a JSON object", param="body")
-        try:
-            return model.model_validate(payload)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            param = ".".join(str(p) for p in err["loc"]) or None
-            raise OpenAIError(f"{param}: {err['msg']}", param=param) from exc
+        raw = await request.body()
+        if len(raw) <= INLINE_PARSE_BYTES:
+            return _validated(raw, model)
+        return await asyncio.to_thread(_validated, raw, model)  # the loop keeps answering meanwhile
 
     async def respond(result: Any) -> Any:
         if isinstance(result, dict):
@@ -523,6 +590,12 @@ def create_app(engine: Engine, *, served_model_name: str | None = None) -> FastA
     async def _engine_error(request: Request, exc: EngineError) -> Response:
         return _error_response(error_body(str(exc), kind="server_error"), 503)
 
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> Response:  # still JSON, as every other answer
+        logging.getLogger(__name__).error("unexpected error on %s %s", request.method, request.url.path,
+                                          exc_info=exc)
+        return _error_response(error_body(f"internal error: {type(exc).__name__}: {exc}", kind="server_error"), 500)
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
         return await respond(await server.chat(await parse(request, ChatRequest)))
@@ -549,10 +622,16 @@ def create_app(engine: Engine, *, served_model_name: str | None = None) -> FastA
         body = await parse(request, _LoraRequest)
         if not body.lora_path:
             raise OpenAIError("lora_path is required", param="lora_path")
+        if not (Path(body.lora_path) / "adapter_config.json").is_file():
+            raise OpenAIError(f"{body.lora_path} is not a LoRA adapter directory (no adapter_config.json)",
+                              param="lora_path")
         try:
             await asyncio.to_thread(engine.load_lora, body.lora_name, body.lora_path)
-        except (FileNotFoundError, ValueError) as exc:
-            raise OpenAIError(str(exc), param="lora_path") from exc
+        except EngineError:
+            raise
+        except Exception as exc:  # what peft says of an adapter it cannot load: the client named it
+            raise OpenAIError(f"could not load the adapter at {body.lora_path}: {type(exc).__name__}: {exc}",
+                              param="lora_path") from exc
         return {"status": "ok", "lora_name": body.lora_name}
 
     @app.post("/v1/unload_lora_adapter")
@@ -568,9 +647,14 @@ def create_app(engine: Engine, *, served_model_name: str | None = None) -> FastA
     @app.post("/v1/update_weights")
     async def update_weights(request: Request) -> dict[str, Any]:
         body = await parse(request, _UpdateRequest)
-        try:
-            version = await asyncio.to_thread(engine.update_weights, body.path, body.version)
-        except (FileNotFoundError, ValueError) as exc:
+        try:  # read first: a file that is not weights is refused before the engine is touched
+            state = await asyncio.to_thread(load_state_dict, body.path)
+        except Exception as exc:  # what the loaders say of a file the client named (not a server fault)
+            raise OpenAIError(f"could not read weights from {body.path}: {type(exc).__name__}: {exc}",
+                              param="path") from exc
+        try:  # unknown names or shapes are refused before anything changes
+            version = await asyncio.to_thread(engine.update_weights, state, body.version)
+        except ValueError as exc:
             raise OpenAIError(str(exc), param="path") from exc
         return {"status": "ok", "model_version": version}
 
@@ -578,11 +662,15 @@ def create_app(engine: Engine, *, served_model_name: str | None = None) -> FastA
 
 
 class _LoraRequest(BaseModel):
-    lora_name: str = Field(min_length=1)
+    model_config = ConfigDict(strict=True)
+
+    lora_name: str = Field(min_length=1, max_length=256)
     lora_path: str | None = None
 
 
 class _UpdateRequest(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     path: str = Field(min_length=1)
-    version: str | None = None
+    version: str | None = Field(default=None, max_length=256)
 

@@ -3,11 +3,14 @@ in the foreground until SIGTERM/SIGINT (``agentgrad serve-model``)."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from agentgrad.http.guard import DEFAULT_MAX_BODY_BYTES, HostCheck, warn_if_exposed
 from agentgrad.http.serve import http_url, listening_socket, serve_in_thread, serve_until_signal
 from agentgrad.inference.engine import Engine
 
@@ -18,16 +21,26 @@ class ModelServer:
     ``port=0`` binds a free port. ``start()`` serves from a background thread and returns the
     OpenAI base URL (``http://127.0.0.1:PORT/v1``); ``stop()`` shuts uvicorn down, and closes the
     engine when the server created it. ``bind()`` then ``run()`` serve in the foreground instead.
+
+    ``token``: every route but ``/health`` then needs ``Authorization: Bearer <token>`` (clients'
+    ``api_key``; ``$AGENTGRAD_MODEL_TOKEN`` for the proxy and the weight publishers). Requests must
+    name the server in their ``Host`` header: a loopback name, ``host``, one of ``allowed_hosts``
+    or of ``$AGENTGRAD_ALLOWED_HOSTS``. Binding beyond loopback without a token logs a warning.
     """
 
     def __init__(self, engine_or_model_dir: Engine | str | Path, host: str = "127.0.0.1", port: int = 0,
-                 *, served_model_name: str | None = None, **engine_kwargs: Any) -> None:
+                 *, served_model_name: str | None = None, token: str | None = None,
+                 allowed_hosts: Iterable[str] = (), max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 **engine_kwargs: Any) -> None:
         if isinstance(engine_or_model_dir, Engine):
             self.engine, self._owns_engine = engine_or_model_dir, False
         else:
             self.engine, self._owns_engine = Engine(engine_or_model_dir, **engine_kwargs), True
         self.host, self.port = host, port
         self.served_model_name = served_model_name
+        self.token = token or None
+        self.allowed_hosts = HostCheck.for_bind(host, allowed_hosts)
+        self.max_body_bytes = max_body_bytes
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self._socket: socket.socket | None = None
@@ -36,6 +49,7 @@ class ModelServer:
     def bind(self) -> str:
         """Bind the listening socket now (resolving port 0); returns the OpenAI base URL."""
         if self._socket is None:
+            warn_if_exposed("the model server", self.host, self.token, logging.getLogger(__name__))
             self._socket = listening_socket(self.host, self.port)
             self.port = self._socket.getsockname()[1]
             self.base_url = http_url(self.host, self.port) + "/v1"
@@ -46,7 +60,8 @@ class ModelServer:
 
         from agentgrad.inference.app import create_app
 
-        app = create_app(self.engine, served_model_name=self.served_model_name)
+        app = create_app(self.engine, served_model_name=self.served_model_name, token=self.token,
+                         allowed_hosts=self.allowed_hosts, max_body_bytes=self.max_body_bytes)
         return uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5))
 
     def _take_socket(self) -> socket.socket:

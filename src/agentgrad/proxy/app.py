@@ -31,6 +31,7 @@ import re
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -38,14 +39,15 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from agentgrad import semconv
-from agentgrad.http.openai_errors import OpenAIError, error_body
+from agentgrad.http.guard import DEFAULT_MAX_BODY_BYTES, MODEL_TOKEN_ENV, Guard, GuardMiddleware, HostCheck, env_token
+from agentgrad.http.jsonbody import BadJson, dumps, loads, parse_object
+from agentgrad.http.openai_errors import OpenAIError, error_body, openai_refusal
 from agentgrad.http.upstream import UpstreamUnreachable
 from agentgrad.proxy.capture import Api, CallContext, Capture, Requested, strip_for_client, upstream_body
 from agentgrad.proxy.incoming import API_ROUTES, ROLLOUT_PREFIX, Incoming, api_route
-from agentgrad.proxy.jsonio import dumps, loads
 from agentgrad.proxy.relay import RelayResponse, responses_view
 from agentgrad.proxy.responses import to_chat_request
-from agentgrad.proxy.state import DEFAULT_MAX_BODY_BYTES, Call, ProxyState, RecordMode
+from agentgrad.proxy.state import Call, ProxyState, RecordMode
 from agentgrad.proxy.writer import FlushError, FlushTimeout
 
 if TYPE_CHECKING:
@@ -55,6 +57,8 @@ log = logging.getLogger(__name__)
 
 _JSON = "application/json"
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$")
+#: The longest a flush may be asked to wait, in seconds (longer asks are refused, not clamped).
+MAX_FLUSH_TIMEOUT = 3600.0
 _UPSTREAM_PATH = {"chat": "/chat/completions", "responses": "/chat/completions", "completions": "/completions"}
 #: The context headers, as :class:`Incoming` names them (lowercase).
 _ROLLOUT_ID, _ATTEMPT_ID, _AGENT_NAME, _PARENT_ID = (name.lower() for name in (
@@ -76,23 +80,27 @@ def call_context(request: Incoming) -> CallContext | None:
     match = _TRACEPARENT.match(headers.get("traceparent", ""))
     if match:
         trace_id, parent_id = match.groups()
-    return CallContext(rollout_id=rollout_id, attempt_id=attempt_id, agent_name=headers.get(_AGENT_NAME),
+    agent_name = headers.get(_AGENT_NAME)  # percent-encoded by instrument() where HTTP needs it
+    return CallContext(rollout_id=rollout_id, attempt_id=attempt_id,
+                       agent_name=unquote(agent_name) if agent_name else None,
                        parent_id=headers.get(_PARENT_ID) or parent_id, trace_id=trace_id)
 
 
 def _parse(raw: bytes, api: Api) -> dict[str, Any]:
     try:
-        body = loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise OpenAIError(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise OpenAIError(f"request body must be a JSON object, got {type(body).__name__}")
+        body = parse_object(raw)
+    except BadJson as exc:
+        raise OpenAIError(str(exc)) from None
     if api == "chat" and (not isinstance(body.get("messages"), list) or not body["messages"]):
         raise OpenAIError("'messages' must be a non-empty list", param="messages")
     if api == "completions" and not isinstance(body.get("prompt"), (str, list)):
         raise OpenAIError("'prompt' must be a string or a list", param="prompt")
     if "stream" in body and not isinstance(body["stream"], bool):
         raise OpenAIError("'stream' must be a boolean", param="stream")
+    if "return_token_ids" in body and not isinstance(body["return_token_ids"], bool):
+        raise OpenAIError("'return_token_ids' must be a boolean", param="return_token_ids")
+    if body.get("stream_options") is not None and not isinstance(body["stream_options"], dict):
+        raise OpenAIError("'stream_options' must be an object", param="stream_options")
     return body
 
 
@@ -112,7 +120,7 @@ async def _handle(state: ProxyState, request: Incoming, api: Api) -> Response:
     started = time.time()
     state.metrics.calls += 1
     try:
-        raw = await request.body(state.max_body_bytes)
+        raw = await request.body()
         body = _parse(raw, api)
         chat = to_chat_request(body) if api == "responses" else body
     except OpenAIError as exc:
@@ -203,7 +211,8 @@ async def _models(state: ProxyState, request: Request) -> Response:
 
 
 def create_proxy_app(store: Store, upstream_url: str, *, model: str | None = None,
-                     upstream_api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                     upstream_api_key: str | None = None, token: str | None = None,
+                     allowed_hosts: HostCheck | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                      upstream_timeout: float = 600.0, record_mode: RecordMode = "async",
                      write_linger: float = 0.0) -> Starlette:
     """The proxy as an ASGI app (mount it, or serve it with :class:`LLMProxy`).
@@ -213,7 +222,12 @@ def create_proxy_app(store: Store, upstream_url: str, *, model: str | None = Non
         upstream_url: the engine's OpenAI base URL, e.g. ``http://127.0.0.1:8000/v1``.
         model: the upstream model every request is sent to; None: keep a name the upstream
             serves, map any other to the first model its ``/models`` lists.
-        upstream_api_key: sent upstream instead of the client's ``Authorization``.
+        upstream_api_key: sent upstream as ``Authorization: Bearer <key>``; default
+            ``$AGENTGRAD_MODEL_TOKEN`` (a token-protected model server), else the client's own
+            ``Authorization`` is passed on (never when the proxy has a ``token``: that one is ours).
+        token: when set, every route but ``/health`` needs ``Authorization: Bearer <token>`` (the
+            ``api_key`` of an OpenAI client); see :mod:`agentgrad.http.guard`.
+        allowed_hosts: the ``Host`` names answered; None: any (:class:`LLMProxy` always sets them).
         max_body_bytes: larger request bodies are refused with 413.
         record_mode: ``"async"`` (default): spans are written behind the answer by a background
             writer, in batches; ``POST /agentgrad/flush`` waits until an attempt's calls are
@@ -222,9 +236,11 @@ def create_proxy_app(store: Store, upstream_url: str, *, model: str | None = Non
             store write (see :mod:`agentgrad.proxy.writer`). 0 (default): written at once, so spans
             show up promptly even where nobody flushes; the CLI waits 50 ms, as its runners flush.
     """
+    if upstream_api_key is None:
+        upstream_api_key = env_token(MODEL_TOKEN_ENV)
     state = ProxyState(store, upstream_url, model=model, upstream_api_key=upstream_api_key,
-                       max_body_bytes=max_body_bytes, upstream_timeout=upstream_timeout, record_mode=record_mode,
-                       write_linger=write_linger)
+                       forward_client_auth=token is None, upstream_timeout=upstream_timeout,
+                       record_mode=record_mode, write_linger=write_linger)
 
     def endpoint(api: Api) -> Any:  # reached only by what the fast path leaves to Starlette
         async def run(request: Request) -> Response:
@@ -241,14 +257,9 @@ def create_proxy_app(store: Store, upstream_url: str, *, model: str | None = Non
 
     async def flush(request: Request) -> Response:
         try:
-            payload = loads(await request.body())
-            rollout_id, attempt_id = payload["rollout_id"], payload["attempt_id"]
-            timeout = float(payload.get("timeout", 30.0))
-            if not isinstance(rollout_id, str) or not isinstance(attempt_id, str) or not timeout >= 0:
-                raise TypeError
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return _error(OpenAIError("flush needs a JSON body {\"rollout_id\": str, \"attempt_id\": str, "
-                                      "\"timeout\": seconds ≥ 0}"))
+            rollout_id, attempt_id, timeout = _flush_request(await request.body())
+        except OpenAIError as exc:
+            return _error(exc)
         return await flush_response(state, rollout_id, attempt_id, timeout)
 
     async def health(request: Request) -> Response:
@@ -258,6 +269,9 @@ def create_proxy_app(store: Store, upstream_url: str, *, model: str | None = Non
         message = f"no route {request.method} {request.url.path} (the proxy serves /v1/chat/completions, " \
                   "/v1/responses, /v1/completions and /v1/models)"
         return Response(error_body(message), status_code=getattr(exc, "status_code", 404), media_type=_JSON)
+
+    async def bug(request: Request, exc: Exception) -> Response:
+        return _internal_error(exc)
 
     routes = [Route("/metrics", metrics), Route("/health", health),
               Route("/agentgrad/flush", flush, methods=["POST"])]
@@ -275,19 +289,55 @@ def create_proxy_app(store: Store, upstream_url: str, *, model: str | None = Non
                 await state.client.aclose()
             await asyncio.to_thread(state.writer.close)  # drain: every accepted span is written
 
-    app = _ProxyApp(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found})
+    app = _ProxyApp(routes=routes, lifespan=lifespan,
+                    exception_handlers={404: not_found, 405: not_found, Exception: bug})
     app.state.proxy = state
+    app.gate = GuardMiddleware(app.dispatch, Guard(token=token, hosts=allowed_hosts, max_body_bytes=max_body_bytes),
+                               openai_refusal)
     return app
 
 
+def _flush_request(raw: bytes) -> tuple[str, str, float]:
+    """``(rollout_id, attempt_id, timeout)`` of a flush body; :class:`OpenAIError` naming what is wrong."""
+    usage = ('flush needs a JSON body {"rollout_id": str, "attempt_id": str, '
+             f'"timeout": seconds from 0 to {MAX_FLUSH_TIMEOUT:g}}}')
+    try:
+        payload = parse_object(raw)
+    except BadJson as exc:
+        raise OpenAIError(f"{exc}; {usage}") from None
+    rollout_id, attempt_id = payload.get("rollout_id"), payload.get("attempt_id")
+    timeout = payload.get("timeout", 30.0)
+    if not isinstance(rollout_id, str) or not isinstance(attempt_id, str):
+        raise OpenAIError(usage, param="rollout_id" if not isinstance(rollout_id, str) else "attempt_id")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout <= MAX_FLUSH_TIMEOUT:
+        raise OpenAIError(usage, param="timeout")
+    return rollout_id, attempt_id, float(timeout)
+
+
+def _internal_error(exc: Exception) -> Response:
+    """A bug's answer: logged with its traceback, and still an OpenAI-style body for the client."""
+    log.error("unexpected error in the LLM proxy", exc_info=exc)
+    return Response(error_body(f"internal error: {type(exc).__name__}: {exc}", kind="server_error"),
+                    status_code=500, media_type=_JSON)
+
+
 class _ProxyApp(Starlette):
-    """Starlette, except that the API routes' POSTs go straight to their handler (see :mod:`.incoming`)."""
+    """Starlette behind the gate (:mod:`agentgrad.http.guard`), except that the API routes' POSTs go
+    straight to their handler (see :mod:`.incoming`)."""
+
+    gate: Any = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await (self.gate or self.dispatch)(scope, receive, send)
+
+    async def dispatch(self, scope: Any, receive: Any, send: Any) -> None:
         route = api_route(scope)
         if route is None:
             await super().__call__(scope, receive, send)
             return
         api, rollout_id, attempt_id = route
-        response = await _handle(self.state.proxy, Incoming(scope, receive, rollout_id, attempt_id), api)
+        try:
+            response = await _handle(self.state.proxy, Incoming(scope, receive, rollout_id, attempt_id), api)
+        except Exception as exc:  # a bug: still JSON, as every other answer
+            response = _internal_error(exc)
         await response(scope, receive, send)

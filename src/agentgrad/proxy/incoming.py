@@ -32,22 +32,14 @@ class Incoming:
         self.rollout_id, self.attempt_id = rollout_id, attempt_id
         self._receive = receive
 
-    async def body(self, limit: int) -> bytes:
-        """The whole body; :class:`OpenAIError` 413 beyond ``limit`` bytes (declared or received)."""
-        declared = self.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > limit:
-            raise OpenAIError(f"request body of {declared} bytes exceeds the proxy's limit of {limit} bytes",
-                              status=413)
-        chunks, size = [], 0
+    async def body(self) -> bytes:
+        """The whole body (its size is bounded by the gate in front, :mod:`agentgrad.http.guard`)."""
+        chunks = []
         while True:
             message = await self._receive()
             if message["type"] == "http.disconnect":  # nobody to answer: the error response goes nowhere
                 raise OpenAIError("the client disconnected before sending its whole request", status=499)
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise OpenAIError(f"request body exceeds the proxy's limit of {limit} bytes", status=413)
-            chunks.append(chunk)
+            chunks.append(message.get("body", b""))
             if not message.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 

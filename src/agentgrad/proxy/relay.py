@@ -10,8 +10,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+from agentgrad.http.jsonbody import dumps, loads
 from agentgrad.proxy.capture import Capture, StreamAccumulator, strip_for_client
-from agentgrad.proxy.jsonio import dumps, loads
 from agentgrad.proxy.responses import ResponsesStreamWriter, from_chat_completion
 
 if TYPE_CHECKING:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from agentgrad.http.guard import HostCheck, warn_if_exposed
 from agentgrad.http.serve import http_url, listening_socket, serve_in_thread, serve_until_signal
 from agentgrad.proxy.app import create_proxy_app
 from agentgrad.proxy.hooks import rollout_endpoint
@@ -34,18 +36,25 @@ class LLMProxy:
 
     ``start()`` serves it from a daemon thread (embedded use: tests, ``Trainer``) and returns the
     OpenAI base URL; ``run()`` serves it in the foreground until SIGTERM/SIGINT (the CLI).
-    Extra keyword arguments go to :func:`create_proxy_app` (e.g. ``record_mode="sync"``).
+    Extra keyword arguments go to :func:`create_proxy_app` (e.g. ``record_mode="sync"``,
+    ``token="…"``: clients then send it as their ``api_key``).
+
+    Requests must name the proxy in their ``Host`` header: a loopback name, ``host``, one of
+    ``allowed_hosts`` or of ``$AGENTGRAD_ALLOWED_HOSTS`` (:class:`~agentgrad.http.guard.HostCheck`).
+    Binding beyond loopback without a token logs a warning.
 
     Spans are written behind the answers (``record_mode="async"``): call :meth:`flush` (or
     ``POST /agentgrad/flush``) before relying on an attempt's calls being in the store.
     """
 
     def __init__(self, store: Store, upstream_url: str, *, host: str = "127.0.0.1", port: int = 0,
-                 **options: Any) -> None:
+                 allowed_hosts: Iterable[str] = (), **options: Any) -> None:
         self.store = store
         self.upstream_url = upstream_url
         self.host, self.port = host, port
-        self.app = create_proxy_app(store, upstream_url, **options)
+        self._token = options.get("token")
+        self.app = create_proxy_app(store, upstream_url, allowed_hosts=HostCheck.for_bind(host, allowed_hosts),
+                                    **options)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._socket: socket.socket | None = None
@@ -94,6 +103,7 @@ class LLMProxy:
     def bind(self) -> str:
         """Bind the listening socket now (resolving port 0); returns the OpenAI base URL."""
         if self._socket is None:
+            warn_if_exposed("the LLM proxy", self.host, self._token, log)
             sock = listening_socket(self.host, self.port)
             self.port = sock.getsockname()[1]
             self._socket = sock

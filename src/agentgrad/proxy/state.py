@@ -27,7 +27,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 RecordMode = Literal["async", "sync"]
 _RETRIES_REMEMBERED = 4096
 
@@ -36,7 +35,7 @@ class ProxyState:
     """Everything the routes share: the store, the upstream client, counters, retry memory."""
 
     def __init__(self, store: Store, upstream_url: str, *, model: str | None = None,
-                 upstream_api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 upstream_api_key: str | None = None, forward_client_auth: bool = True,
                  upstream_timeout: float = 600.0, record_mode: RecordMode = "async",
                  write_linger: float = 0.0) -> None:
         if record_mode not in ("async", "sync"):
@@ -46,7 +45,8 @@ class ProxyState:
         self.upstream_url = upstream_url.rstrip("/")
         self.model = model
         self.upstream_api_key = upstream_api_key
-        self.max_body_bytes = max_body_bytes
+        #: False when the client's ``Authorization`` is the proxy's own token, never sent on.
+        self.forward_client_auth = forward_client_auth
         self.upstream_timeout = upstream_timeout
         self.metrics = ProxyMetrics()
         self.writer = SpanWriter(store, self.metrics, linger=write_linger)
@@ -63,7 +63,10 @@ class ProxyState:
     def headers(self, client: Mapping[str, str]) -> dict[str, str]:
         """The upstream request's headers, given the client's."""
         headers = {"content-type": "application/json"}
-        auth = f"Bearer {self.upstream_api_key}" if self.upstream_api_key else client.get("authorization")
+        if self.upstream_api_key:
+            auth = f"Bearer {self.upstream_api_key}"
+        else:
+            auth = client.get("authorization") if self.forward_client_auth else None
         if auth:
             headers["authorization"] = auth
         return headers
@@ -78,7 +81,7 @@ class ProxyState:
             return self.model
         if self._served is None:
             try:
-                response = await self.http().request("GET", "/models")
+                response = await self.http().request("GET", "/models", headers=self.headers({}))
                 body = await response.read()
                 self._served = [m["id"] for m in json.loads(body)["data"]] if response.status_code == 200 else []
             except (UpstreamUnreachable, ValueError, KeyError, TypeError):

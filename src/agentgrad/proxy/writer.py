@@ -13,8 +13,14 @@ but a span becomes visible to readers that do not flush only after it, hence no 
 Correctness rests on the **flush barrier**: :meth:`SpanWriter.flush` waits until every call of an
 attempt that the proxy has accepted — including calls still streaming — has been stored (or has
 ended without a span, e.g. an upstream error or an aborted stream). The runner calls it (in
-process, or through ``POST /agentgrad/flush``) before it reports an attempt, so "when an agent
-returns, all its calls are stored" holds where it matters.
+process, or through ``POST /agentgrad/flush``) before it reports an attempt, and before it stores
+the reward of a value the agent returned, so "when an agent returns, all its calls are stored"
+holds where it matters.
+
+What the barrier does not give is an order: a span reaches the store (and gets its
+``sequence_id``) when this thread writes it, so a reward the agent emits right after a call is
+usually stored *before* that call. Readers that need before/after order by the spans' own times
+(:mod:`agentgrad.adapters.timeline`), never by ``sequence_id``.
 
 Failures are never silent: transient store errors are retried with backoff, a span that still
 cannot be written is counted (``store_errors``), logged, and reported by the attempt's next flush.

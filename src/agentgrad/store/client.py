@@ -6,8 +6,10 @@ error body). On top of that it survives a flaky network:
 
 * connection errors, timeouts and 5xx answers are retried with exponential backoff; 4xx never;
 * writes are safe to retry: ids (rollout, resources, span) are chosen here before sending, and
-  every non-idempotent write carries an ``Idempotency-Key`` so a retry after a lost response gets
-  the first answer back (no duplicate enqueue, no second claim, no spurious AlreadyExists);
+  every non-idempotent write carries an ``Idempotency-Key`` (the caller's ``idempotency_key``, or
+  a fresh one per call, the same on each of its retries) so a retry after a lost response gets
+  the first answer back (no duplicate enqueue, no second claim, no spurious AlreadyExists). The
+  service records the answer in its database with the write, so this holds across its restarts;
 * long waits (``dequeue_rollouts(timeout=…)``, ``wait_for_rollouts``) are server-side long
   polls, repeated until the caller's deadline — never client busy-polling.
 
@@ -35,6 +37,7 @@ from agentgrad.errors import AgentGradError, InvalidInputError
 from agentgrad.http.transport import transport_for
 from agentgrad.store import wire
 from agentgrad.store.core import evolved
+from agentgrad.store.idempotency import check_key
 from agentgrad.store.jsoncheck import normalize_json, normalize_span
 from agentgrad.store.protocol import RolloutFilter, RolloutRequest, Store
 from agentgrad.types import (
@@ -162,17 +165,18 @@ class StoreClient(Store):
         *,
         params: dict[str, Any] | None = None,
         once: bool = False,
+        key: str | None = None,
         wait: float = 0.0,
     ) -> bytes:
         """Send one request with retries; returns the body of a 2xx answer, raises otherwise.
 
         ``payload`` is the JSON body, as values to encode or already encoded.
 
-        ``once`` marks a non-idempotent write: it carries an Idempotency-Key that stays the same
-        across retries, so the server runs it at most once.
+        ``once`` marks a non-idempotent write: it carries an Idempotency-Key (``key``, or a new
+        one) that stays the same across retries, so the server runs it at most once.
         """
         content = payload if payload is None or isinstance(payload, bytes) else _encode(payload)
-        headers = {wire.IDEMPOTENCY_HEADER: uuid.uuid4().hex} if once else None
+        headers = {wire.IDEMPOTENCY_HEADER: check_key(key) if key is not None else uuid.uuid4().hex} if once else None
         target = path
         if params:
             target += "?" + urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
@@ -219,19 +223,27 @@ class StoreClient(Store):
         return model.model_validate_json(self._request(method, path, payload, **options))
 
     # ---- rollouts -------------------------------------------------------------------------------
-    def enqueue_rollouts(self, requests: Sequence[RolloutRequest | dict[str, Any]]) -> list[Rollout]:
+    def enqueue_rollouts(
+        self, requests: Sequence[RolloutRequest | dict[str, Any]], *, idempotency_key: str | None = None
+    ) -> list[Rollout]:
+        """Rollouts without an id get one here, so that even a retry the service cannot replay
+        stores nothing twice; with the caller's ``idempotency_key`` they are sent as given, so
+        that the caller's own repeat matches the first request, as with a local store."""
         parsed = [r if isinstance(r, RolloutRequest) else RolloutRequest.model_validate(r) for r in requests]
-        named = [r if r.rollout_id else r.model_copy(update={"rollout_id": new_id("ro")}) for r in parsed]
-        return self._call(wire.RolloutList, "POST", "/v1/rollouts/enqueue", {"rollouts": named}, once=True).rollouts
+        named = parsed if idempotency_key is not None else \
+            [r if r.rollout_id else r.model_copy(update={"rollout_id": new_id("ro")}) for r in parsed]
+        return self._call(wire.RolloutList, "POST", "/v1/rollouts/enqueue", {"rollouts": named}, once=True,
+                          key=idempotency_key).rollouts
 
     def dequeue_rollouts(
-        self, limit: int, worker_id: str | None = None, timeout: float = 0.0
+        self, limit: int, worker_id: str | None = None, timeout: float = 0.0, *, idempotency_key: str | None = None
     ) -> list[AttemptedRollout]:
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
             wait = min(self.long_poll, max(0.0, deadline - time.monotonic()))
             claimed = self._call(wire.ClaimList, "POST", "/v1/rollouts/dequeue",
-                                 {"limit": limit, "worker_id": worker_id, "timeout": wait}, once=True, wait=wait).claimed
+                                 {"limit": limit, "worker_id": worker_id, "timeout": wait}, once=True,
+                                 key=idempotency_key, wait=wait).claimed
             if claimed or time.monotonic() >= deadline:
                 return claimed
 
@@ -246,8 +258,9 @@ class StoreClient(Store):
         body = (filter or RolloutFilter()).model_dump(exclude_defaults=True)
         return self._call(wire.Count, "POST", "/v1/rollouts/count", body).count
 
-    def cancel_rollout(self, rollout_id: str) -> Rollout:
-        return self._call(Rollout, "POST", "/v1/rollouts/cancel", {"rollout_id": rollout_id}, once=True)
+    def cancel_rollout(self, rollout_id: str, *, idempotency_key: str | None = None) -> Rollout:
+        return self._call(Rollout, "POST", "/v1/rollouts/cancel", {"rollout_id": rollout_id}, once=True,
+                          key=idempotency_key)
 
     def update_rollout_metadata(self, rollout_id: str, metadata: dict[str, Any]) -> Rollout:
         return self._call(Rollout, "POST", "/v1/rollouts/metadata", {"rollout_id": rollout_id, "metadata": metadata})
@@ -307,16 +320,34 @@ class StoreClient(Store):
         after_sequence_id: int = 0,
         limit: int | None = None,
     ) -> list[Span]:
-        params = {"rollout_id": rollout_id, "attempt_id": attempt_id, "name": name,
-                  "after_sequence_id": after_sequence_id, "limit": limit}
-        return self._call(wire.SpanList, "GET", "/v1/spans", params=params).spans
+        """Read page by page (``wire.DEFAULT_SPAN_PAGE`` spans per request, or what is left of
+        ``limit``, at most ``wire.MAX_SPAN_PAGE``) until ``limit`` spans or the last page: no single
+        request asks the service for the whole of a long rollout. ``"latest"`` is pinned to the
+        attempt of the first page, so the pages of one call never mix two attempts."""
+        spans: list[Span] = []
+        after = max(0, after_sequence_id)
+        while True:
+            want = wire.DEFAULT_SPAN_PAGE if limit is None else min(wire.MAX_SPAN_PAGE, max(0, limit - len(spans)))
+            params = {"rollout_id": rollout_id, "attempt_id": attempt_id, "name": name,
+                      "after_sequence_id": after, "limit": want}
+            page = self._call(wire.SpanPage, "GET", "/v1/spans", params=params)
+            spans += page.spans
+            if page.next_after_sequence_id is None or (limit is not None and len(spans) >= limit):
+                return spans
+            if attempt_id == "latest" and page.spans:
+                attempt_id = page.spans[0].attempt_id
+            after = page.next_after_sequence_id
 
     # ---- resources ------------------------------------------------------------------------------
-    def add_resources(self, items: dict[str, Any], resources_id: str | None = None) -> Resources:
-        # Validated here like a local store does (same pydantic errors), then sent typed.
+    def add_resources(
+        self, items: dict[str, Any], resources_id: str | None = None, *, idempotency_key: str | None = None
+    ) -> Resources:
+        # Validated here like a local store does (same pydantic errors), then sent typed; named
+        # here unless the caller's key makes its repeats match (see enqueue_rollouts).
         snapshot = Resources(resources_id=resources_id or new_id("res"), version=0, items=items)
-        body = {"items": snapshot.items, "resources_id": snapshot.resources_id}
-        return self._call(Resources, "POST", "/v1/resources", body, once=True)
+        body = {"items": snapshot.items,
+                "resources_id": resources_id if idempotency_key is not None else snapshot.resources_id}
+        return self._call(Resources, "POST", "/v1/resources", body, once=True, key=idempotency_key)
 
     def get_resources(self, resources_id: str) -> Resources:
         return self._call(Resources, "GET", "/v1/resources/get", params={"resources_id": resources_id})
@@ -335,9 +366,11 @@ class StoreClient(Store):
     def query_workers(self) -> list[Worker]:
         return self._call(wire.WorkerList, "GET", "/v1/workers").workers
 
-    def add_metrics(self, records: Sequence[MetricRecord | dict[str, Any]]) -> None:
+    def add_metrics(
+        self, records: Sequence[MetricRecord | dict[str, Any]], *, idempotency_key: str | None = None
+    ) -> None:
         parsed = [r if isinstance(r, MetricRecord) else MetricRecord.model_validate(r) for r in records]
-        self._request("POST", "/v1/metrics", {"records": parsed}, once=True)
+        self._request("POST", "/v1/metrics", {"records": parsed}, once=True, key=idempotency_key)
 
     def query_metrics(self, run_id: str | None = None) -> list[MetricRecord]:
         return self._call(wire.MetricList, "GET", "/v1/metrics", params={"run_id": run_id}).records

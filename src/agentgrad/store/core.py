@@ -27,6 +27,8 @@ from agentgrad.errors import (
     NotFoundError,
 )
 from agentgrad.rewards import reward_number
+from agentgrad.store import idempotency
+from agentgrad.store.idempotency import Replay
 from agentgrad.store.jsoncheck import normalize_field, normalize_json, normalize_span
 from agentgrad.store.protocol import RolloutFilter, RolloutRequest, Store
 from agentgrad.types import (
@@ -187,6 +189,16 @@ class StoreTx(Protocol):
     def insert_metrics(self, records: Sequence[MetricRecord]) -> None: ...
     def query_metrics(self, run_id: str | None) -> list[MetricRecord]: ...
 
+    def find_replay(self, scope: str, key: str) -> tuple[str, str] | None:
+        """The (fingerprint, answer JSON) recorded for an idempotency key, or None."""
+        ...
+    def save_replay(self, scope: str, key: str, fingerprint: str, answer: str, stamp: float) -> None:
+        """Record an idempotency key's answer (the key is not recorded yet: the core looked)."""
+        ...
+    def prune_replays(self, expired_before: float, keep: int) -> None:
+        """Drop the records written before ``expired_before`` and all but the ``keep`` newest."""
+        ...
+
 
 #: A burst of spans refreshes the attempt's heartbeat at most this often (one write, not one
 #: per span); far below any sensible ``unresponsive_seconds``.
@@ -204,6 +216,8 @@ def _checked_metadata(metadata: dict[str, Any], where: str = "") -> dict[str, An
     group_id = metadata.get("group_id")
     if group_id is not None and not isinstance(group_id, str):
         raise InvalidInputError(f"{where}field 'metadata.group_id' must be a string, got {type(group_id).__name__}")
+    if group_id is not None and "\x00" in group_id:  # a column of its own: as for every stored name
+        raise InvalidInputError(f"{where}field 'metadata.group_id' must not contain a NUL character")
     return metadata
 
 
@@ -212,6 +226,10 @@ _RUNNING, _PREPARING = AttemptStatus.RUNNING, AttemptStatus.PREPARING
 #: both (an enum lookup by value is slow Python code, paid on every status update).
 _ATTEMPT_STATUS = {status.value: status for status in AttemptStatus}
 _LLM_CALL, _REWARD = semconv.SPAN_LLM_CALL, semconv.SPAN_REWARD
+
+
+#: What :meth:`TransactionalStore._replayed` returns for a key with no record (None is an answer).
+_FRESH: Any = object()
 
 
 def _heard_from(attempt_id: str, attempts: dict[str, Attempt], spans: list[Span]) -> bool:
@@ -243,6 +261,9 @@ class TransactionalStore(Store):
         clock: Callable[[], float] = now,
     ) -> None:
         self._clock = clock
+        # The watchdog counts an attempt's silence from this moment at the earliest: while the
+        # store was closed (a restart of the store service) no runner could have reached it.
+        self._opened_at = clock()
         self._changed = threading.Condition()
         self._change_count = 0
         self._waiting = 0  # callers inside _wait_until
@@ -305,12 +326,15 @@ class TransactionalStore(Store):
                 self._waiting -= 1
 
     # ---- rollouts -------------------------------------------------------------------------------
-    def enqueue_rollouts(self, requests: Sequence[RolloutRequest | dict[str, Any]]) -> list[Rollout]:
+    def enqueue_rollouts(
+        self, requests: Sequence[RolloutRequest | dict[str, Any]], *, idempotency_key: str | None = None
+    ) -> list[Rollout]:
         parsed = [r if isinstance(r, RolloutRequest) else RolloutRequest.model_validate(r) for r in requests]
         for index, request in enumerate(parsed):
             where = f"rollout {index}: " if len(parsed) > 1 else ""
             normalize_field(request, "input", "input", where)
             _checked_metadata(normalize_field(request, "metadata", "metadata", where), where)
+        replay = idempotency.replay("enqueue_rollouts", idempotency_key, parsed)
         stamp = self._clock()
         rollouts = [
             trusted(
@@ -335,25 +359,34 @@ class TransactionalStore(Store):
         if len(set(ids)) != len(ids):
             raise AlreadyExistsError("a batch names the same rollout_id twice")
         with self._transaction() as tx:
+            if replay is not None and (first := self._replayed(tx, replay)) is not _FRESH:
+                return first
             for rollout_id in ids:
                 if tx.peek_rollout(rollout_id) is not None:
                     raise AlreadyExistsError(f"rollout {rollout_id!r} already exists")
             tx.insert_rollouts(rollouts)
             tx.push_queue(ids)
+            if replay is not None:
+                self._record(tx, replay, rollouts)
         self._notify()
         return rollouts
 
     def dequeue_rollouts(
-        self, limit: int, worker_id: str | None = None, timeout: float = 0.0
+        self, limit: int, worker_id: str | None = None, timeout: float = 0.0, *, idempotency_key: str | None = None
     ) -> list[AttemptedRollout]:
         if limit < 1:
             raise InvalidInputError(f"limit must be ≥ 1, got {limit}")
-        claimed = self._wait_until(lambda: self._claim(limit, worker_id), timeout)
+        replay = idempotency.replay("dequeue_rollouts", idempotency_key, limit, worker_id)
+        claimed = self._wait_until(lambda: self._claim(limit, worker_id, replay), timeout)
         return claimed or []
 
-    def _claim(self, limit: int, worker_id: str | None) -> list[AttemptedRollout]:
+    def _claim(self, limit: int, worker_id: str | None, replay: Replay | None = None) -> list[AttemptedRollout]:
+        """One claim transaction; with ``replay``, a claim already recorded for its key is
+        answered instead (each look of a long poll checks: a same-key call may have claimed)."""
         claimed: list[AttemptedRollout] = []
         with self._transaction() as tx:
+            if replay is not None and (first := self._replayed(tx, replay)) is not _FRESH:
+                return first
             for rollout_id in tx.pop_queue(limit):
                 view = tx.peek_rollout(rollout_id)
                 if view is None or not view.status.is_queued:
@@ -378,6 +411,10 @@ class TransactionalStore(Store):
                 tx.insert_attempt(attempt)
                 tx.save_rollout(rollout)
                 claimed.append(trusted(AttemptedRollout, rollout=rollout, attempt=attempt))
+            if replay is not None and claimed:
+                self._record(tx, replay, claimed)
+        if replay is not None and claimed:
+            self._notify()  # a same-key call long-polling beside this one answers with this claim
         return claimed
 
     def get_rollout(self, rollout_id: str) -> Rollout:
@@ -392,8 +429,11 @@ class TransactionalStore(Store):
         with self._transaction() as tx:
             return tx.count_rollouts(filter or RolloutFilter())
 
-    def cancel_rollout(self, rollout_id: str) -> Rollout:
+    def cancel_rollout(self, rollout_id: str, *, idempotency_key: str | None = None) -> Rollout:
+        replay = idempotency.replay("cancel_rollout", idempotency_key, rollout_id)
         with self._transaction() as tx:
+            if replay is not None and (first := self._replayed(tx, replay)) is not _FRESH:
+                return first
             rollout = self._require_rollout(tx, rollout_id)
             if rollout.status.is_terminal:
                 raise InvalidTransitionError("rollout", rollout_id, rollout.status.value, "cancelled")
@@ -410,6 +450,8 @@ class TransactionalStore(Store):
             rollout.status = RolloutStatus.CANCELLED
             rollout.end_time = stamp
             tx.save_rollout(rollout)
+            if replay is not None:
+                self._record(tx, replay, rollout)
         self._notify()
         return rollout
 
@@ -426,17 +468,23 @@ class TransactionalStore(Store):
         with self._transaction() as tx:
             for rollout_id in ids:
                 self._require_rollout(tx, rollout_id, view=True)
-        done: list[Rollout] = []
+        pending = dict.fromkeys(ids)  # in order; a rollout that ended stays ended: looked at no more
 
         def all_done() -> bool:
-            nonlocal done
+            # Read-only views, no copies: this runs after every change while anyone waits, and
+            # copying every rollout of a batch each time made a 200-rollout wait cost as much CPU
+            # as the rollouts themselves (issue 24).
             with self._transaction() as tx:
-                current = [tx.get_rollout(rollout_id) for rollout_id in ids]
-            done = [r for r in current if r is not None and r.status.is_terminal]
-            return len(done) == len(ids)
+                for rollout_id in list(pending):
+                    view = tx.peek_rollout(rollout_id)
+                    if view is not None and view.status.is_terminal:
+                        del pending[rollout_id]
+            return not pending
 
         self._wait_until(all_done, timeout)
-        return done
+        with self._transaction() as tx:  # copies, as they are now (a late reward span may have come)
+            current = [tx.get_rollout(rollout_id) for rollout_id in ids]
+        return [r for r in current if r is not None and r.status.is_terminal]
 
     # ---- attempts -------------------------------------------------------------------------------
     def get_attempts(self, rollout_id: str) -> list[Attempt]:
@@ -518,7 +566,7 @@ class TransactionalStore(Store):
         with self._transaction() as tx:
             stamp = self._clock()
             for clock in tx.attempt_clocks():
-                last_sign = clock.last_heartbeat_time or clock.start_time
+                last_sign = max(clock.last_heartbeat_time or clock.start_time, self._opened_at)
                 if clock.timeout_seconds is not None and stamp - clock.start_time > clock.timeout_seconds:
                     verdict, why = AttemptStatus.TIMEOUT, f"no result within {clock.timeout_seconds} s"
                 elif clock.unresponsive_seconds is not None and stamp - last_sign > clock.unresponsive_seconds:
@@ -648,11 +696,16 @@ class TransactionalStore(Store):
             return tx.query_spans(rollout_id, attempt_id, name, after_sequence_id, limit)
 
     # ---- resources ------------------------------------------------------------------------------
-    def add_resources(self, items: dict[str, Any], resources_id: str | None = None) -> Resources:
+    def add_resources(
+        self, items: dict[str, Any], resources_id: str | None = None, *, idempotency_key: str | None = None
+    ) -> Resources:
         for name, item in items.items():
             normalize_json(item.model_dump() if isinstance(item, BaseModel) else item, f"items.{name}")
         snapshot = Resources(resources_id=resources_id or new_id("res"), version=0, items=items)
+        replay = idempotency.replay("add_resources", idempotency_key, resources_id, snapshot.items)
         with self._transaction() as tx:
+            if replay is not None and (first := self._replayed(tx, replay)) is not _FRESH:
+                return first
             if tx.get_resources(snapshot.resources_id) is not None:
                 raise AlreadyExistsError(
                     f"resources {snapshot.resources_id!r} already exist; snapshots are immutable, "
@@ -662,6 +715,8 @@ class TransactionalStore(Store):
             snapshot.version = (latest.version if latest else 0) + 1
             snapshot.create_time = self._clock()
             tx.insert_resources(snapshot)
+            if replay is not None:
+                self._record(tx, replay, snapshot)
         return snapshot
 
     def get_resources(self, resources_id: str) -> Resources:
@@ -691,16 +746,52 @@ class TransactionalStore(Store):
         with self._transaction() as tx:
             return tx.all_workers()
 
-    def add_metrics(self, records: Sequence[MetricRecord | dict[str, Any]]) -> None:
+    def add_metrics(
+        self, records: Sequence[MetricRecord | dict[str, Any]], *, idempotency_key: str | None = None
+    ) -> None:
         parsed = [r if isinstance(r, MetricRecord) else MetricRecord.model_validate(r) for r in records]
         for record in parsed:
             normalize_json(record.values, f"values of step {record.step}")
+        replay = idempotency.replay("add_metrics", idempotency_key, parsed)
         with self._transaction() as tx:
+            if replay is not None and self._replayed(tx, replay) is not _FRESH:
+                return
             tx.insert_metrics(parsed)
+            if replay is not None:
+                self._record(tx, replay, None)
 
     def query_metrics(self, run_id: str | None = None) -> list[MetricRecord]:
         with self._transaction() as tx:
             return tx.query_metrics(run_id)
+
+    # ---- idempotency keys (the rules: agentgrad.store.idempotency) ------------------------------
+    #: Seconds a key's record is kept, the most records kept, and how many recorded writes of
+    #: this object pass between two prunes (settable per store object, as tests do).
+    replay_ttl_seconds: float = idempotency.TTL_SECONDS
+    max_replays: int = idempotency.MAX_RECORDS
+    replay_prune_interval: int = idempotency.PRUNE_EVERY
+    _replays_recorded = 0
+
+    def _replayed(self, tx: StoreTx, replay: Replay) -> Any:
+        """The first answer recorded for ``replay``'s key, or ``_FRESH`` when there is none;
+        IdempotencyKeyReusedError when the key was recorded for another request."""
+        found = tx.find_replay(replay.scope, replay.key)
+        if found is None:
+            return _FRESH
+        fingerprint, answer = found
+        if fingerprint != replay.fingerprint:
+            raise idempotency.refused(replay)
+        return idempotency.load_answer(replay.scope, answer)
+
+    def _record(self, tx: StoreTx, replay: Replay, answer: Any) -> None:
+        """Record ``answer`` for ``replay``'s key inside the write's transaction, pruning now and
+        then (see :mod:`agentgrad.store.idempotency`)."""
+        stamp = self._clock()
+        tx.save_replay(replay.scope, replay.key, replay.fingerprint, idempotency.dump_answer(replay.scope, answer),
+                       stamp)
+        if self._replays_recorded % max(1, self.replay_prune_interval) == 0:
+            tx.prune_replays(stamp - self.replay_ttl_seconds, self.max_replays)
+        self._replays_recorded += 1
 
     # ---- helpers --------------------------------------------------------------------------------
     @staticmethod

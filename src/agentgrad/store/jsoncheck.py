@@ -1,5 +1,12 @@
 """Refuse values that cannot be stored as JSON, naming the exact field that is wrong, and
-normalize the rest to what a JSON round trip gives."""
+normalize the rest to what a JSON round trip gives; parse JSON bodies with bounded nesting.
+
+Nesting is bounded twice, so that whatever is stored can always be read back: a request body
+may nest at most :data:`MAX_BODY_DEPTH` levels (the limit of pydantic's JSON parser, which reads
+every store record and every answer of the service), and a stored JSON value (a task input,
+metadata, span attributes, a resource) at most :data:`MAX_VALUE_DEPTH`, far enough below it that
+the records and answers that wrap it stay readable too.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,7 @@ import json
 import math
 from typing import Any
 
+import pydantic_core
 from pydantic import BaseModel
 
 from agentgrad.errors import InvalidInputError
@@ -19,9 +27,12 @@ _UNCHANGED = frozenset({str, int, bool, type(None)})
 _NUMBERS = frozenset({int, float, bool})
 #: Containers shorter than this are walked directly: below it the C check costs more than it saves.
 _FLAT_CHECK_MIN = 16
-#: Below this depth the walk recurses in Python; deeper values (or cycles) are left to the C
-#: encoder, which checks circularity and recursion limits itself.
-_MAX_WALK_DEPTH = 100
+#: The deepest nesting a request body may have: pydantic's JSON parser refuses deeper documents
+#: (and :func:`loads` applies the same limit to bodies parsed without a model).
+MAX_BODY_DEPTH = 200
+#: The deepest nesting a stored JSON value may have (refused beyond, naming the field; a cycle is
+#: refused the same way).
+MAX_VALUE_DEPTH = 100
 
 
 class _NotJson(Exception):
@@ -44,7 +55,20 @@ def normalize_json(value: Any, field: str, where: str = "") -> Any:
     except (_NotJson, TypeError, ValueError, RecursionError):
         pass
     path, problem = _first_problem(value, field)
+    if len(path) > 120:  # a deep path: its start says where, its end how it continues
+        path = f"{path[:80]}…{path[-30:]}"
     raise InvalidInputError(f"{where}field {path!r} is not JSON-serializable: {problem}")
+
+
+def loads(body: bytes | str) -> Any:
+    """Parse a JSON request body that no pydantic model reads (OTLP/JSON), with the same
+    bounds as the service's models: at most :data:`MAX_BODY_DEPTH` levels of nesting, numbers
+    of at most 4,300 digits, no lone surrogate in a string. :class:`InvalidInputError` otherwise,
+    never a ``RecursionError``."""
+    try:
+        return pydantic_core.from_json(body)
+    except ValueError as exc:
+        raise InvalidInputError(f"body is not valid JSON: {exc}") from None
 
 
 def normalize_field(model: BaseModel, field: str, label: str, where: str = "") -> Any:
@@ -101,7 +125,9 @@ def _normalized(value: Any, depth: int) -> Any:
         if math.isfinite(value):
             return value
         raise _NotJson
-    if depth < _MAX_WALK_DEPTH and (kind is dict or kind is list):
+    if kind is dict or kind is list:
+        if depth >= MAX_VALUE_DEPTH:
+            raise _NotJson
         if len(value) >= _FLAT_CHECK_MIN and _is_flat_json(value if kind is list else value.values()) \
                 and (kind is list or _has_str_keys(value)):
             return value
@@ -118,7 +144,9 @@ def _normalized(value: Any, depth: int) -> Any:
                 copy[key] = normalized
         else:
             return value if copy is None else copy
-    return json.loads(json.dumps(value, allow_nan=False))
+    # JSON's own conversions (tuples, non-string keys, subclasses), then the walk over the plain
+    # result, which bounds its nesting.
+    return _normalized(json.loads(json.dumps(value, allow_nan=False)), depth)
 
 
 def _is_flat_json(items: Any) -> bool:
@@ -143,8 +171,8 @@ def _has_str_keys(value: dict[Any, Any]) -> bool:
 
 
 def _first_problem(value: Any, path: str, depth: int = 0) -> tuple[str, str]:
-    if depth > 200:
-        return path, "nested too deeply (or circular)"
+    if depth >= MAX_VALUE_DEPTH and isinstance(value, (dict, list, tuple)):
+        return path, f"nested too deeply (more than {MAX_VALUE_DEPTH} levels, or circular)"
     if value is None or isinstance(value, (str, bool, int)):
         return path, "ok"
     if isinstance(value, float):

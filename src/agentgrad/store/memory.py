@@ -1,6 +1,6 @@
 """MemoryStore: the fastest backend, for tests, notebooks and single-process runs.
 
-Nothing survives the process. Callers can never mutate stored state by accident: rollouts,
+Nothing survives the process (idempotency records neither: they are as durable as the data). Callers can never mutate stored state by accident: rollouts,
 attempts and the other few, often updated records are deep-copied in and out; spans, the bulk of
 the data and never changed once stored, are kept as their JSON text, as the SQL backends keep
 them. Text is compact and invisible to the cyclic garbage collector, whose sweeps over hundreds
@@ -57,16 +57,20 @@ class _SpanLog:
         self.names.append(span.name)
         self.texts.append(text)
 
-    def select(self, attempt_id: str | None, name: str | None, after_sequence_id: int) -> Iterable[bytes]:
+    def select(self, attempt_id: str | None, name: str | None, after_sequence_id: int,
+               limit: int | None) -> Iterable[bytes]:
+        """The texts after ``after_sequence_id`` (the index of the next one: sequence ids count
+        from 1), at most ``limit``; a page without filters is one slice, not a copy of the rest."""
         start = max(0, after_sequence_id)
         if attempt_id is None and name is None:
-            return self.texts[start:]
-        return (
+            return self.texts[start:] if limit is None else self.texts[start:start + limit]
+        selected = (
             self.texts[index]
             for index in range(start, len(self.texts))
             if (attempt_id is None or self.attempt_ids[index] == attempt_id)
             and (name is None or self.names[index] == name)
         )
+        return selected if limit is None else itertools.islice(selected, limit)
 
 
 class _MemoryData:
@@ -79,6 +83,14 @@ class _MemoryData:
         self.resources_order: list[str] = []
         self.workers: dict[str, Worker] = {}
         self.metrics: list[MetricRecord] = []
+        #: Idempotency records, oldest first: (scope, key) → (fingerprint, answer JSON, stamp).
+        self.replays: OrderedDict[tuple[str, str], tuple[str, str, float]] = OrderedDict()
+        self.replay_chars = 0
+
+
+#: The most characters of recorded answers kept in memory; the oldest records go first beyond it
+#: (the SQL backends keep theirs on disk, bounded by count and age only).
+MAX_REPLAY_CHARS = 64 * 1024 * 1024
 
 
 #: Exact types whose values are immutable, so a copy may share them. Everything else in a
@@ -233,8 +245,7 @@ class _MemoryTx(StoreTx):
         log = self.d.spans.get(rollout_id)
         if log is None:
             return []
-        selected = log.select(attempt_id, name, after_sequence_id)
-        return from_json_many(Span, itertools.islice(selected, limit))
+        return from_json_many(Span, log.select(attempt_id, name, after_sequence_id, limit))
 
     def get_resources(self, resources_id: str) -> Resources | None:
         found = self.d.resources.get(resources_id)
@@ -261,6 +272,25 @@ class _MemoryTx(StoreTx):
 
     def query_metrics(self, run_id: str | None) -> list[MetricRecord]:
         return [_copy(r) for r in self.d.metrics if run_id is None or r.run_id == run_id]
+
+    def find_replay(self, scope: str, key: str) -> tuple[str, str] | None:
+        found = self.d.replays.get((scope, key))
+        return None if found is None else (found[0], found[1])
+
+    def save_replay(self, scope: str, key: str, fingerprint: str, answer: str, stamp: float) -> None:
+        self.d.replays[(scope, key)] = (fingerprint, answer, stamp)
+        self.d.replay_chars += len(answer)
+        self._drop_oldest_replays(lambda: self.d.replay_chars > MAX_REPLAY_CHARS)
+
+    def prune_replays(self, expired_before: float, keep: int) -> None:
+        replays = self.d.replays
+        self._drop_oldest_replays(lambda: len(replays) > keep or next(iter(replays.values()))[2] < expired_before)
+
+    def _drop_oldest_replays(self, too_many: Callable[[], bool]) -> None:
+        replays = self.d.replays
+        while replays and too_many():
+            _, (_, answer, _) = replays.popitem(last=False)
+            self.d.replay_chars -= len(answer)
 
 
 class _Locked:

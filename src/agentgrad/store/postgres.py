@@ -15,19 +15,17 @@ within ``external_poll_interval`` seconds.
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 import urllib.parse
 import zlib
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from agentgrad.errors import StoreFileError
 from agentgrad.store.core import StoreTx, TransactionalStore
-from agentgrad.store.sql import POSTGRES, SCHEMA_VERSION, RowViews, SqlTx
+from agentgrad.store.sql import POSTGRES, SCHEMA_VERSION, RowViews, SqlTx, reads_apart
 from agentgrad.types import now
 
 #: The query parameter of a store URL that names the schema (``postgresql://…/db?schema=run7``).
@@ -82,6 +80,7 @@ class _Pool:
             conn.close()
 
 
+@reads_apart
 class PostgresStore(TransactionalStore):
     """A store in a PostgreSQL database (optionally in its own ``schema``, created if missing).
 
@@ -190,25 +189,3 @@ def _redact(url: str) -> str:
         return url
     scheme, _, userinfo = head.partition("//")
     return f"{scheme}//{userinfo.split(':', 1)[0]}:***@{tail}"
-
-
-def _read_only(name: str) -> Callable[..., Any]:
-    """Wrap a core method whose transactions only read, so they skip the writers' lock."""
-    base = getattr(TransactionalStore, name)
-
-    @functools.wraps(base)
-    def method(self: PostgresStore, *args: Any, **kwargs: Any) -> Any:
-        outer = getattr(self._local, "read_only", False)
-        self._local.read_only = True
-        try:
-            return base(self, *args, **kwargs)
-        finally:
-            self._local.read_only = outer
-
-    return method
-
-
-for _name in ("get_rollout", "query_rollouts", "count_rollouts", "wait_for_rollouts", "get_attempts",
-              "query_spans", "get_resources", "get_latest_resources", "query_resources", "query_workers",
-              "query_metrics"):
-    setattr(PostgresStore, _name, _read_only(_name))

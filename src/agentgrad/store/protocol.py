@@ -24,6 +24,12 @@ Semantics shared by all backends
   ``sequence_id`` (1, 2, …) on first insert and returns the stored copy on repeats.
 * Resources are immutable snapshots; ``version`` increases by one per snapshot; the latest is the
   highest version.
+* Idempotency keys: the writes whose repeat would do something twice (``enqueue_rollouts``,
+  ``dequeue_rollouts``, ``cancel_rollout``, ``add_resources``, ``add_metrics``) take an optional
+  ``idempotency_key``. A call with a key the store has recorded for that operation does nothing
+  and returns the first call's answer, also after a restart (the record is written in the
+  write's own transaction); the same key with a different request is refused. The rules, the
+  key's size and how long records are kept: :mod:`agentgrad.store.idempotency`.
 * Unknown ids raise :class:`~agentgrad.errors.NotFoundError`; forbidden status changes raise
   :class:`~agentgrad.errors.InvalidTransitionError`; refused input raises
   :class:`~agentgrad.errors.InvalidInputError`. A refused call changes nothing.
@@ -42,13 +48,16 @@ from agentgrad.types import (
     AttemptedRollout,
     AttemptError,
     AttemptStatus,
+    Key,
     MetricRecord,
+    Name,
     Resources,
     Rollout,
     RolloutConfig,
     RolloutMode,
     RolloutStatus,
     Span,
+    StoredInt,
     Worker,
 )
 
@@ -62,10 +71,10 @@ class RolloutRequest(BaseModel):
 
     input: Any = None
     mode: RolloutMode = "train"
-    resources_id: str | None = None
+    resources_id: Key | None = None
     config: RolloutConfig = Field(default_factory=RolloutConfig)
     metadata: dict[str, Any] = Field(default_factory=dict)
-    rollout_id: str | None = None
+    rollout_id: Key | None = None
 
 
 class RolloutFilter(BaseModel):
@@ -75,15 +84,15 @@ class RolloutFilter(BaseModel):
 
     status: list[RolloutStatus] | None = None
     mode: RolloutMode | None = None
-    rollout_ids: list[str] | None = None
-    group_id: str | None = None
-    resources_id: str | None = None
+    rollout_ids: list[Key] | None = None
+    group_id: Name | None = None
+    resources_id: Key | None = None
     #: Only rollouts that finished with no captured LLM call.
     no_llm_calls: bool | None = None
     sort_by: RolloutSortKey = "enqueue_time"
     descending: bool = False
-    limit: int | None = Field(default=None, ge=0)
-    offset: int = Field(default=0, ge=0)
+    limit: StoredInt | None = None
+    offset: StoredInt = 0
 
 
 class Store(abc.ABC):
@@ -99,6 +108,7 @@ class Store(abc.ABC):
         config: RolloutConfig | None = None,
         metadata: dict[str, Any] | None = None,
         rollout_id: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Rollout:
         """Queue one task. ``input`` must be JSON-serializable (refused naming the field)."""
         request = RolloutRequest(
@@ -109,22 +119,30 @@ class Store(abc.ABC):
             metadata=metadata or {},
             rollout_id=rollout_id,
         )
-        return self.enqueue_rollouts([request])[0]
+        return self.enqueue_rollouts([request], idempotency_key=idempotency_key)[0]
 
     @abc.abstractmethod
-    def enqueue_rollouts(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
+    def enqueue_rollouts(
+        self, requests: Sequence[RolloutRequest], *, idempotency_key: str | None = None
+    ) -> list[Rollout]:
         """Queue many tasks atomically: all are stored, or none (on any refused input)."""
 
-    def dequeue_rollout(self, worker_id: str | None = None, timeout: float = 0.0) -> AttemptedRollout | None:
+    def dequeue_rollout(
+        self, worker_id: str | None = None, timeout: float = 0.0, *, idempotency_key: str | None = None
+    ) -> AttemptedRollout | None:
         """Claim the oldest queued rollout, waiting up to ``timeout`` seconds for one."""
-        claimed = self.dequeue_rollouts(1, worker_id=worker_id, timeout=timeout)
+        claimed = self.dequeue_rollouts(1, worker_id=worker_id, timeout=timeout, idempotency_key=idempotency_key)
         return claimed[0] if claimed else None
 
     @abc.abstractmethod
     def dequeue_rollouts(
-        self, limit: int, worker_id: str | None = None, timeout: float = 0.0
+        self, limit: int, worker_id: str | None = None, timeout: float = 0.0, *, idempotency_key: str | None = None
     ) -> list[AttemptedRollout]:
-        """Claim up to ``limit`` queued rollouts (oldest first); waits up to ``timeout`` for the first."""
+        """Claim up to ``limit`` queued rollouts (oldest first); waits up to ``timeout`` for the first.
+
+        With an ``idempotency_key``, a claim is recorded and a repeat returns it (a call that
+        claimed nothing is not recorded: its repeat may claim); the key's fingerprint covers
+        ``limit`` and ``worker_id``, not ``timeout``."""
 
     @abc.abstractmethod
     def get_rollout(self, rollout_id: str) -> Rollout:
@@ -139,7 +157,7 @@ class Store(abc.ABC):
         """How many rollouts match ``filter`` (ignoring its paging)."""
 
     @abc.abstractmethod
-    def cancel_rollout(self, rollout_id: str) -> Rollout:
+    def cancel_rollout(self, rollout_id: str, *, idempotency_key: str | None = None) -> Rollout:
         """Cancel a rollout that has not finished; its active attempt ends ``failed`` (Cancelled)."""
 
     @abc.abstractmethod
@@ -202,7 +220,9 @@ class Store(abc.ABC):
 
     # ---- resources ------------------------------------------------------------------------
     @abc.abstractmethod
-    def add_resources(self, items: dict[str, Any], resources_id: str | None = None) -> Resources:
+    def add_resources(
+        self, items: dict[str, Any], resources_id: str | None = None, *, idempotency_key: str | None = None
+    ) -> Resources:
         """Publish a new immutable snapshot; its version is the previous latest + 1."""
 
     @abc.abstractmethod
@@ -227,7 +247,7 @@ class Store(abc.ABC):
         """Every worker the store has heard of."""
 
     @abc.abstractmethod
-    def add_metrics(self, records: Sequence[MetricRecord]) -> None:
+    def add_metrics(self, records: Sequence[MetricRecord], *, idempotency_key: str | None = None) -> None:
         """Append training metrics (one record per step)."""
 
     @abc.abstractmethod

@@ -9,13 +9,34 @@ differences (placeholder style, row locking for claims, column types).
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+import logging
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from agentgrad.store.core import AttemptClock, StoreTx, evolved, from_json, from_json_many, to_json
+from pydantic import ValidationError
+
+from agentgrad.store.core import (
+    AttemptClock,
+    StoreTx,
+    TransactionalStore,
+    evolved,
+    from_json,
+    from_json_many,
+    to_json,
+)
 from agentgrad.store.protocol import RolloutFilter
-from agentgrad.types import Attempt, MetricRecord, Resources, Rollout, RolloutStatus, Span, Worker
+from agentgrad.types import (
+    Attempt,
+    MetricRecord,
+    Resources,
+    Rollout,
+    RolloutStatus,
+    Span,
+    Worker,
+)
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = "1"
 _ROLLOUT_DATA = "SELECT data FROM rollouts WHERE rollout_id = ?"
@@ -32,6 +53,8 @@ class SqlDialect:
     claim_lock: str = ""
     float_type: str = "DOUBLE PRECISION"
     autoincrement_pk: str = "INTEGER PRIMARY KEY AUTOINCREMENT"
+    #: A key that grows with each insert (ids may be reused after the highest rows are deleted).
+    serial_pk: str = "INTEGER PRIMARY KEY"
 
     @functools.lru_cache(maxsize=256)  # noqa: B019 - dialects are a handful of frozen singletons
     def sql(self, statement: str) -> str:
@@ -73,12 +96,19 @@ class SqlDialect:
             "CREATE TABLE IF NOT EXISTS workers (worker_id TEXT PRIMARY KEY, data TEXT NOT NULL)",
             f"""CREATE TABLE IF NOT EXISTS metrics (
                 id {self.autoincrement_pk}, run_id TEXT NOT NULL, step INTEGER NOT NULL, data TEXT NOT NULL)""",
+            # Idempotency records (agentgrad.store.idempotency); ids grow in the order they are
+            # written, which is the order they expire in.
+            f"""CREATE TABLE IF NOT EXISTS replays (
+                id {self.serial_pk}, scope TEXT NOT NULL, idem_key TEXT NOT NULL, fingerprint TEXT NOT NULL,
+                answer TEXT NOT NULL, created {f} NOT NULL)""",
+            "CREATE UNIQUE INDEX IF NOT EXISTS replays_by_key ON replays (scope, idem_key)",
         ]
 
 
 SQLITE = SqlDialect(name="sqlite", float_type="REAL")
 POSTGRES = SqlDialect(
-    name="postgresql", placeholder="%s", claim_lock=" FOR UPDATE SKIP LOCKED", autoincrement_pk="BIGSERIAL PRIMARY KEY"
+    name="postgresql", placeholder="%s", claim_lock=" FOR UPDATE SKIP LOCKED", autoincrement_pk="BIGSERIAL PRIMARY KEY",
+    serial_pk="BIGSERIAL PRIMARY KEY",
 )
 
 
@@ -392,8 +422,7 @@ class SqlTx(StoreTx):
         )
 
     def all_workers(self) -> list[Worker]:
-        rows = self._rows("SELECT data FROM workers ORDER BY worker_id")
-        return from_json_many(Worker, (row[0] for row in rows))
+        return _readable(Worker, "worker", self._rows("SELECT worker_id, data FROM workers ORDER BY worker_id"))
 
     def insert_metrics(self, records: Sequence[MetricRecord]) -> None:
         self.cur.executemany(
@@ -403,7 +432,85 @@ class SqlTx(StoreTx):
 
     def query_metrics(self, run_id: str | None) -> list[MetricRecord]:
         if run_id is None:
-            rows = self._rows("SELECT data FROM metrics ORDER BY id")
+            rows = self._rows("SELECT id, data FROM metrics ORDER BY id")
         else:
-            rows = self._rows("SELECT data FROM metrics WHERE run_id = ? ORDER BY id", (run_id,))
-        return from_json_many(MetricRecord, (row[0] for row in rows))
+            rows = self._rows("SELECT id, data FROM metrics WHERE run_id = ? ORDER BY id", (run_id,))
+        return _readable(MetricRecord, "metric record", rows)
+
+    # ---- idempotency records
+    def find_replay(self, scope: str, key: str) -> tuple[str, str] | None:
+        rows = self._rows("SELECT fingerprint, answer FROM replays WHERE scope = ? AND idem_key = ?", (scope, key))
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    def save_replay(self, scope: str, key: str, fingerprint: str, answer: str, stamp: float) -> None:
+        self._exec("INSERT INTO replays (scope, idem_key, fingerprint, answer, created) VALUES (?, ?, ?, ?, ?)",
+                   (scope, key, fingerprint, answer, stamp))
+
+    def prune_replays(self, expired_before: float, keep: int) -> None:
+        """Writers are serialized, so ids grow with ``created``: the expired records are those
+        below the first fresh id, found walking the primary key from the oldest (no index on
+        ``created`` for every insert to update)."""
+        ((top,),) = self._rows("SELECT MAX(id) FROM replays")
+        if top is None:
+            return
+        fresh = self._rows("SELECT id FROM replays WHERE created >= ? ORDER BY id LIMIT 1", (expired_before,))
+        first_kept = max(fresh[0][0] if fresh else top + 1, top - keep + 1)
+        self._exec("DELETE FROM replays WHERE id < ?", (first_kept,))
+
+
+_Record = TypeVar("_Record")
+#: Unreadable rows already reported, by table and key: a dashboard refreshing every few seconds
+#: must not repeat the warning each time.
+_REPORTED: set[tuple[str, Any]] = set()
+
+
+def _readable(model: type[_Record], what: str, rows: Iterable[tuple[Any, str]]) -> list[_Record]:
+    """The records of ``(key, data)`` rows that still read as ``model``.
+
+    Stores written before every number was checked at the edge may hold a record that no longer
+    reads (a ``NaN`` heartbeat time stored as JSON ``null``). Such a record is skipped with a
+    warning naming it, once, so that it cannot fail every later read of its table.
+    """
+    validate = model.__pydantic_validator__.validate_json  # type: ignore[attr-defined]
+    records = []
+    for key, text in rows:
+        try:
+            records.append(validate(text))
+        except ValidationError as exc:
+            if (what, key) not in _REPORTED and len(_REPORTED) < 10_000:
+                _REPORTED.add((what, key))
+                problem = exc.errors(include_url=False)[0]
+                log.warning("skipping stored %s %r: it no longer reads (%s: %s); it was written before the "
+                            "store refused such values", what, key, ".".join(map(str, problem["loc"])), problem["msg"])
+    return records
+
+
+#: The core's calls that only read. A SQL backend runs them apart from its writers (PostgreSQL
+#: without its advisory lock, SQLite on connections of its own beside its writer), so a long read
+#: never holds up a write, and a write never waits for one.
+READ_ONLY_CALLS = ("get_rollout", "query_rollouts", "count_rollouts", "wait_for_rollouts", "get_attempts",
+                   "query_spans", "get_resources", "get_latest_resources", "query_resources", "query_workers",
+                   "query_metrics")
+_Store = TypeVar("_Store", bound=TransactionalStore)
+
+
+def reads_apart(cls: type[_Store]) -> type[_Store]:
+    """Class decorator: while one of :data:`READ_ONLY_CALLS` runs, ``self._local.read_only`` is
+    true in its thread (``_local``: a ``threading.local`` of the store), which the backend's
+    ``_transaction`` reads."""
+    for name in READ_ONLY_CALLS:
+        setattr(cls, name, _read_only(getattr(TransactionalStore, name)))
+    return cls
+
+
+def _read_only(base: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(base)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        outer = getattr(self._local, "read_only", False)
+        self._local.read_only = True
+        try:
+            return base(self, *args, **kwargs)
+        finally:
+            self._local.read_only = outer
+
+    return method

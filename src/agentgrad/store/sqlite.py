@@ -7,6 +7,12 @@ process kill. Pass ``synchronous="FULL"`` to also survive power loss, at some co
 Several processes may open the same file (runner pools do): claims run inside ``BEGIN
 IMMEDIATE`` transactions, so a rollout is never handed out twice, and waiters re-check every
 ``external_poll_interval`` seconds for changes other processes made.
+
+Reads run apart from writes: every call that only reads (:data:`agentgrad.store.sql.READ_ONLY_CALLS`)
+takes a snapshot on a read connection of its own (WAL lets readers and the writer work at once),
+without the writer's lock. A long read (a page of a 200,000-span rollout, every metric of a run)
+then never holds up the heartbeats and claims of a store service in front of this store. A
+private ``":memory:"`` database has one connection, so its reads take the writer's turn.
 """
 
 from __future__ import annotations
@@ -21,12 +27,13 @@ from typing import Literal
 
 from agentgrad.errors import StoreFileError
 from agentgrad.store.core import StoreTx, TransactionalStore
-from agentgrad.store.sql import SCHEMA_VERSION, SQLITE, RowViews, SqlTx
+from agentgrad.store.sql import SCHEMA_VERSION, SQLITE, RowViews, SqlTx, reads_apart
 from agentgrad.types import now
 
 _MIN_SQLITE = (3, 35, 0)  # the documented floor (upserts, partial indexes and json_extract need less)
 
 
+@reads_apart
 class SqliteStore(TransactionalStore):
     """A store in one SQLite file (``":memory:"`` for a private in-memory database)."""
 
@@ -48,8 +55,10 @@ class SqliteStore(TransactionalStore):
         if self.path != ":memory:":
             Path(self.path).resolve().parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
+        self._local = threading.local()
         self._views = RowViews()
         self._conn = self._open(busy_timeout_seconds, synchronous)
+        self._readers = None if self.path == ":memory:" else _Readers(self.path, busy_timeout_seconds)
         super().__init__(
             watchdog_interval=watchdog_interval, external_poll_interval=external_poll_interval, clock=clock
         )
@@ -94,10 +103,16 @@ class SqliteStore(TransactionalStore):
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[StoreTx]:
-        with self._lock, _immediate(self._conn) as cur:
-            yield SqlTx(cur, SQLITE, self._views)
+        if self._readers is not None and getattr(self._local, "read_only", False):
+            with self._readers.snapshot() as cur:
+                yield SqlTx(cur, SQLITE, self._views)
+        else:
+            with self._lock, _immediate(self._conn) as cur:
+                yield SqlTx(cur, SQLITE, self._views)
 
     def _close_backend(self) -> None:
+        if self._readers is not None:
+            self._readers.close()
         with self._lock:
             self._conn.close()
 
@@ -107,6 +122,54 @@ class SqliteStore(TransactionalStore):
 
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r})"
+
+
+class _Readers:
+    """Connections that only read the store's file, reused across calls and threads.
+
+    Each read is one deferred transaction: a consistent snapshot of what was committed when it
+    began, taken without the write lock. At most ``keep`` idle connections are kept (a burst of
+    concurrent reads opens more, closed after use).
+    """
+
+    def __init__(self, path: str, busy_timeout_seconds: float, keep: int = 8) -> None:
+        self._path, self._busy_timeout, self._keep = path, busy_timeout_seconds, keep
+        self._idle: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self._path, check_same_thread=False, isolation_level=None, timeout=self._busy_timeout)
+        conn.execute("PRAGMA query_only=1")
+        return conn
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[sqlite3.Cursor]:
+        with self._lock:
+            if self._closed:
+                raise StoreFileError(f"the store {self._path} is closed")
+            conn = self._idle.pop() if self._idle else None
+        if conn is None:
+            conn = self._connect()
+        cur = conn.cursor()
+        try:
+            cur.execute("BEGIN")
+            yield cur
+        finally:
+            cur.close()
+            conn.rollback()  # a read-only transaction: ending it either way is the same
+            with self._lock:
+                if self._closed or len(self._idle) >= self._keep:
+                    conn.close()
+                else:
+                    self._idle.append(conn)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
 
 
 @contextlib.contextmanager

@@ -15,20 +15,25 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentgrad.errors import (
     AgentGradError,
     AlreadyExistsError,
+    IdempotencyKeyReusedError,
     InvalidInputError,
     InvalidTransitionError,
     NotFoundError,
 )
 from agentgrad.store.protocol import RolloutRequest
 from agentgrad.types import (
+    INT64_MAX,
     Attempt,
     AttemptedRollout,
     AttemptError,
     AttemptStatus,
+    Key,
     MetricRecord,
+    Name,
     Resources,
     Rollout,
     Span,
+    StoredInt,
     Worker,
 )
 
@@ -40,7 +45,14 @@ TOKEN_ENV = "AGENTGRAD_STORE_TOKEN"
 #: The longest a single long-poll request (dequeue, wait) blocks on the server, in seconds.
 MAX_WAIT_SECONDS = 60.0
 
-#: Header carrying a client-chosen key that makes a retried write return the first answer.
+#: Spans per answer of ``GET /v1/spans`` when the request names no ``limit``, and the most one
+#: request may ask for. A rollout's spans are read page by page (``after_sequence_id``), so one
+#: read never holds the service, or its memory, for the whole of a long rollout.
+DEFAULT_SPAN_PAGE = 1000
+MAX_SPAN_PAGE = 5000
+
+#: Header carrying a client-chosen key that makes a retried write return the first answer (the
+#: rules: :mod:`agentgrad.store.idempotency`).
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 #: Error kind (the ``error`` field of every error body) → HTTP status and exception class.
@@ -50,17 +62,21 @@ ERROR_KINDS: dict[str, tuple[int, type[AgentGradError]]] = {
     "already_exists": (409, AlreadyExistsError),
     "invalid_input": (400, InvalidInputError),
     "validation_error": (422, InvalidInputError),
+    "idempotency_key_reused": (422, IdempotencyKeyReusedError),
 }
 KIND_OF_ERROR: dict[type[AgentGradError], str] = {
     NotFoundError: "not_found",
     InvalidTransitionError: "invalid_transition",
     AlreadyExistsError: "already_exists",
     InvalidInputError: "invalid_input",
+    IdempotencyKeyReusedError: "idempotency_key_reused",
 }
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A request body: unknown fields and non-finite numbers (``NaN``, ``Infinity``) are refused."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class _Query(BaseModel):
@@ -68,23 +84,32 @@ class _Query(BaseModel):
 
 
 class RolloutQuery(_Query):
-    rollout_id: str
+    rollout_id: Key
 
 
 class SpanQuery(_Query):
-    rollout_id: str
-    attempt_id: str | None = Field(None, description='an attempt id, or "latest"')
-    name: str | None = None
-    after_sequence_id: int = 0
-    limit: int | None = Field(None, ge=0)
+    rollout_id: Key
+    attempt_id: Key | None = Field(None, description='an attempt id, or "latest"')
+    name: Name | None = None
+    after_sequence_id: StoredInt = Field(0, description="answer the spans after this sequence id (the "
+                                         "previous page's next_after_sequence_id)")
+    limit: int = Field(DEFAULT_SPAN_PAGE, ge=0, le=MAX_SPAN_PAGE, description="spans per page")
+
+
+class SpanPage(BaseModel):
+    """One page of a rollout's spans, in sequence order."""
+
+    spans: list[Span]
+    next_after_sequence_id: int | None = Field(None, description="where the next page starts (pass it as "
+                                               "after_sequence_id); null on the last page")
 
 
 class ResourcesQuery(_Query):
-    resources_id: str
+    resources_id: Key
 
 
 class MetricQuery(_Query):
-    run_id: str | None = None
+    run_id: Key | None = None
 
 
 class ErrorBody(BaseModel):
@@ -105,8 +130,8 @@ class RolloutList(BaseModel):
 
 
 class DequeueBody(_Body):
-    limit: int = 1
-    worker_id: str | None = None
+    limit: int = Field(1, le=INT64_MAX)
+    worker_id: Key | None = None
     #: Seconds to wait for a first rollout; the server caps one request at MAX_WAIT_SECONDS.
     timeout: float = Field(default=0.0, ge=0)
 
@@ -116,16 +141,16 @@ class ClaimList(BaseModel):
 
 
 class RolloutRef(_Body):
-    rollout_id: str
+    rollout_id: Key
 
 
 class MetadataBody(_Body):
-    rollout_id: str
+    rollout_id: Key
     metadata: dict[str, Any]
 
 
 class WaitBody(_Body):
-    rollout_ids: list[str]
+    rollout_ids: list[Key]
     #: None waits the server's maximum; the client repeats until its own deadline.
     timeout: float | None = Field(default=None, ge=0)
 
@@ -139,8 +164,8 @@ class AttemptList(BaseModel):
 
 
 class AttemptRef(_Body):
-    rollout_id: str
-    attempt_id: str
+    rollout_id: Key
+    attempt_id: Key
 
 
 class AttemptUpdateBody(AttemptRef):
@@ -168,7 +193,7 @@ class SpanReceipt(BaseModel):
 
 class ResourcesBody(_Body):
     items: dict[str, Any]
-    resources_id: str | None = None
+    resources_id: Key | None = None
 
 
 class ResourcesList(BaseModel):

@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 
 from agentgrad import semconv
 from agentgrad.context import current_context
+from agentgrad.tracing.agent_names import current_agent_name
 from agentgrad.types import Span, SpanEvent, SpanStatus
 
 log = logging.getLogger(__name__)
@@ -39,8 +40,9 @@ class StoreSpanProcessor(SpanProcessor):
             return
         span.set_attribute(semconv.ROLLOUT_ID, context.rollout_id)
         span.set_attribute(semconv.ATTEMPT_ID, context.attempt_id)
-        if context.agent_name:
-            span.set_attribute(semconv.AGENT_NAME, context.agent_name)
+        agent_name = current_agent_name(context)
+        if agent_name:
+            span.set_attribute(semconv.AGENT_NAME, agent_name)
         with self._lock:
             self._pending[span.get_span_context().span_id] = context
 

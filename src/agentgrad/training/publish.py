@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from agentgrad.http.guard import MODEL_TOKEN_ENV, env_token
 from agentgrad.training.policy import PolicyTrainer
 
 
@@ -33,6 +34,12 @@ class Published:
     version: str
     #: The model name to request (the adapter's name for vLLM LoRA); None: keep the current one.
     model: str | None = None
+
+
+def _bearer(api_key: str | None) -> dict[str, str]:
+    """The ``Authorization`` header for a model server's token (given, else ``$AGENTGRAD_MODEL_TOKEN``)."""
+    key = api_key or env_token(MODEL_TOKEN_ENV)
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 class Publisher(Protocol):
@@ -65,7 +72,8 @@ class ModelServerPublisher:
 
     ``base_url`` is the server's root or ``/v1`` URL (what ``serve-model`` prints). An unreachable
     server raises :class:`ConnectionError`, a refusal :class:`RuntimeError`; both name the URL
-    (and the server's error body).
+    (and the server's error body). ``api_key`` is the server's token (``serve-model --token``);
+    default ``$AGENTGRAD_MODEL_TOKEN``.
     """
 
     def __init__(self, base_url: str, work_dir: str | Path, *, keep: int = 2, timeout: float = 600.0,
@@ -77,7 +85,7 @@ class ModelServerPublisher:
         self.work_dir = Path(work_dir).resolve()
         self.keep = keep
         self.timeout = timeout
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.headers = _bearer(api_key)
         self._written: list[Path] = []
 
     def publish(self, trainer: PolicyTrainer) -> Published:
@@ -141,7 +149,9 @@ class VLLMLoRAPublisher:
     """Saves the LoRA adapter and hot-loads it into a vLLM server as ``{prefix}-{step}``.
 
     ``adapter_dir`` must be readable by the vLLM server at the same path. The previous adapter
-    is unloaded after the new one is loaded, so in-flight requests finish on it.
+    is unloaded after the new one is loaded, so in-flight requests finish on it. ``api_key``: the
+    server's token (vLLM's ``--api-key``, or a model server's ``--token``); default
+    ``$AGENTGRAD_MODEL_TOKEN``.
     """
 
     def __init__(self, base_url: str, adapter_dir: str | Path, prefix: str = "policy",
@@ -149,7 +159,7 @@ class VLLMLoRAPublisher:
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.adapter_dir = Path(adapter_dir)
         self.prefix = prefix
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.headers = _bearer(api_key)
         self.timeout = timeout
         self._current: str | None = None
 

@@ -7,18 +7,26 @@ into its wire model, the store is called, and the answer is its model's JSON. Ev
 (``/health``, ``/metrics``, OTLP, docs, the dashboard) still goes to the FastAPI app behind.
 
 Where store calls run: a call that may long-poll always gets a worker thread of its own pool, so
-it never holds the event loop. Quick calls run on the event loop itself when ``inline`` is set —
+it never holds the event loop. A ``heavy`` read (a page of spans, lists of rollouts, metrics,
+workers, resources: answers that grow with the store) runs in the default thread pool, so a long
+read never stalls the heartbeats and claims behind it (the SQLite store reads on connections of
+its own, beside its writer). Quick calls run on the event loop itself when ``inline`` is set —
 for stores that serialize every call on one in-process lock anyway (memory, SQLite), a thread
 adds two context switches per request and no concurrency — and in the default thread pool
 otherwise (PostgreSQL: calls wait on the network and may run side by side).
+
+``Idempotency-Key``: a ``replayable`` endpoint hands the request's key to the store, which keeps
+the answer in its own database in the write's transaction and answers a repeat with it (see
+:mod:`agentgrad.store.idempotency`). Nothing is remembered here: an answer must outlive this
+process, and a repeat that arrives while the first request still runs is serialized behind it
+by the store's own write lock, where it finds the record.
 """
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import logging
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -38,57 +46,9 @@ log = logging.getLogger(__name__)
 _IDEMPOTENCY = wire.IDEMPOTENCY_HEADER.lower().encode()
 #: Long polls run here, not in the default pool, so they cannot starve quick calls.
 _MAX_WAITERS = 512
-
-
-class Replays:
-    """The answers to recent non-idempotent writes, by ``Idempotency-Key``.
-
-    A client that lost a response retries with the same key and receives the first answer
-    instead of enqueuing twice or claiming a second rollout. A retry that arrives while the first
-    request still runs waits for it. Bounded by count and bytes; entries are only needed for the
-    few seconds a client retries.
-    """
-
-    def __init__(self, max_entries: int = 10_000, max_bytes: int = 64 * 1024 * 1024) -> None:
-        self.done: OrderedDict[tuple[str, bytes], tuple[int, bytes]] = OrderedDict()
-        self.running: dict[tuple[str, bytes], asyncio.Future[None]] = {}
-        self.max_entries, self.max_bytes, self.bytes = max_entries, max_bytes, 0
-
-    async def run(self, key: tuple[str, bytes], make: Callable[[], Awaitable[Response]]) -> Response:
-        while key in self.running:
-            await asyncio.shield(self.running[key])
-        answered = self._replay(key)
-        if answered is not None:
-            return answered
-        self.running[key] = asyncio.get_running_loop().create_future()
-        try:
-            return self._keep(key, await make())
-        finally:
-            self.running.pop(key).set_result(None)
-
-    def answer_now(self, key: tuple[str, bytes], make: Callable[[], Response]) -> Response:
-        """:meth:`run` for an answer made without waiting, when no request with ``key`` runs."""
-        answered = self._replay(key)
-        return answered if answered is not None else self._keep(key, make())
-
-    def _replay(self, key: tuple[str, bytes]) -> Response | None:
-        if key not in self.done:
-            return None
-        self.done.move_to_end(key)
-        status, body = self.done[key]
-        return json_response(body, status)
-
-    def _keep(self, key: tuple[str, bytes], response: Response) -> Response:
-        if response.status_code < 500:
-            self._remember(key, response.status_code, bytes(response.body))
-        return response
-
-    def _remember(self, key: tuple[str, bytes], status: int, body: bytes) -> None:
-        self.done[key] = (status, body)
-        self.bytes += len(body)
-        while self.done and (len(self.done) > self.max_entries or self.bytes > self.max_bytes):
-            _, (_, old) = self.done.popitem(last=False)
-            self.bytes -= len(old)
+#: Bodies larger than this are parsed in a worker thread (a 32 MB batch of spans takes a
+#: noticeable fraction of a second to validate: not on the event loop).
+_PARSE_OFF_LOOP_BYTES = 1024 * 1024
 
 
 class StoreAPI:
@@ -107,7 +67,6 @@ class StoreAPI:
         self.routes: dict[str, dict[str, Endpoint]] = {}
         for endpoint in endpoints:
             self.routes.setdefault(endpoint.path, {})[endpoint.method] = endpoint
-        self.replays = Replays()
         self._waiters: anyio.CapacityLimiter | None = None  # made on first use: needs a running loop
 
     def route(self, method: str, path: str) -> Endpoint | Response | None:
@@ -143,8 +102,10 @@ class StoreAPI:
                        body: bytes) -> Response | None:
         """The whole answer to a request whose body has arrived, computed on the spot, the store
         called in this thread (for ``inline`` stores only); None when it must be awaited instead
-        (a long poll, a retry of a write still running). The HTTP protocol calls this straight
+        (a long poll, a heavy read). The HTTP protocol calls this straight
         from its parser, without the ASGI machinery (see :mod:`agentgrad.store.service.fastpath`)."""
+        if endpoint.heavy:
+            return None
         try:
             try:
                 arg = _parse_input(endpoint, query_string, headers, body)
@@ -152,12 +113,7 @@ class StoreAPI:
                 return _input_error(exc)
             if endpoint.blocks is not None and endpoint.blocks(self.ctx, arg):
                 return None
-            key = _header(headers, _IDEMPOTENCY) if endpoint.replayable else None
-            if not key:
-                return self._call_now(endpoint, arg)
-            if (endpoint.path, key) in self.replays.running:
-                return None
-            return self.replays.answer_now((endpoint.path, key), lambda: self._call_now(endpoint, arg))
+            return self._call_now(endpoint, arg, self._context(endpoint, headers))
         except Exception as exc:  # a bug
             return _internal_error(endpoint.method, endpoint.path, exc)
 
@@ -165,29 +121,37 @@ class StoreAPI:
         headers = scope["headers"]
         try:
             body = await _read_body(receive) if endpoint.body is not None else b""
-            arg = _parse_input(endpoint, scope["query_string"], headers, body)
+            if len(body) > _PARSE_OFF_LOOP_BYTES:  # a big batch: parsed in a worker thread
+                arg = await anyio.to_thread.run_sync(_parse_input, endpoint, scope["query_string"], headers, body)
+            else:
+                arg = _parse_input(endpoint, scope["query_string"], headers, body)
         except (ValidationError, _Refused) as exc:
             return _input_error(exc)
         except HTTPException as exc:  # the body limit, enforced while reading a chunked body
             return error_response(exc.status_code, HTTP_KINDS.get(exc.status_code, "http_error"), str(exc.detail))
-        key = _header(headers, _IDEMPOTENCY) if endpoint.replayable else None
-        if key:
-            return await self.replays.run((endpoint.path, key), lambda: self._run(endpoint, arg))
-        return await self._run(endpoint, arg)
+        return await self._run(endpoint, arg, self._context(endpoint, headers))
 
-    async def _run(self, endpoint: Endpoint, arg: Any) -> Response:
-        if endpoint.blocks is not None and endpoint.blocks(self.ctx, arg):
+    def _context(self, endpoint: Endpoint, headers: list[tuple[bytes, bytes]]) -> Context:
+        """The endpoints' context, with the request's Idempotency-Key where the endpoint honours
+        one (the store checks the key's size and characters)."""
+        key = _header(headers, _IDEMPOTENCY) if endpoint.replayable else None
+        if not key:
+            return self.ctx
+        return dataclasses.replace(self.ctx, idempotency_key=key.decode("latin-1"))
+
+    async def _run(self, endpoint: Endpoint, arg: Any, ctx: Context) -> Response:
+        if endpoint.blocks is not None and endpoint.blocks(ctx, arg):
             if self._waiters is None:
                 self._waiters = anyio.CapacityLimiter(_MAX_WAITERS)
-            return await anyio.to_thread.run_sync(self._call_now, endpoint, arg, limiter=self._waiters)
-        if self.inline:
-            return self._call_now(endpoint, arg)
-        return await anyio.to_thread.run_sync(self._call_now, endpoint, arg)
+            return await anyio.to_thread.run_sync(self._call_now, endpoint, arg, ctx, limiter=self._waiters)
+        if self.inline and not endpoint.heavy:
+            return self._call_now(endpoint, arg, ctx)
+        return await anyio.to_thread.run_sync(self._call_now, endpoint, arg, ctx)
 
-    def _call_now(self, endpoint: Endpoint, arg: Any) -> Response:
+    def _call_now(self, endpoint: Endpoint, arg: Any, ctx: Context) -> Response:
         """Call the store in this thread; its answer, or the error it raised, as a response."""
         try:
-            result = endpoint.call(self.ctx, arg)
+            result = endpoint.call(ctx, arg)
         except AgentGradError as exc:
             return store_error(exc)
         except ValidationError as exc:  # the store validating what it was given

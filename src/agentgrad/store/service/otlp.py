@@ -23,9 +23,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from pydantic import ValidationError
 
 from agentgrad import semconv
 from agentgrad.errors import InvalidInputError
+from agentgrad.store.jsoncheck import loads
+from agentgrad.store.service.responses import plain_message
 from agentgrad.types import Span, SpanEvent, SpanStatus
 
 PROTOBUF = "application/x-protobuf"
@@ -60,7 +63,10 @@ def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
 
 
 def parse_request(body: bytes, content_type: str) -> ExportTraceServiceRequest:
-    """Decode an OTLP trace export; OTLP/JSON carries ids as hex, not protobuf-JSON base64."""
+    """Decode an OTLP trace export; OTLP/JSON carries ids as hex, not protobuf-JSON base64.
+
+    OTLP/JSON is parsed with the service's bounds (:func:`agentgrad.store.jsoncheck.loads`:
+    nesting, number size, lone surrogates), so a hostile body is refused, never a crash."""
     message = ExportTraceServiceRequest()
     if content_type == PROTOBUF:
         try:
@@ -70,11 +76,11 @@ def parse_request(body: bytes, content_type: str) -> ExportTraceServiceRequest:
         return message
     if content_type != JSON:
         raise InvalidInputError(f"unsupported Content-Type {content_type!r} (use {PROTOBUF} or {JSON})")
+    document = loads(body)
     try:
-        document = json.loads(body)
         _hex_ids_to_base64(document)
         json_format.ParseDict(document, message, ignore_unknown_fields=True)
-    except (ValueError, TypeError, AttributeError, json_format.ParseError) as exc:
+    except (ValueError, TypeError, AttributeError, RecursionError, json_format.ParseError) as exc:
         raise InvalidInputError(f"body is not an OTLP/JSON ExportTraceServiceRequest: {exc}") from None
     return message
 
@@ -92,6 +98,8 @@ def _hex_ids_to_base64(document: Any) -> None:
 
 
 def to_spans(message: ExportTraceServiceRequest) -> Decoded:
+    """The spans of an export; a span the store could never take (no attempt named, an id with
+    a NUL character or too long) is counted as rejected, with the reason."""
     out = Decoded()
     for resource_spans in message.resource_spans:
         resource = _attributes(resource_spans.resource.attributes)
@@ -105,8 +113,8 @@ def to_spans(message: ExportTraceServiceRequest) -> Decoded:
                     missing = "span_id" if rollout_id and attempt_id else f"{semconv.ROLLOUT_ID}/{semconv.ATTEMPT_ID}"
                     out.problems.append(f"span {otel.name!r} has no {missing}")
                     continue
-                out.spans.append(
-                    Span(
+                try:
+                    span = Span(
                         rollout_id=str(rollout_id),
                         attempt_id=str(attempt_id),
                         span_id=otel.span_id.hex(),
@@ -130,7 +138,13 @@ def to_spans(message: ExportTraceServiceRequest) -> Decoded:
                         ],
                         resource=resource,
                     )
-                )
+                except ValidationError as exc:
+                    out.rejected += 1
+                    problem = exc.errors(include_url=False)[0]
+                    where = ".".join(str(part) for part in problem["loc"])
+                    out.problems.append(f"span {otel.name[:100]!r}: {where}: {plain_message(problem)}")
+                    continue
+                out.spans.append(span)
     return out
 
 

@@ -48,8 +48,17 @@ def validation_error(errors: Sequence[Any], where: str) -> Response:
     parts = []
     for error in errors[:5]:
         location = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
-        message = error.get("msg", "invalid")
+        message = plain_message(error)
         parts.append(f"{location}: {message}" if location else message)
     more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
     return error_response(422, "validation_error", f"invalid {where}: " + "; ".join(parts) + more,
                           {"errors": len(errors)})
+
+
+def plain_message(error: Any) -> str:
+    """A pydantic error's message (an item of ``ValidationError.errors()``), in words where
+    pydantic's would show a regular expression."""
+    message = error.get("msg", "invalid")
+    if error.get("type") == "string_pattern_mismatch" and "\\x00" in message:  # types.Key, types.Name
+        return "must not contain a NUL character (\\u0000)"
+    return message

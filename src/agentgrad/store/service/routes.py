@@ -23,11 +23,14 @@ from agentgrad.types import Attempt, Resources, Rollout, Span, Worker
 
 @dataclass(frozen=True)
 class Context:
-    """What the endpoints reach: the store, the cap on one long poll, and the span counter."""
+    """What the endpoints reach: the store, the cap on one long poll, the span counter, and the
+    request's ``Idempotency-Key`` (set per request for ``replayable`` endpoints, passed to the
+    store, which records the answer with the write)."""
 
     store: Store
     max_wait: float
     count_spans: Callable[[int], None]
+    idempotency_key: str | None = None
 
     def wait_limit(self, timeout: float | None) -> float:
         """A requested long-poll wait, capped at ``max_wait``; None asks for the cap."""
@@ -40,8 +43,11 @@ class Endpoint:
 
     ``call(ctx, input)`` runs the store method; ``input`` is the validated ``body`` (JSON) or
     ``query`` (query string) model, or None when the endpoint takes neither. A ``response`` of
-    None means 204 No Content. ``replayable`` writes honour ``Idempotency-Key``; ``blocks`` says
-    whether a given input long-polls (such calls get their own thread pool).
+    None means 204 No Content. ``replayable`` writes honour ``Idempotency-Key`` (it reaches them
+    as ``ctx.idempotency_key``); ``blocks`` says whether a given input long-polls (such calls get
+    their own thread pool). ``heavy`` reads answer with a share of the store that grows with it
+    (pages of spans, lists of rollouts, metrics): they run in a worker thread even where quick
+    calls run on the event loop, so a long read never holds up heartbeats and claims.
     """
 
     method: str
@@ -53,6 +59,7 @@ class Endpoint:
     response: type[BaseModel] | None = None
     replayable: bool = False
     blocks: Callable[[Context, Any], bool] | None = None
+    heavy: bool = False
 
 
 def _long_polls(ctx: Context, body: wire.DequeueBody | wire.WaitBody) -> bool:
@@ -64,13 +71,14 @@ def _long_polls(ctx: Context, body: wire.DequeueBody | wire.WaitBody) -> bool:
 
 def enqueue_rollouts(ctx: Context, body: wire.EnqueueBody) -> wire.RolloutList:
     """Queue rollouts atomically (all or none). Send ``Idempotency-Key`` to make retries safe."""
-    return wire.RolloutList(rollouts=ctx.store.enqueue_rollouts(body.rollouts))
+    return wire.RolloutList(rollouts=ctx.store.enqueue_rollouts(body.rollouts, idempotency_key=ctx.idempotency_key))
 
 
 def dequeue_rollouts(ctx: Context, body: wire.DequeueBody) -> wire.ClaimList:
     """Claim up to ``limit`` rollouts, long-polling up to ``timeout`` seconds for the first."""
     wait = ctx.wait_limit(body.timeout)
-    return wire.ClaimList(claimed=ctx.store.dequeue_rollouts(body.limit, worker_id=body.worker_id, timeout=wait))
+    return wire.ClaimList(claimed=ctx.store.dequeue_rollouts(body.limit, worker_id=body.worker_id, timeout=wait,
+                                                             idempotency_key=ctx.idempotency_key))
 
 
 def get_rollout(ctx: Context, query: wire.RolloutQuery) -> Rollout:
@@ -90,7 +98,7 @@ def count_rollouts(ctx: Context, body: RolloutFilter) -> wire.Count:
 
 def cancel_rollout(ctx: Context, body: wire.RolloutRef) -> Rollout:
     """Cancel a rollout that has not finished."""
-    return ctx.store.cancel_rollout(body.rollout_id)
+    return ctx.store.cancel_rollout(body.rollout_id, idempotency_key=ctx.idempotency_key)
 
 
 def update_rollout_metadata(ctx: Context, body: wire.MetadataBody) -> Rollout:
@@ -149,10 +157,16 @@ def add_spans_receipt(ctx: Context, body: wire.SpanList) -> wire.SpanReceipt:
     return wire.SpanReceipt(sequence_ids=[copy.sequence_id for copy in stored], stored=differing)
 
 
-def query_spans(ctx: Context, query: wire.SpanQuery) -> wire.SpanList:
-    """Spans of a rollout (one attempt, or ``latest``), in sequence order."""
-    return wire.SpanList(spans=ctx.store.query_spans(query.rollout_id, query.attempt_id, query.name,
-                                                     query.after_sequence_id, query.limit))
+def query_spans(ctx: Context, query: wire.SpanQuery) -> wire.SpanPage:
+    """One page of a rollout's spans (one attempt, or ``latest``), in sequence order: at most
+    ``limit`` spans after ``after_sequence_id``; ``next_after_sequence_id`` says where the next
+    page starts, null when this is the last."""
+    spans = ctx.store.query_spans(query.rollout_id, query.attempt_id, query.name, query.after_sequence_id,
+                                  query.limit + 1)  # one more than asked: whether a next page exists
+    if len(spans) <= query.limit:
+        return wire.SpanPage(spans=spans)
+    del spans[query.limit:]
+    return wire.SpanPage(spans=spans, next_after_sequence_id=spans[-1].sequence_id if spans else query.after_sequence_id)
 
 
 # ---- resources ----------------------------------------------------------------------------------
@@ -160,7 +174,7 @@ def query_spans(ctx: Context, query: wire.SpanQuery) -> wire.SpanList:
 
 def add_resources(ctx: Context, body: wire.ResourcesBody) -> Resources:
     """Store a new resources snapshot (the next version)."""
-    return ctx.store.add_resources(body.items, body.resources_id)
+    return ctx.store.add_resources(body.items, body.resources_id, idempotency_key=ctx.idempotency_key)
 
 
 def query_resources(ctx: Context, _: None) -> wire.ResourcesList:
@@ -193,7 +207,7 @@ def query_workers(ctx: Context, _: None) -> wire.WorkerList:
 
 def add_metrics(ctx: Context, body: wire.MetricList) -> None:
     """Store training metric records."""
-    ctx.store.add_metrics(body.records)
+    ctx.store.add_metrics(body.records, idempotency_key=ctx.idempotency_key)
 
 
 def query_metrics(ctx: Context, query: wire.MetricQuery) -> wire.MetricList:
@@ -207,8 +221,10 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("POST", "/v1/rollouts/dequeue", "rollouts", dequeue_rollouts, body=wire.DequeueBody,
              response=wire.ClaimList, replayable=True, blocks=_long_polls),
     Endpoint("GET", "/v1/rollouts/get", "rollouts", get_rollout, query=wire.RolloutQuery, response=Rollout),
-    Endpoint("POST", "/v1/rollouts/query", "rollouts", query_rollouts, body=RolloutFilter, response=wire.RolloutList),
-    Endpoint("POST", "/v1/rollouts/count", "rollouts", count_rollouts, body=RolloutFilter, response=wire.Count),
+    Endpoint("POST", "/v1/rollouts/query", "rollouts", query_rollouts, body=RolloutFilter, response=wire.RolloutList,
+             heavy=True),
+    Endpoint("POST", "/v1/rollouts/count", "rollouts", count_rollouts, body=RolloutFilter, response=wire.Count,
+             heavy=True),
     Endpoint("POST", "/v1/rollouts/cancel", "rollouts", cancel_rollout, body=wire.RolloutRef, response=Rollout,
              replayable=True),
     Endpoint("POST", "/v1/rollouts/metadata", "rollouts", update_rollout_metadata, body=wire.MetadataBody,
@@ -222,14 +238,15 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("POST", "/v1/watchdog/check", "attempts", check_watchdog, response=wire.AttemptList),
     Endpoint("POST", "/v1/spans", "spans", add_spans, body=wire.SpanList, response=wire.SpanList),
     Endpoint("POST", "/v1/spans/receipt", "spans", add_spans_receipt, body=wire.SpanList, response=wire.SpanReceipt),
-    Endpoint("GET", "/v1/spans", "spans", query_spans, query=wire.SpanQuery, response=wire.SpanList),
+    Endpoint("GET", "/v1/spans", "spans", query_spans, query=wire.SpanQuery, response=wire.SpanPage, heavy=True),
     Endpoint("POST", "/v1/resources", "resources", add_resources, body=wire.ResourcesBody, response=Resources,
              replayable=True),
-    Endpoint("GET", "/v1/resources", "resources", query_resources, response=wire.ResourcesList),
+    Endpoint("GET", "/v1/resources", "resources", query_resources, response=wire.ResourcesList, heavy=True),
     Endpoint("GET", "/v1/resources/latest", "resources", get_latest_resources, response=wire.LatestResources),
     Endpoint("GET", "/v1/resources/get", "resources", get_resources, query=wire.ResourcesQuery, response=Resources),
     Endpoint("POST", "/v1/workers", "workers", update_worker, body=Worker, response=Worker),
-    Endpoint("GET", "/v1/workers", "workers", query_workers, response=wire.WorkerList),
+    Endpoint("GET", "/v1/workers", "workers", query_workers, response=wire.WorkerList, heavy=True),
     Endpoint("POST", "/v1/metrics", "metrics", add_metrics, body=wire.MetricList, replayable=True),
-    Endpoint("GET", "/v1/metrics", "metrics", query_metrics, query=wire.MetricQuery, response=wire.MetricList),
+    Endpoint("GET", "/v1/metrics", "metrics", query_metrics, query=wire.MetricQuery, response=wire.MetricList,
+             heavy=True),
 )

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import hmac
 import logging
 import threading
 import time
@@ -39,6 +38,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentgrad._version import __version__
 from agentgrad.errors import AgentGradError, InvalidInputError, NotFoundError
+from agentgrad.http.guard import DEFAULT_MAX_BODY_BYTES, Guard, HostCheck, warn_if_exposed
 from agentgrad.http.serve import http_url, listening_socket, serve_in_thread, serve_until_signal
 from agentgrad.store import wire
 from agentgrad.store.memory import MemoryStore
@@ -52,7 +52,6 @@ from agentgrad.types import RolloutStatus
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
 # ---- metrics ----------------------------------------------------------------------------------
@@ -133,20 +132,27 @@ DASHBOARD_PREFIX = "/dashboard"
 
 def _self_guarded(path: str) -> bool:
     """Paths the bearer gate lets through: liveness, and the dashboard (which checks the token
-    itself so that browsers can log in with a cookie)."""
+    itself so that browsers can log in with a cookie). A path with a ``.`` or ``..`` segment
+    (``/dashboard/../v1/spans``, as decoded from ``%2e%2e``) is never let through: whatever
+    resolves it later must find the token checked."""
+    if "/." in path and any(segment in (".", "..") for segment in path.split("/")):
+        return False
     return path in ("/health", "/") or path == DASHBOARD_PREFIX or path.startswith(DASHBOARD_PREFIX + "/")
 
 
 class _Guard:
-    """Pure-ASGI gate in front of every route: metrics, bearer-token auth and the body limit.
+    """Pure-ASGI gate in front of every route: metrics, then the package's gate
+    (:class:`~agentgrad.http.guard.Guard`: allowed ``Host``, bearer token, body limit).
 
     Written as raw ASGI (not ``BaseHTTPMiddleware``) because it runs on every request and the
-    store API is latency-bound.
+    store API is latency-bound. Content types are the store API's own check (422).
     """
 
-    def __init__(self, app: ASGIApp, *, token: str | None, max_body_bytes: int, metrics: _Metrics) -> None:
+    def __init__(self, app: ASGIApp, *, token: str | None, max_body_bytes: int, metrics: _Metrics,
+                 hosts: HostCheck | None = None) -> None:
         self.app = app
-        self.expected = f"Bearer {token}".encode() if token else None
+        self.gate = Guard(token=token, hosts=hosts, max_body_bytes=max_body_bytes, content_types=None,
+                          open_path=_self_guarded)
         self.max_body = max_body_bytes
         self.metrics = metrics
 
@@ -181,23 +187,11 @@ class _Guard:
         return None, self._counting(receive)
 
     def refusal(self, path: str, headers: dict[bytes, bytes]) -> Response | None:
-        """The answer refusing a request by its headers (token, declared body size), or None."""
-        if self.expected is not None and not _self_guarded(path):
-            given = headers.get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                why = "missing" if not given else "wrong"
-                return error_response(401, "unauthorized", f"{why} bearer token: send 'Authorization: Bearer <token>'",
-                                      headers={"WWW-Authenticate": "Bearer"})
-        length = headers.get(b"content-length")
-        if length is not None:
-            if not length.isdigit():
-                return error_response(400, "invalid_input", "Content-Length is not a number")
-            if int(length) > self.max_body:
-                return self._too_large()
-        return None
-
-    def _too_large(self) -> Response:
-        return error_response(413, "payload_too_large", f"request body exceeds the limit of {self.max_body} bytes")
+        """The answer refusing a request by its headers (host, token, declared body size), or None."""
+        refused = self.gate.refusal(path, headers)
+        if refused is None:
+            return None
+        return error_response(refused.status, refused.code, refused.message, headers=refused.headers or None)
 
     def _counting(self, receive: Receive) -> Receive:
         """Enforce the limit on bodies sent without Content-Length (chunked)."""
@@ -305,9 +299,13 @@ def _service_routes(app: FastAPI, store: Store, metrics: _Metrics, max_body: int
 
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         reply_type = otlp.PROTOBUF if content_type == otlp.PROTOBUF else otlp.JSON
+        raw, encoding = await request.body(), request.headers.get("content-encoding")
+
+        def decode() -> Any:  # decompressing and parsing a large export would hold every other call
+            return otlp.to_spans(otlp.parse_request(otlp.decompress(raw, encoding, max_body), content_type))
+
         try:
-            body = otlp.decompress(await request.body(), request.headers.get("content-encoding"), max_body)
-            decoded = otlp.to_spans(otlp.parse_request(body, content_type))
+            decoded = await anyio.to_thread.run_sync(decode)
         except InvalidInputError as exc:
             return store_error(exc)
         except OverflowError as exc:
@@ -339,6 +337,7 @@ def create_app(
     extra_routers: Sequence[APIRouter] = (),
     max_wait_seconds: float = wire.MAX_WAIT_SECONDS,
     inline_calls: bool | None = None,
+    allowed_hosts: HostCheck | None = None,
 ) -> FastAPI:
     """The store service as an ASGI app.
 
@@ -353,6 +352,8 @@ def create_app(
         max_wait_seconds: cap on one long-poll (dequeue/wait) request.
         inline_calls: run quick store calls on the event loop instead of a worker thread; by
             default only for stores that serialize their calls on one lock (memory, SQLite).
+        allowed_hosts: the ``Host`` names answered (421 otherwise); None: any. :class:`StoreServer`
+            and :func:`serve` always set them (:meth:`~agentgrad.http.guard.HostCheck.for_bind`).
     """
     metrics = _Metrics()
     app = _ServiceApp(
@@ -390,7 +391,7 @@ def create_app(
     ctx = Context(store, max_wait_seconds, metrics.count_spans)
     inline = _serializes_calls(store) if inline_calls is None else inline_calls
     api = StoreAPI(app.framework, ctx=ctx, endpoints=ENDPOINTS, inline=inline)
-    guard = _Guard(api, token=token, max_body_bytes=max_body_bytes, metrics=metrics)
+    guard = _Guard(api, token=token, max_body_bytes=max_body_bytes, metrics=metrics, hosts=allowed_hosts)
     # Stores whose calls run in worker threads (PostgreSQL) answer through ASGI, which awaits them.
     app.direct = _DirectAnswers(api, guard, cors=bool(cors_origins)) if inline else None
     front: ASGIApp = guard
@@ -445,6 +446,7 @@ class StoreServer:
 
     Args:
         owns_store: close the store on :meth:`stop` (the server then owns its watchdog thread).
+        allowed_hosts: ``Host`` names answered beside the loopback names and ``host``.
     """
 
     def __init__(
@@ -456,12 +458,13 @@ class StoreServer:
         *,
         owns_store: bool = False,
         log_level: str = "warning",
+        allowed_hosts: Sequence[str] = (),
         **app_options: Any,
     ) -> None:
         self.store = store
         self.host, self.port, self.token = host, port, token
         self.owns_store = owns_store
-        self.app = create_app(store, token=token, **app_options)
+        self.app = create_app(store, token=token, allowed_hosts=HostCheck.for_bind(host, allowed_hosts), **app_options)
         self._log_level = log_level
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -471,6 +474,7 @@ class StoreServer:
         """Bind (port 0 picks a free one), serve in a thread, and return the base URL once up."""
         if self._thread is not None:
             raise RuntimeError("StoreServer already started")
+        warn_if_exposed("the store service", self.host, self.token, log)
         sock = listening_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
         self._server = uvicorn.Server(_config(self.app, self._log_level))
@@ -509,10 +513,12 @@ def serve(
     log_level: str = "info",
     store_options: dict[str, Any] | None = None,
     extra_routers: Callable[[Store], Sequence[APIRouter]] | None = None,
+    allowed_hosts: Sequence[str] = (),
 ) -> None:
     """Open the store at ``store_url`` and serve it until SIGTERM/SIGINT, then close it.
 
-    ``extra_routers`` gets the opened store and returns routers to mount beside the API.
+    ``extra_routers`` gets the opened store and returns routers to mount beside the API;
+    ``allowed_hosts``: ``Host`` names answered beside the loopback names and ``host``.
     """
     from agentgrad.store import open_store
 
@@ -520,7 +526,8 @@ def serve(
     try:
         routers = extra_routers(store) if extra_routers else ()
         app = create_app(store, token=token, max_body_bytes=max_body_bytes, cors_origins=cors_origins,
-                         extra_routers=routers)
+                         extra_routers=routers, allowed_hosts=HostCheck.for_bind(host, allowed_hosts))
+        warn_if_exposed("the store service", host, token, log)
         sock = listening_socket(host, port)
         server = uvicorn.Server(_config(app, log_level))
         log.info("AgentGrad store service: %s listening on %s (auth %s)", store_url,

@@ -1,0 +1,269 @@
+"""Rollout throughput: the framework's own cost per rollout, end to end (issue 24).
+
+Prints JSON. The workload: N tasks (default 200) in an SQLite store; an agent that makes 3 chat
+calls through the capture proxy (:class:`~agentgrad.proxy.LLMProxy`, in this process, writing
+into the same store) to :class:`agentgrad.testing.stub.StubUpstream` — a *fake upstream that
+answers at once* (a scripted stand-in, not a model; it runs in a process of its own, as an
+inference server would) — and returns a reward. Runners take the tasks from the store, as
+``Trainer`` runs them.
+
+Configurations (``--configs``; default: all):
+
+* ``inproc-R``: R runners (R = 1, 2, 4) in this process, each on its own thread, as
+  ``Trainer(n_runners=1)`` runs one; the sync agent, concurrency 1;
+* ``pool-R``: a :class:`~agentgrad.runner.RunnerPool` of R runner processes (spawned, opening the
+  store by URL), as ``Trainer(n_runners=R)`` starts them; the sync agent, concurrency 1;
+* ``async-C``: one in-process runner with C concurrent slots (C = 1, 4, 8) and an async agent.
+
+Per configuration:
+
+* ``rollouts_per_s``: N over the wall time from starting the runners (start-up included) to the
+  last rollout done;
+* ``overhead_ms_per_rollout``: (wall × slots − the agent's own time) / N, where slots = runners ×
+  concurrency and the agent's own time is measured inside the agent (its 3 calls through the
+  proxy included): the time a slot spent on anything but the agent; ``steady_*`` the same
+  without start-up (from the first agent start to the last agent end);
+* ``agent_ms_per_rollout``: the agent's own time per rollout;
+* ``cpu_ms_per_rollout``: CPU per rollout of this process (store, proxy, in-process runners), of
+  each runner process (``runner_process``, their mean, start-up included), and of the stub;
+* ``startup_s``: from starting the runners to each one's first agent call (max and median);
+* ``captured_llm_calls``: LLM-call spans the store counted; a run with fewer than 3 × N, or with
+  a rollout that did not succeed, is marked ``"valid": false``.
+
+Compare two versions of the code by alternating runs on a noisy machine: the first ``PYTHONPATH``
+entry is measured when one is set, e.g. ``PYTHONPATH=/tmp/before/src python bench/bench_rollouts.py``.
+``--rounds K`` repeats every configuration K times (interleaved).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if not os.environ.get("PYTHONPATH"):
+    sys.path.insert(0, str(REPO / "src"))
+
+CALLS_PER_ROLLOUT = 3
+CONFIGS = ("inproc-1", "inproc-2", "inproc-4", "pool-1", "pool-2", "pool-4", "async-1", "async-4", "async-8")
+_BODY = {"model": "stub-model", "max_tokens": 8, "temperature": 0}
+_SERVE_STUB = """
+import signal
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM, signal.SIGINT])
+from agentgrad.testing.stub import StubUpstream
+stub = StubUpstream(["The answer is 5."])
+print(stub.start(), flush=True)
+signal.sigwait([signal.SIGTERM, signal.SIGINT])
+stub.stop()
+"""
+
+# ---- the agent (module level: runner processes import it by reference) -----------------------------
+_clients: dict[Any, Any] = {}
+_timings: dict[str, Any] = {}  # this process's file of agent timings, by the run's directory
+
+
+def _record(started: float, ended: float) -> None:
+    """Append one rollout's agent time (wall clock, seconds) to this process's timing file."""
+    where = os.environ["BENCH_ROLLOUTS_DIR"]
+    file = _timings.get(where)
+    if file is None:
+        file = _timings[where] = open(Path(where) / f"agent-{os.getpid()}.txt", "a", buffering=1)  # noqa: SIM115
+    file.write(f"{started!r} {ended!r}\n")
+
+
+def _messages(task: Any, turn: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"task {task['i']}, step {turn}: what is 2 + 3?"}]
+
+
+def sync_agent(task: Any, llm: Any) -> float:
+    """Three chat calls through the LLM endpoint the runner gave (the proxy), then a reward."""
+    import httpx
+
+    started = time.time()
+    client = _clients.get("sync")
+    if client is None:
+        client = _clients["sync"] = httpx.Client(timeout=60)
+    for turn in range(CALLS_PER_ROLLOUT):
+        response = client.post(llm.endpoint + "/chat/completions", json={**_BODY, "messages": _messages(task, turn)})
+        response.raise_for_status()
+    _record(started, time.time())
+    return 1.0
+
+
+async def async_agent(task: Any, llm: Any) -> float:
+    """:func:`sync_agent` on an ``httpx.AsyncClient`` (one per event loop)."""
+    import asyncio
+
+    import httpx
+
+    started = time.time()
+    loop = asyncio.get_running_loop()
+    client = _clients.get(loop)
+    if client is None:
+        client = _clients[loop] = httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_keepalive_connections=64))
+    for turn in range(CALLS_PER_ROLLOUT):
+        response = await client.post(llm.endpoint + "/chat/completions",
+                                     json={**_BODY, "messages": _messages(task, turn)})
+        response.raise_for_status()
+    _record(started, time.time())
+    return 1.0
+
+
+# ---- the harness ----------------------------------------------------------------------------------
+@contextmanager
+def _stub() -> Iterator[tuple[str, int]]:
+    """The fake upstream in a process of its own: its OpenAI base URL and pid."""
+    process = subprocess.Popen([sys.executable, "-c", _SERVE_STUB], stdout=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            raise RuntimeError("the stub upstream exited before printing its URL")
+        yield line.strip(), process.pid
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def _cpu_of(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _parse(config: str) -> tuple[str, int]:
+    kind, _, count = config.partition("-")
+    if kind not in ("inproc", "pool", "async") or not count.isdigit() or int(count) < 1:
+        raise SystemExit(f"unknown configuration {config!r} (e.g. {', '.join(CONFIGS)})")
+    return kind, int(count)
+
+
+def run_config(config: str, n: int, upstream: str, stub_pid: int, timeout: float) -> dict[str, Any]:
+    import threading
+
+    from agentgrad.agents import rollout
+    from agentgrad.proxy.server import LLMProxy
+    from agentgrad.runner import Runner, RunnerPool
+    from agentgrad.store.protocol import RolloutFilter
+    from agentgrad.store.sqlite import SqliteStore
+    from agentgrad.types import LLM
+
+    kind, count = _parse(config)
+    runners, concurrency = (1, count) if kind == "async" else (count, 1)
+    agent = rollout(async_agent if kind == "async" else sync_agent)
+    with tempfile.TemporaryDirectory(prefix="bench-rollouts-") as tmp:
+        os.environ["BENCH_ROLLOUTS_DIR"] = tmp
+        store = SqliteStore(Path(tmp) / "store.db")
+        proxy = LLMProxy(store, upstream)
+        proxy.start()
+        try:
+            # Pinned to a snapshot, as the algorithms enqueue them.
+            resources = store.add_resources({"llm": LLM(endpoint=upstream, model="stub-model")})
+            requests = [{"input": {"i": i}, "resources_id": resources.resources_id} for i in range(n)]
+            ids = [r.rollout_id for r in store.enqueue_rollouts(requests)]
+            options: dict[str, Any] = {"concurrency": concurrency, "llm_proxy_url": proxy.url}
+            cpu_self, cpu_stub = _cpu(resource.RUSAGE_SELF), _cpu_of(stub_pid)
+            began = time.time()
+            if kind == "pool":
+                pool = RunnerPool(agent, store.shared_url, n_runners=runners, **options).start()
+                threads: list[Any] = []
+            else:
+                workers = [Runner(agent, store, llm_proxy=proxy, **options) for _ in range(runners)]
+                threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
+                for thread in threads:
+                    thread.start()
+            done = store.wait_for_rollouts(ids, timeout)
+            wall = time.time() - began
+            if kind == "pool":
+                # Read before they exit (a fork server's children are not ours to wait for).
+                cpu_runners = [_cpu_of(process.pid) for process in pool.processes]
+                pool.stop()
+            else:
+                for worker in workers:
+                    worker.stop()
+                for thread in threads:
+                    thread.join(30)
+            cpu_self = _cpu(resource.RUSAGE_SELF) - cpu_self
+            cpu_stub = _cpu_of(stub_pid) - cpu_stub
+            finished = store.query_rollouts(RolloutFilter(rollout_ids=ids))
+        finally:
+            proxy.stop()
+            store.close()
+        spans = [line.split() for path in Path(tmp).glob("agent-*.txt") for line in path.read_text().splitlines()]
+        firsts = [float(path.read_text().split()[0]) - began for path in Path(tmp).glob("agent-*.txt")]
+    times = [(float(a), float(b)) for a, b in spans]
+    agent_total = sum(b - a for a, b in times)
+    slots = runners * concurrency
+    steady = max(b for _, b in times) - min(a for a, _ in times) if times else float("nan")
+    succeeded = sum(r.status.value == "succeeded" for r in finished)
+    captured = sum(r.llm_calls for r in finished)
+
+    def ms(seconds: float) -> float:  # per rollout, in ms
+        return round(seconds * 1e3 / n, 2)
+
+    return {
+        "config": config, "runners": runners, "concurrency": concurrency, "process_pool": kind == "pool", "n": n,
+        "valid": succeeded == n and captured >= CALLS_PER_ROLLOUT * n and len(done) == n,
+        "succeeded": succeeded, "captured_llm_calls": captured,
+        "wall_s": round(wall, 3), "rollouts_per_s": round(n / wall, 1),
+        "overhead_ms_per_rollout": ms(wall * slots - agent_total),
+        "steady_rollouts_per_s": round(n / steady, 1) if times else None,
+        "steady_overhead_ms_per_rollout": ms(steady * slots - agent_total),
+        "agent_ms_per_rollout": ms(agent_total),
+        "cpu_ms_per_rollout": {"this_process": ms(cpu_self), "stub": ms(cpu_stub),
+                               **({"runner_process": ms(statistics.mean(cpu_runners))} if kind == "pool" else {})},
+        "startup_s": {"max": round(max(firsts), 3), "median": round(statistics.median(firsts), 3)} if firsts else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=200, help="tasks per configuration")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
+    parser.add_argument("--rounds", type=int, default=1, help="run every configuration this many times, interleaved")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds one configuration may take")
+    parser.add_argument("--summary", action="store_true", help="print one line of the main figures per run")
+    args = parser.parse_args()
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    for config in configs:
+        _parse(config)
+    import agentgrad
+
+    runs: list[dict[str, Any]] = []
+    with _stub() as (upstream, stub_pid):
+        for round_ in range(args.rounds):
+            for config in configs:
+                result = run_config(config, args.n, upstream, stub_pid, args.timeout)
+                result["round"] = round_
+                runs.append(result)
+                if args.summary:
+                    print(json.dumps({k: result[k] for k in ("config", "round", "valid", "rollouts_per_s",
+                                                            "overhead_ms_per_rollout",
+                                                            "steady_overhead_ms_per_rollout", "startup_s")}),
+                          file=sys.stderr, flush=True)
+    report = {
+        "upstream": "agentgrad.testing.stub.StubUpstream (a fake upstream that answers at once; a stand-in, "
+                    "not a model)",
+        "store": "SQLite file (WAL)", "agentgrad": str(Path(agentgrad.__file__).parent), "cpu_count": os.cpu_count(),
+        "load_average": os.getloadavg(), "runs": runs,
+    }
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
