@@ -305,6 +305,31 @@ def test_a_runner_told_to_stop_during_an_outage_stops():
     assert store.get_latest_attempt(rollout.rollout_id).status == AttemptStatus.RUNNING
 
 
+def test_an_agent_whose_store_call_gives_up_as_the_runner_stops_is_handed_back_not_failed():
+    """The agent's own store write (an emitter) waits out the outage until the stopping runner's
+    grace runs out, then raises the outage error: the attempt is handed back, not failed by it."""
+    from agentgrad.emit import emit_message
+
+    store = MemoryStore(watchdog_interval=None)
+    plug = Unplugged(store)
+    rollout = store.enqueue_rollout("x")
+    may_write = threading.Event()
+
+    async def agent(task, resources):
+        while not may_write.is_set():
+            await asyncio.sleep(0.01)
+        emit_message("during the outage")  # waits it out until the grace is over
+        return 1.0
+
+    runner = Runner(agent, plug, grace_seconds=0.3, poll_timeout=0.05, heartbeat_interval=0.05)  # type: ignore[arg-type]
+    with running(runner):
+        wait_for(lambda: store.get_rollout(rollout.rollout_id).status == RolloutStatus.RUNNING)
+        plug.down.set()
+        may_write.set()
+        wait_for(lambda: "add_span" in plug.failed_calls or "add_spans" in plug.failed_calls)
+    assert (runner.stats.handed_back, runner.stats.failed) == (1, 0)
+
+
 def test_a_store_error_that_is_not_an_outage_is_raised():
     """A 4xx (here: the store refuses the call) is a programming error: raised, not retried forever."""
     store = MemoryStore(watchdog_interval=None)

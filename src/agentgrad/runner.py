@@ -289,6 +289,10 @@ class Runner:
                 abandoned = threading.Event()  # set when the loop stops waiting for the agent
                 work = asyncio.ensure_future(self._invoke(claimed, resources, abandoned))
                 outcome = await self._supervise(work, claimed, abandoned)
+            if isinstance(outcome, OUTAGE_ERRORS) and self.stopping:
+                # The agent failed only because its store call gave up waiting out an outage when
+                # the runner's grace ran out: not the agent's failure, and the store cannot be told.
+                outcome = _Handback()
             reward_stored = outcome is None and work.result() is not None  # _invoke flushed before it
             if not isinstance(outcome, (_Superseded, _Handback)) and not reward_stored:
                 await self._flush_llm_calls(claimed)  # its calls are stored before it is reported
