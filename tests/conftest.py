@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from opt_in import skip_unless_selected
 
 if TYPE_CHECKING:
     from capture_check import Capture
@@ -50,12 +51,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: "tiny_model" in item.keywords)  # stable: file order otherwise kept
-    if "slow" in (config.getoption("-m") or "") or os.environ.get("AGENTGRAD_SLOW") == "1":
-        return
-    skip = pytest.mark.skip(reason="slow: run with -m slow or AGENTGRAD_SLOW=1 (make test-slow)")
-    for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
+    skip_unless_selected(config, items, "slow", "AGENTGRAD_SLOW", "-m slow or AGENTGRAD_SLOW=1 (make test-slow)")
 
 
 def _openai_major() -> int:

@@ -8,15 +8,10 @@ or ``AGENTGRAD_CHAOS_LONG=1``.
 
 from __future__ import annotations
 
-import os
-
 import pytest
+from opt_in import skip_unless_selected
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if "chaos_long" in (config.getoption("-m") or "") or os.environ.get("AGENTGRAD_CHAOS_LONG") == "1":
-        return
-    skip = pytest.mark.skip(reason="chaos_long: run with make test-chaos (or -m chaos_long, AGENTGRAD_CHAOS_LONG=1)")
-    for item in items:
-        if "chaos_long" in item.keywords:
-            item.add_marker(skip)
+    skip_unless_selected(config, items, "chaos_long", "AGENTGRAD_CHAOS_LONG",
+                         "make test-chaos (or -m chaos_long, AGENTGRAD_CHAOS_LONG=1)")

@@ -29,6 +29,7 @@ import service_backends
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openapi_strategies import encode, from_schema, nested, operations, query_params
+from store_contents import store_contents
 
 from agentgrad.store.protocol import Store
 from agentgrad.store.service.server import StoreServer
@@ -57,19 +58,6 @@ class Service:
         self.http.close()
         self.server.stop()
         self.store.close()
-
-    def snapshot(self) -> Any:
-        store = self.store
-        rollouts = store.query_rollouts()
-        return (
-            [r.model_dump_json() for r in rollouts],
-            [[a.model_dump_json() for a in store.get_attempts(r.rollout_id)] for r in rollouts],
-            [[s.model_dump_json() for s in store.query_spans(r.rollout_id)] for r in rollouts],
-            [r.model_dump_json() for r in store.query_resources()],
-            [w.model_dump_json() for w in store.query_workers()],
-            [m.model_dump_json() for m in store.query_metrics()],
-        )
-
 
 def _seed(store: Store) -> tuple[str, ...]:
     """A little of everything, so that requests reach records; returns the ids it made."""
@@ -106,7 +94,7 @@ def _check(service: Service, response: httpx.Response, before: Any, what: str) -
     if response.status_code >= 400:
         assert response.headers["content-type"].startswith("application/json"), what
         assert response.json()["message"], what
-        assert service.snapshot() == before, f"refused {what} changed the stored data"
+        assert store_contents(service.store) == before, f"refused {what} changed the stored data"
 
 
 # ---- the hostile cases, one by one -------------------------------------------------------------
@@ -172,7 +160,7 @@ def _hostile_cases() -> list[tuple[str, str, str, Any, set[int]]]:
 @pytest.mark.parametrize("case", _hostile_cases(), ids=lambda case: case[0])
 def test_hostile_request_is_refused_and_changes_nothing(service: Service, case: tuple[Any, ...]) -> None:
     name, method, path, payload, statuses = case
-    before = service.snapshot()
+    before = store_contents(service.store)
     if isinstance(payload, dict):
         response = service.http.request(method, path, params=payload)
     else:
@@ -236,7 +224,7 @@ def _query(params: dict[str, str]) -> str:
 
 def _fuzz(service: Service, data: st.DataObject) -> None:
     method, path, params, body, headers = data.draw(requests(service))
-    before = service.snapshot()
+    before = store_contents(service.store)
     response = service.http.request(method, path + _query(params), content=body, headers=headers)
     _check(service, response, before, f"{method} {path} {params!r} {body[:300] if body else body!r}")
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from store_contents import store_contents
 
 from agentgrad import semconv
 from agentgrad.types import AttemptError, LLM, MetricRecord, PromptTemplate, RolloutConfig, Worker
@@ -22,19 +23,6 @@ SRC_DIR = Path(__file__).resolve().parents[2] / "src"
 def durable(backend):
     backend.require("durable")
     return backend
-
-
-def _snapshot(store):
-    rollouts = store.query_rollouts()
-    return {
-        "rollouts": [r.model_dump() for r in rollouts],
-        "attempts": {r.rollout_id: [a.model_dump() for a in store.get_attempts(r.rollout_id)] for r in rollouts},
-        "spans": {r.rollout_id: [s.model_dump() for s in store.query_spans(r.rollout_id)] for r in rollouts},
-        "resources": [r.model_dump() for r in store.query_resources()],
-        "latest": store.get_latest_resources().model_dump() if store.get_latest_resources() else None,
-        "workers": sorted((w.model_dump() for w in store.query_workers()), key=lambda w: w["worker_id"]),
-        "metrics": [m.model_dump() for m in store.query_metrics()],
-    }
 
 
 def _populate(store, kit):
@@ -69,10 +57,10 @@ def test_reopen_empty_store(durable):
 def test_everything_survives_reopen(durable, kit):
     store = durable.new()
     _populate(store, kit)
-    before = _snapshot(store)
+    before = store_contents(store)
     assert len(before["rollouts"]) == 4
     store = durable.reopen(store)
-    assert _snapshot(store) == before
+    assert store_contents(store) == before
 
 
 def test_queue_survives_reopen(durable, kit):

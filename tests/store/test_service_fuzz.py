@@ -19,21 +19,10 @@ from fastapi.testclient import TestClient  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from openapi_strategies import JSON, encode, from_schema  # noqa: E402
+from store_contents import store_contents  # noqa: E402
 
 from agentgrad.store.memory import MemoryStore  # noqa: E402
 from agentgrad.store.service.server import create_app  # noqa: E402
-
-def _snapshot(store: MemoryStore) -> Any:
-    rollouts = store.query_rollouts()
-    return (
-        [r.model_dump() for r in rollouts],
-        [[a.model_dump() for a in store.get_attempts(r.rollout_id)] for r in rollouts],
-        [[s.model_dump() for s in store.query_spans(r.rollout_id)] for r in rollouts],
-        [r.model_dump() for r in store.query_resources()],
-        [w.model_dump() for w in store.query_workers()],
-        [m.model_dump() for m in store.query_metrics()],
-    )
-
 
 @pytest.fixture(scope="module")
 def service():
@@ -65,7 +54,7 @@ def test_no_5xx_and_refusals_change_nothing(service, data):
     params = data.draw(st.dictionaries(st.sampled_from(["rollout_id", "attempt_id", "resources_id", "limit",
                                                         "after_sequence_id", "name", "run_id"]),
                                        st.sampled_from(["r1", "nope", "-1", "x", "0", "latest"]), max_size=3))
-    before = _snapshot(store)
+    before = store_contents(store)
     if method == "GET":
         response = client.get(path, params=params)
     elif path == "/v1/traces":
@@ -83,4 +72,4 @@ def test_no_5xx_and_refusals_change_nothing(service, data):
     assert response.status_code < 500, (method, path, response.text)
     if response.status_code >= 400:
         assert response.json()["message"], response.text
-        assert _snapshot(store) == before, f"refused {method} {path} changed the store"
+        assert store_contents(store) == before, f"refused {method} {path} changed the store"
