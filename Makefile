@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 FRAMEWORKS := $(VENV)/.frameworks
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast test-slow test-chaos install frameworks browser model bench clean
+.PHONY: demo test test-fast test-slow test-chaos test-scale install frameworks browser model bench lint docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -60,8 +60,32 @@ test-slow: $(STAMP) $(FRAMEWORKS) model
 test-chaos: $(STAMP)
 	AGENTGRAD_CHAOS_LONG=1 $(PY) -m pytest -p no:cacheprovider tests/chaos $(PYTEST_ARGS)
 
+# Training through the Tinker API against a real SkyRL Tinker server (JAX backend, CPU) started on
+# 127.0.0.1: the server's own uv environment (scripts/skyrl-server, Python 3.12, ~6 GB, 1-2 min from
+# PyPI), the tiny model's Qwen3 twin (built once, minutes), then tests/scale (docs/scale-out.md).
+test-scale: $(STAMP)
+	scripts/setup_scale_env.sh $(PY)
+	$(PY) -m pytest -p no:cacheprovider -m scale tests/scale -s $(PYTEST_ARGS)
+
 bench: $(STAMP)
 	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+# Lint: ruff's rules and formatting on the code and the tests, mypy on the package (their
+# settings are in pyproject.toml; .pre-commit-config.yaml runs the same on each commit).
+lint: $(STAMP)
+	$(PY) -m ruff check src tests
+	$(PY) -m ruff format --check src tests
+	$(PY) -m mypy
+
+# The documentation site (mkdocs.yml: docs/ and an API reference from the docstrings) into
+# build/docs-site, every warning an error.
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e ".[docs]"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) .venv-compat build *.egg-info src/*.egg-info

@@ -2,6 +2,7 @@
 
     python bench/bench_store.py            # N=5000 rollouts x 10 spans, memory and sqlite
     python bench/bench_store.py --n 500 --backends sqlite
+    python bench/bench_store.py --n 200 --backends memory,sqlite,postgres,redis   # + the machine's servers
     python bench/bench_store.py --reference-python /tmp/agl/bin/python   # + Agent Lightning, same run
     python bench/bench_store.py --instructions      # instructions per call (callgrind), N=200
     python bench/bench_store.py --instructions --keyed   # the same with idempotency keys
@@ -15,7 +16,10 @@ write to N other rollouts (claimed and started untimed): 10 spans per rollout in
 then 10 more per rollout in calls of 1000 — so that every phase measures just what it names, and
 a query reads a rollout of the workload's size. SQLite is a file in WAL mode with the default
 synchronous=NORMAL (durable against process crashes) and its background watchdog on, as in a
-real run. Prints one JSON object.
+real run. "postgres" and "redis" run against the servers at ``--pg-url`` and ``--redis-url`` (the
+machine's; a scratch schema or key prefix, deleted afterwards), watchdog on too; keep N small
+for them on a loaded machine: a rollout left silent for 30 s between its phases is ended
+``unresponsive`` by the watchdog (the default limit) and the run stops. Prints one JSON object.
 
 ``--reference-python PY`` also runs the same workload on the reference system's in-memory store
 (``reference_store_workload.py``, under an interpreter that has ``agentlightning``) in the same
@@ -43,6 +47,7 @@ compare a baseline copy with the working tree back to back: machine load varies 
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import json
 import os
@@ -58,6 +63,10 @@ sys.path.insert(0, os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] or str(
 
 from store_workload import LIFECYCLE, SPANS_PER_ROLLOUT, summarize  # noqa: E402 (bench/ is on sys.path)
 
+PG_URL = os.environ.get("AGENTGRAD_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("AGENTGRAD_BENCH_REDIS", "redis://127.0.0.1:6379/0")
+SCRATCH = f"bench_{os.getpid()}"  # the schema or key prefix of a server backend's run
+
 
 def _open(backend: str, tmp: str, watchdog: bool) -> Any:
     interval = 0.5 if watchdog else None
@@ -65,9 +74,34 @@ def _open(backend: str, tmp: str, watchdog: bool) -> Any:
         from agentgrad.store.memory import MemoryStore
 
         return MemoryStore(watchdog_interval=interval)
+    if backend == "postgres":
+        from agentgrad.store.postgres import PostgresStore
+
+        atexit.register(_drop_scratch, backend)
+        return PostgresStore(PG_URL, schema=SCRATCH, watchdog_interval=interval)
+    if backend == "redis":
+        from agentgrad.store.redis import RedisStore
+
+        atexit.register(_drop_scratch, backend)
+        return RedisStore(REDIS_URL, prefix=SCRATCH, watchdog_interval=interval)
     from agentgrad.store.sqlite import SqliteStore
 
     return SqliteStore(os.path.join(tmp, "bench.db"), watchdog_interval=interval)
+
+
+def _drop_scratch(backend: str) -> None:
+    """Delete a server backend's scratch schema or key prefix (at exit, also after a failure)."""
+    if backend == "redis":
+        from agentgrad.store.redis import RedisStore
+
+        scratch = RedisStore(REDIS_URL, prefix=SCRATCH, watchdog_interval=None)
+        scratch.drop()
+        scratch.close()
+    elif backend == "postgres":
+        import psycopg
+
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{SCRATCH}" CASCADE')
 
 
 def _span(rollout_id: str, attempt_id: str, tag: str, index: int) -> Any:
@@ -162,7 +196,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, help="rollouts of the lifecycle, and as many for the batches "
                         "(default 5000; 200 with --instructions)")
-    parser.add_argument("--backends", default="memory,sqlite")
+    parser.add_argument("--backends", default="memory,sqlite", help="any of memory, sqlite, postgres, redis")
+    parser.add_argument("--pg-url", default=PG_URL, help="the PostgreSQL of the postgres backend")
+    parser.add_argument("--redis-url", default=REDIS_URL, help="the Redis of the redis backend")
     parser.add_argument("--gc-scan-all", action="store_true",
                         help="do not freeze the objects that exist when a phase starts")
     parser.add_argument("--reference-python", metavar="PY",
@@ -191,8 +227,11 @@ def main() -> None:
                               "python": sys.version.split()[0], "sqlite": sqlite3.sqlite_version,
                               "idempotency_keys": args.keyed, "backends": {}}
     for backend in args.backends.split(","):
+        env = {**os.environ, "AGENTGRAD_BENCH_PG": args.pg_url, "AGENTGRAD_BENCH_REDIS": args.redis_url}
         out = subprocess.run(_child(backend, n) + keyed + (["--gc-scan-all"] if args.gc_scan_all else []),
-                             capture_output=True, text=True, check=True)
+                             capture_output=True, text=True, env=env)
+        if out.returncode:
+            sys.exit(f"the {backend} run failed:\n{out.stderr[-3000:]}")
         report["backends"][backend] = json.loads(out.stdout)
     if args.reference_python:
         out = subprocess.run([args.reference_python, str(Path(__file__).with_name("reference_store_workload.py")),

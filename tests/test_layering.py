@@ -47,8 +47,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("agentgrad.context", "agentgrad.emit"),
     # capture
     ("agentgrad.tracing", "agentgrad.proxy"),
-    # the local engine and model server (see FORBIDDEN: it knows nothing of the store)
-    ("agentgrad.inference",),
+    # the local engine and model server (see FORBIDDEN: it knows nothing of the store); model files
+    # brought in from elsewhere (GGUF import)
+    ("agentgrad.inference", "agentgrad.models"),
     # running agents; reading spans back into LLM calls and transitions
     ("agentgrad.runner", "agentgrad.adapters"),
     # learning
@@ -61,8 +62,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("agentgrad.compat",),
     # the web UI over a store
     ("agentgrad.dashboard",),
-    # the calculator demo shipped inside the package
-    ("agentgrad.demo",),
+    # the calculator demo and the paper's scenario worlds (SQL, RAG), shipped inside the package
+    ("agentgrad.demo", "agentgrad.scenarios"),
     # entry points
     ("agentgrad.cli", "agentgrad.__main__"),
     # stand-ins for tests and benchmarks: may use anything, imported by nothing in the package

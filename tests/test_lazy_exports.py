@@ -21,8 +21,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "agentgrad"
 #: Packages whose ``__init__`` re-exports names; a new one is found by ``_faces`` and must be added.
 FACES = (
     "agentgrad", "agentgrad.adapters", "agentgrad.algorithms", "agentgrad.compat", "agentgrad.dashboard",
-    "agentgrad.demo", "agentgrad.inference", "agentgrad.proxy", "agentgrad.store", "agentgrad.tracing",
-    "agentgrad.training",
+    "agentgrad.demo", "agentgrad.inference", "agentgrad.proxy", "agentgrad.scenarios.rag", "agentgrad.scenarios.sql",
+    "agentgrad.store", "agentgrad.tracing", "agentgrad.training",
 )
 
 #: What ``import agentgrad`` (and importing each face) must not load.

@@ -388,7 +388,7 @@ def test_grpo_config_from_a_yaml_file_and_flags(tmp_path):
     path = write(tmp_path / "run.yaml", """\
 steps: 30
 group_size: 4
-normalize: mean
+estimator: reinforce++
 train:
   lr: 5e-4
   betas: [0.9, 0.95]
@@ -396,7 +396,7 @@ train:
     args = parse(GRPOConfig, ["--config", str(path), "--batch-size", "2", "--train.kl-coef", "0.01",
                               "--train.lora", "{r: 8}"])
     config = resolve(GRPOConfig, file=args.config, args=args)
-    assert (config.steps, config.group_size, config.batch_size, config.normalize) == (30, 4, 2, "mean")
+    assert (config.steps, config.group_size, config.batch_size, config.estimator) == (30, 4, 2, "reinforce++")
     assert (config.train.lr, config.train.betas, config.train.kl_coef) == (5e-4, (0.9, 0.95), 0.01)
     assert config.train.lora is not None and config.train.lora.r == 8
     assert resolve(GRPOConfig, file=dump(config, tmp_path / "resolved.yaml")) == config

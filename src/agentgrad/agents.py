@@ -20,13 +20,13 @@ import inspect
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 from agentgrad.errors import InvalidInputError
 from agentgrad.types import LLM, PromptTemplate, Resources, Rollout
 
 #: What an agent may return: a reward, None (rewards were emitted), or a dict with ``reward``.
-RolloutResult = Union[float, int, None, Mapping[str, Any]]
+RolloutResult = float | int | None | Mapping[str, Any]
 
 
 class Agent:

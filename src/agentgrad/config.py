@@ -294,7 +294,7 @@ def _convert(value: Any, tp: Any, text: bool) -> Any:
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(value) != len(args):
                 raise _Mismatch
-            return tuple(_convert(v, a, text) for v, a in zip(value, args))
+            return tuple(_convert(v, a, text) for v, a in zip(value, args, strict=True))
         item = args[0] if args else Any
         items = [_convert(v, item, text) for v in value]
         return tuple(items) if origin is tuple or tp is tuple else items

@@ -151,7 +151,9 @@ class Runner:
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{new_id('w')[2:8]}"
         # Every store call of the runner and of its agents waits out store outages; retries give
         # up only once the runner was told to stop and its grace period is over.
-        self.store = PatientStore(store, who=f"runner {self.worker_id}", give_up=self._out_of_grace)
+        # (mypy cannot see PatientStore's Store methods: store/outage.py installs them below the class.)
+        self.store = PatientStore(  # type: ignore[abstract]
+            store, who=f"runner {self.worker_id}", give_up=self._out_of_grace)
         self.concurrency = concurrency
         self.max_rollouts = max_rollouts
         self.poll_timeout = poll_timeout
@@ -541,8 +543,8 @@ class _Superseded(Exception):
 MAIN_GUARD_HINT = (
     "runner processes start as fresh interpreters (the 'forkserver' start method, or 'spawn'): each "
     "imports the main script again (as __mp_main__) and unpickles the agent by reference. If your script "
-    "starts the Trainer at module level, put that code under `if __name__ == \"__main__\":`; and define the agent at module level "
-    "of a module the new process can import."
+    "starts the Trainer at module level, put that code under `if __name__ == \"__main__\":`; and define the agent "
+    "at module level of a module the new process can import."
 )
 
 
@@ -627,7 +629,7 @@ PRELOADED = ("agentgrad.runner", "agentgrad.store.sqlite", "agentgrad.store.clie
              "agentgrad.tracing.instrument")
 
 
-def start_context() -> multiprocessing.context.BaseContext:
+def start_context() -> multiprocessing.context.SpawnContext | multiprocessing.context.ForkServerContext:
     """How runner processes start: ``forkserver`` with :data:`PRELOADED` imported in the server,
     where the platform has it and a fresh interpreter would import this same AgentGrad (the server
     imports it from its own ``sys.path``, not from entries a script added to ours); else ``spawn``.
@@ -655,8 +657,8 @@ def _fresh_interpreter_imports_this_agentgrad() -> bool:
     import subprocess
     from multiprocessing import spawn, util
 
-    command = [spawn.get_executable(), *util._args_from_interpreter_flags(), "-c",
-               "import agentgrad; print(agentgrad.__file__)"]
+    flags = util._args_from_interpreter_flags()  # type: ignore[attr-defined]  # private, so not in typeshed
+    command = [spawn.get_executable(), *flags, "-c", "import agentgrad; print(agentgrad.__file__)"]
     try:
         found = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):

@@ -7,9 +7,10 @@ extension:
 ``.jsonl``, ``.ndjson``   one JSON value per line (blank lines are skipped)
 ``.json``                 a JSON array of tasks (a file of one JSON value per line also works)
 ``.csv``, ``.tsv``        a header row, then one task per row: a dict from column name (spaces
-                          around it stripped) to the cell's text. Values stay strings, always (``"007"`` stays ``"007"``,
-                          ``"true"`` stays ``"true"``, an empty cell is ``""``): convert in the
-                          agent, or use JSONL/Parquet when tasks need numbers or nested values
+                          around it stripped) to the cell's text. Values stay strings, always
+                          (``"007"`` stays ``"007"``, ``"true"`` stays ``"true"``, an empty cell
+                          is ``""``): convert in the agent, or use JSONL/Parquet when tasks need
+                          numbers or nested values
 ``.parquet``              one task per row, a dict with the column's Python values (needs
                           ``pyarrow``: ``pip install 'agentgrad[export]'``)
 anything else             sniffed: a JSON array if the text starts with ``[``, else JSONL
@@ -52,7 +53,7 @@ def read_tasks(source: str | os.PathLike[str] | Iterable[Any]) -> list[Any]:
         raise InvalidInputError(
             f"tasks must be a file path or a list of tasks, got a {type(source).__name__}")
     if hasattr(source, "columns") and hasattr(source, "to_dict"):  # a pandas DataFrame: its rows
-        return list(source.to_dict(orient="records"))  # type: ignore[union-attr]
+        return list(source.to_dict(orient="records"))
     if isinstance(source, Iterable):
         return list(source)
     raise InvalidInputError(f"tasks must be a file path or a list of tasks, got a {type(source).__name__}")
@@ -142,7 +143,7 @@ def _read_csv(text: str, shown: str, *, delimiter: str) -> list[dict[str, str]]:
             raise InvalidInputError(
                 f"{shown}:{start}: the row has {len(row)} cell(s), the header has {len(header)} "
                 f"({', '.join(header)})")
-        tasks.append(dict(zip(header, row)))
+        tasks.append(dict(zip(header, row, strict=True)))
     return tasks
 
 

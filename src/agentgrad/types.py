@@ -13,7 +13,7 @@ import random
 import re
 import string
 import time
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import (
     BaseModel,
@@ -142,7 +142,7 @@ class RolloutConfig(BaseModel):
     #: Attempts per rollout, the first included.
     max_attempts: int = Field(default=3, ge=1, le=INT64_MAX)
     #: Which endings of an attempt are retried (see the class doc for the default).
-    retry_on: list[RetryReason] = Field(default_factory=lambda: ["unresponsive"])
+    retry_on: list[RetryReason] = Field(default_factory=lambda: cast(list[RetryReason], ["unresponsive"]))
 
     @model_validator(mode="before")
     @classmethod
@@ -318,7 +318,8 @@ class PromptTemplate(BaseModel):
         try:
             fields = list(string.Formatter().parse(self.template))
         except ValueError as exc:
-            raise TemplateError(f"f-string template does not parse: {exc} (write literal braces as {{{{ }}}})") from None
+            raise TemplateError(
+                f"f-string template does not parse: {exc} (write literal braces as {{{{ }}}})") from None
         for _, field_name, _, _ in fields:
             if field_name is None:
                 continue
@@ -345,7 +346,7 @@ class JsonResource(BaseModel):
     value: Any = None
 
 
-Resource = Union[LLM, PromptTemplate, JsonResource]
+Resource = LLM | PromptTemplate | JsonResource
 #: One named item of a snapshot; ``resource_type`` says which model it is.
 ResourceItem = Annotated[Resource, Field(discriminator="resource_type")]
 

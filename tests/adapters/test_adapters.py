@@ -171,12 +171,12 @@ def _t(group, reward):
                       response_ids=[2], reward=reward)
 
 
-def test_group_advantages_std_mean_and_zero_variance_dropped():
+def test_group_advantages_grpo_dr_grpo_and_zero_variance_dropped():
     ts = [_t("g1", 1.0), _t("g1", 0.0), _t("g1", 0.0), _t("g1", 1.0), _t("g2", 1.0), _t("g2", 1.0)]
-    kept, stats = group_advantages(ts, "std")
+    kept, stats = group_advantages(ts, "grpo")
     assert stats.groups == 2 and stats.zero_variance_groups == 1 and stats.dropped_transitions == 2
     assert [round(t.advantage, 4) for t in kept] == [1.0, -1.0, -1.0, 1.0]
-    kept, _ = group_advantages([_t("g", 1.0), _t("g", 0.0), _t("g", 0.0), _t("g", 0.0)], "mean")
+    kept, _ = group_advantages([_t("g", 1.0), _t("g", 0.0), _t("g", 0.0), _t("g", 0.0)], "dr_grpo")
     assert [t.advantage for t in kept] == [0.75, -0.25, -0.25, -0.25]
 
 

@@ -120,7 +120,42 @@ def test_advantages_normalize_within_groups_and_drop_groups_that_agree(tmp_path,
     kept, metrics = grpo.advantages(batch)
     assert [t.group_id for t in kept] == ["g1", "g1"]
     assert [t.advantage for t in kept] == pytest.approx(expected, abs=1e-5)
-    assert metrics == {"grpo/groups": 2, "grpo/zero_variance_groups": 1, "grpo/dropped_transitions": 2}
+    assert metrics == {"grpo/groups": 2, "grpo/zero_variance_groups": 1, "grpo/dropped_transitions": 2,
+                       "grpo/zero_advantage_token_share": 0.5,
+                       "grpo/advantage_abs_max": pytest.approx(expected[0], abs=1e-5)}
+
+
+def test_agreeing_groups_regularize_keeps_them_with_zero_advantage(tmp_path):
+    grpo = GRPO(tmp_path, agreeing_groups="regularize", train=TrainConfig(kl_coef=0.1))
+    batch = [_transition("g1", 1.0), _transition("g1", 0.0), _transition("g2", 0.0), _transition("g2", 0.0)]
+    batch[2].advantage = 5.0  # whatever it held before is overwritten
+    kept, metrics = grpo.advantages(batch)
+    assert [(t.group_id, t.advantage) for t in kept] == [("g1", pytest.approx(1.0, abs=1e-5)),
+                                                        ("g1", pytest.approx(-1.0, abs=1e-5)), ("g2", 0.0), ("g2", 0.0)]
+    assert metrics["grpo/zero_variance_groups"] == 1 and metrics["grpo/zero_advantage_token_share"] == 0.5
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ({"agreeing_groups": "keep"}, "agreeing_groups must be 'drop' or 'regularize'"),
+    ({"agreeing_groups": "regularize"}, "needs a regulariser"),  # with neither KL nor entropy it would do nothing
+])
+def test_bad_agreeing_groups_settings_are_refused(tmp_path, setting, message):
+    with pytest.raises(ValueError, match=message):
+        GRPO(tmp_path, **setting)
+
+
+def test_signal_share_counts_the_tokens_of_groups_that_agree():
+    from agentgrad.algorithms.grpo import signal_share
+
+    g1 = [_transition("g1", 1.0), _transition("g1", 0.0)]  # one response token each
+    g2 = [_transition("g2", 1.0), _transition("g2", 1.0)]
+    for t in g2:
+        t.response_ids, t.response_mask = [2, 3, 4], [1, 1, 0]  # two trained tokens each
+    g1[0].advantage, g1[1].advantage = 1.0, -1.5
+    # 2 of 6 trained tokens are in the group that disagrees: 4 / 6 carry no signal
+    assert signal_share(g1 + g2, g1) == {"grpo/zero_advantage_token_share": pytest.approx(4 / 6),
+                                         "grpo/advantage_abs_max": 1.5}
+    assert signal_share([], []) == {"grpo/zero_advantage_token_share": 0.0, "grpo/advantage_abs_max": 0.0}
 
 
 # ---- 5. publish ---------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ from agentgrad.types import LLM, MetricRecord, PromptTemplate, Resources, Rollou
 
 TOKEN = "dashboard-test-token"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "dashboard"
+DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 XSS_QUESTION = 'What is 2 + 3? <img src=x onerror="window.__xss = 1"><script>window.__xss = 1</script>'
@@ -55,6 +56,7 @@ TASKS = [
     {"question": XSS_QUESTION, "answer": 5},
     {"question": "Compute 6 * 7.", "answer": 42, "flaky": True},
     {"question": "What is 9 - 4?", "answer": 5, "skip_llm": True},
+    {"question": "Use the tool: what is 8 * 8?", "answer": 64, "two_calls": True},
 ]
 
 
@@ -110,8 +112,14 @@ def make_agent(engine: Any) -> Any:
         prompt = resources.get("prompt")
         with agent("solver"):
             with operation("ask", question=task["question"]) as op:
-                reply = chat(engine, llm, [{"role": "system", "content": prompt.format()},
-                                           {"role": "user", "content": task["question"]}])
+                messages = [{"role": "system", "content": prompt.format()},
+                            {"role": "user", "content": task["question"]}]
+                reply = chat(engine, llm, messages)
+                if task.get("two_calls"):  # the tool's answer goes back for a second call
+                    emit_reward(0.1)
+                    messages += [{"role": "assistant", "content": reply},
+                                 {"role": "tool", "content": "Error: the calculator needs an expression"}]
+                    reply = chat(engine, llm, messages)
                 op.set_output(reply)
             with operation("check"):
                 correct = str(task["answer"]) in reply
@@ -128,13 +136,14 @@ class Run:
     rollout_ids: dict[str, str]  # "llm", "flaky", "skip" → rollout id
 
 
-def _serve(store: Store, token: str) -> Iterator[str]:
+def _serve(store: Store, token: str, tokenizers: dict[str, Path] | None = None) -> Iterator[str]:
     import uvicorn
 
     from agentgrad.http.serve import listening_socket, serve_in_thread
 
     sock = listening_socket("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(create_app(store, token=token), log_level="warning"))
+    app = create_app(store, token=token, tokenizers=tokenizers)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     thread = serve_in_thread(server, sock, name="dashboard", timeout=20)
     try:
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
@@ -161,10 +170,15 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             "reward/mean": 0.3 + 0.4 * (1 - 0.85 ** step), "success_rate": 0.2 + 0.5 * (1 - 0.9 ** step),
             "loss": 1.5 * 0.9 ** step, "kl": 0.002 * step, "throughput/tokens_per_s": 800 + 10 * (step % 5),
         }) for step in range(30)])
+        store.add_metrics([MetricRecord(run_id="grpo-demo-b", step=step, values={
+            "reward/mean": 0.3 + 0.25 * (1 - 0.8 ** step), "success_rate": 0.2 + 0.3 * (1 - 0.9 ** step),
+            "loss": 1.4 * 0.92 ** step, "kl": 0.003 * step, "throughput/tokens_per_s": 760 + 8 * (step % 4),
+        }) for step in range(24)])
         by_question = {r.input["question"]: r.rollout_id for r in store.query_rollouts()}
         ids = {"llm": by_question[TASKS[0]["question"]], "xss": by_question[XSS_QUESTION],
-               "flaky": by_question[TASKS[2]["question"]], "skip": by_question[TASKS[3]["question"]]}
-        for server_url in _serve(store, TOKEN):
+               "flaky": by_question[TASKS[2]["question"]], "skip": by_question[TASKS[3]["question"]],
+               "two": by_question[TASKS[4]["question"]]}
+        for server_url in _serve(store, TOKEN, {"tiny-calc": root / "model"}):
             yield Run(store, server_url, ids)
     finally:
         engine.close()
@@ -196,14 +210,19 @@ def page(browser: Any, run: Run) -> Iterator[Any]:
     context.close()
 
 
-def shot(page: Any, name: str) -> None:
+def shot(page: Any, name: str, docs: str | None = None) -> None:
+    """A full-page screenshot in the artifacts; with ``docs``, also the docs' picture
+    ``docs/img/dashboard-<docs>.png`` (the visible part: a picture for a page of prose)."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+    if docs is not None:
+        page.screenshot(path=str(DOCS_IMG / f"dashboard-{docs}.png"))
 
 
 def test_the_run_filled_the_store(run: Run) -> None:
     rollouts = {r.rollout_id: r for r in run.store.query_rollouts()}
-    assert len(rollouts) == 4 and all(r.status.value == "succeeded" for r in rollouts.values())
+    assert len(rollouts) == 5 and all(r.status.value == "succeeded" for r in rollouts.values())
+    assert rollouts[run.rollout_ids["two"]].llm_calls == 2
     assert rollouts[run.rollout_ids["llm"]].llm_calls == 1
     assert rollouts[run.rollout_ids["flaky"]].num_attempts == 2
     assert rollouts[run.rollout_ids["skip"]].llm_calls == 0
@@ -232,7 +251,7 @@ def test_token_is_enforced(browser: Any, run: Run) -> None:
 
 def test_rollouts_table_filters_and_click_through(page: Any, run: Run) -> None:
     rows = page.locator("table.rollouts tbody tr")
-    assert rows.count() == 4
+    assert rows.count() == 5
     flagged = page.locator("tr.no-llm")
     assert flagged.count() == 1 and run.rollout_ids["skip"] in flagged.inner_text()
     assert "⚠ none captured" in flagged.inner_text()
@@ -243,8 +262,8 @@ def test_rollouts_table_filters_and_click_through(page: Any, run: Run) -> None:
     assert rows.count() == 1 and run.rollout_ids["skip"] in rows.first.inner_text()
     page.click("a.button.secondary")  # reset
     page.click("th a:has-text('Reward')")  # sort by reward, highest first
-    assert "sort=reward" in page.url and rows.count() == 4
-    rewards = [cell.inner_text() for cell in page.locator("table.rollouts tbody td:nth-child(4)").all()]
+    assert "sort=reward" in page.url and rows.count() == 5
+    rewards = [cell.inner_text() for cell in page.locator("table.rollouts tbody td:nth-child(9)").all()]
     numbers = [float(r) for r in rewards]
     assert numbers == sorted(numbers, reverse=True)
 
@@ -289,14 +308,26 @@ def test_rollout_without_llm_calls_is_flagged(page: Any, run: Run) -> None:
     assert "No LLM call captured in this attempt." in page.content()
 
 
-def test_training_curves(page: Any) -> None:
-    page.click("nav a:has-text('Training')")
+def test_compare_two_runs(page: Any) -> None:
+    page.click("nav a:has-text('Runs')")
+    runs = page.locator("table.runs tbody tr")
+    assert runs.count() == 2
+    page.check("input[name=run][value=grpo-demo]")
+    page.check("input[name=run][value=grpo-demo-b]")
+    page.click(".compare-bar button[type=submit]")
     charts = page.locator("figure.chart")
-    assert charts.count() == 5
     names = [c.get_attribute("data-metric") for c in charts.all()]
     assert names == ["reward/mean", "success_rate", "loss", "kl", "throughput/tokens_per_s"]
-    assert page.locator("polyline.curve").first.get_attribute("points").count(",") == 30
-    shot(page, "04-training")
+    reward = page.locator("figure.chart[data-metric='reward/mean']")
+    assert reward.locator("polyline.curve").count() == 2
+    assert reward.locator("text.x-tick").first.text_content() == "0"
+    assert "grpo-demo-b" in reward.locator(".legend-runs").inner_text()
+    box = reward.locator("svg.plot").bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + box["height"] * 0.5)
+    readout = reward.locator(".hover-readout").inner_text()
+    assert readout.startswith("step ") and "grpo-demo " in readout and "grpo-demo-b " in readout
+    assert reward.locator("circle.pt.on").count() == 2  # one point per run at that step
+    shot(page, "04-runs")
 
 
 def test_resources_diff(page: Any) -> None:
@@ -333,3 +364,80 @@ def test_live_refresh_picks_up_new_rollouts(page: Any, run: Run) -> None:
     assert page.evaluate("document.getElementById('rollout-table').dataset.refreshedAt") is not None
     page.uncheck("#live-refresh")
     run.store.cancel_rollout(new.rollout_id)
+
+
+def test_tokens_are_text_and_replay_steps_call_by_call(page: Any, run: Run) -> None:
+    page.goto(f"{run.url}/dashboard/rollouts/{run.rollout_ids['two']}")
+    tokens = page.locator("#llm-call-1 .tokens .tok")
+    assert tokens.count() > 0
+    text = "".join(t.inner_text() for t in tokens.all())
+    assert "⟨" not in text  # decoded by the model's own tokenizer
+    assert tokens.first.get_attribute("title").startswith("id ")
+    assert page.locator("table.credit-table tbody tr").count() == 2
+    page.click("a.replay-link")
+    assert "Call 1 of 2" in page.locator(".replay-position").inner_text()
+    assert "0.1" in page.locator(".replay-step").inner_text()  # the reward emitted after call 1
+    page.keyboard.press("ArrowRight")
+    page.wait_for_url("**call=2")
+    position = page.locator(".replay-position").inner_text()
+    assert "Call 2 of 2" in position
+    context = page.locator(".replay-step .conversation > div").first.inner_text()
+    assert "the calculator needs an expression" in context and "earlier message(s) folded" in context.lower()
+    page.select_option("select[name=credit]", "discounted")
+    page.click("form.credit-rule button[type=submit]")
+    assert "call=2" in page.url and "discounted" in page.locator(".replay-step .credit").inner_text()
+    shot(page, "07-replay", docs="replay")
+    page.keyboard.press("ArrowLeft")
+    page.wait_for_url("**call=1")
+
+
+@pytest.fixture(scope="module")
+def runs_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]]:
+    """A second dashboard over the GRPO/SFT/APO store of ``runs_data`` (groups and prompts)."""
+    from runs_data import TOKENIZER, fill_runs
+
+    store = open_store(f"sqlite:///{tmp_path_factory.mktemp('runs') / 'store.db'}")
+    try:
+        runs = fill_runs(store)
+        for server_url in _serve(store, TOKEN, {"tiny-calc": TOKENIZER}):
+            yield server_url, runs
+    finally:
+        store.close()
+
+
+def test_group_view_and_prompt_ab(page: Any, runs_url: tuple[str, Any]) -> None:
+    url, runs = runs_url
+    page.goto(f"{url}/dashboard/rollouts?token={TOKEN}")
+    page.select_option("select[name=run]", "grpo-a")
+    page.click("form.filters button[type=submit]")
+    assert "run=grpo-a" in page.url and page.locator("table.rollouts tbody tr").count() == 8
+    page.set_viewport_size({"width": 1600, "height": 700})
+    shot(page, "01-rollouts-of-a-run", docs="rollouts")
+    page.set_viewport_size({"width": 1280, "height": 860})
+    page.click("table.rollouts a:has-text('grpo-a-s1-t0-r0') >> nth=0")
+    members = page.locator("article.group-member")
+    assert members.count() == 2
+    assert sorted(m.locator(".advantage").inner_text() for m in members.all()) == ["+1.000", "-1.000"]
+    shot(page, "08-group", docs="group")
+    page.goto(f"{url}/dashboard/runs?run=grpo-a&run=grpo-b")
+    assert "GRPO" in page.locator("table.runs").inner_text() and "tiny-calc" in page.locator("table.runs").inner_text()
+    chart = page.locator("figure.chart[data-metric='val/reward_mean'] svg.plot")
+    box = chart.bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.7, box["y"] + box["height"] * 0.4)
+    assert "grpo-a" in page.locator("figure.chart[data-metric='val/reward_mean'] .hover-readout").inner_text()
+    shot(page, "11-runs-compared", docs="runs")
+    page.goto(f"{url}/dashboard/prompts")
+    assert page.locator("table.candidates").count() == 2  # rounds 0 and 1
+    assert "+Use the calculator." in page.locator(".prompt-ab .diff-lines").inner_text()
+    assert "+0.500" in page.locator(".prompt-ab h2").inner_text()
+    shot(page, "09-prompts", docs="prompts")
+    page.goto(f"{url}/dashboard/rollouts/{runs.two_calls}?credit=air")
+    assert page.locator("table.credit-table tbody tr").count() == 2
+    levels = {t.get_attribute("class") for t in page.locator("#llm-call-1 .tokens .tok").all()}
+    assert len(levels) >= 4  # p = 0.99999, 0.995, 0.74, 0.08 in four colours
+    page.locator("section.credit-section").scroll_into_view_if_needed()
+    page.evaluate("document.querySelector('section.credit-section').scrollIntoView()")
+    shot(page, "10-rollout-credit-tokens", docs="rollout")
+    page.goto(f"{url}/dashboard/rollouts/{runs.framework}")
+    page.click("tr.kind-framework >> nth=1 >> summary")
+    assert "What is the capital of France?" in page.locator("tr.kind-framework >> nth=1").inner_text()

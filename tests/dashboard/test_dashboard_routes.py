@@ -164,23 +164,22 @@ def test_unknown_rollout_is_a_404_page(client: TestClient) -> None:
     assert "<script>x" not in response.text
 
 
-def test_training_page_plots_each_metric(client: TestClient) -> None:
-    html = client.get("/dashboard/training").text  # default: the run written last
-    assert "12 steps, 5 metrics" in html
+def test_runs_page_plots_the_key_metrics_of_the_newest_run(client: TestClient) -> None:
+    html = client.get("/dashboard/runs").text  # default: the run written last
     names = ["reward/mean", "success_rate", "loss", "kl", "throughput/tokens_per_s"]
     positions = [html.index(f'data-metric="{name}"') for name in names]
     assert positions == sorted(positions)  # reward, success, loss, KL, throughput
-    assert html.count("<polyline") == 5
-    old = client.get("/dashboard/training?run=old-run").text
-    assert "1 steps, 1 metrics" in old and 'data-metric="loss"' in old
+    assert html.count("<polyline") == 5 and html.count('data-run="grpo-1" stroke') == 5
+    old = client.get("/dashboard/runs?run=old-run").text
+    assert old.count("<polyline") == 1 and 'data-metric="loss"' in old
 
 
-def test_training_page_without_metrics(filled: Filled) -> None:
+def test_runs_page_without_metrics(filled: Filled) -> None:
     from agentgrad.store.memory import MemoryStore
 
     with MemoryStore(watchdog_interval=None) as empty:
-        html = TestClient(create_app(empty)).get("/dashboard/training").text
-    assert "No training metrics yet" in html
+        html = TestClient(create_app(empty)).get("/dashboard/training").text  # the old URL still works
+    assert "No runs yet" in html
 
 
 def test_resources_page_diffs_the_last_two_versions(client: TestClient, filled: Filled) -> None:
@@ -220,7 +219,8 @@ def locked(filled: Filled) -> TestClient:
 
 @pytest.mark.parametrize("path", ["/dashboard/rollouts", "/dashboard/rollouts/ro-good", "/dashboard/training",
                                   "/dashboard/resources", "/dashboard/runners", "/dashboard/rollouts?partial=table",
-                                  "/dashboard/rollouts/nope"])
+                                  "/dashboard/rollouts/nope", "/dashboard/runs", "/dashboard/prompts",
+                                  "/dashboard/groups/g1", "/dashboard/replay/ro-good"])
 def test_token_required_for_every_page(locked: TestClient, path: str) -> None:
     response = locked.get(path)
     assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"

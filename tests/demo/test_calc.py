@@ -60,3 +60,25 @@ def test_in_words_tells_spelled_from_symbol_questions() -> None:
     assert spelled and written
     assert all(not any(op in q for op in "+-*") for q in spelled)
     assert all(any(f" {op} " in q for op in "+-*") for q in written)
+
+
+def test_validation_by_kind_splits_each_validation_into_words_and_symbols() -> None:
+    from agentgrad import semconv
+    from agentgrad.demo.run import validation_by_kind
+    from agentgrad.store.memory import MemoryStore
+    from agentgrad.types import AttemptStatus, Span
+
+    store = MemoryStore()
+    # two validations (resources r0 then r1) of the same three questions, and a train rollout that does not count
+    runs = [("r0", [1.0, 0.0, 0.0]), ("r1", [1.0, 1.0, 0.0])]
+    questions = ["What is 3 times 4?", "What is 5 plus 6?", "What is 3 * 4?"]
+    for resources_id, rewards in runs:
+        for question, reward in zip(questions, rewards, strict=True):
+            store.enqueue_rollout({"question": question, "answer": 0}, mode="val", resources_id=resources_id)
+            claimed = store.dequeue_rollout("w")
+            rid, aid = claimed.rollout.rollout_id, claimed.attempt.attempt_id
+            store.add_span(Span(rollout_id=rid, attempt_id=aid, name=semconv.SPAN_REWARD,
+                                attributes={semconv.REWARD_VALUE: reward}))
+            store.update_attempt(rid, aid, AttemptStatus.SUCCEEDED)
+    store.enqueue_rollout({"question": "What is 1 * 1?", "answer": 1}, mode="train")
+    assert validation_by_kind(store, [0, 5]) == {0: {"words": 0.5, "symbols": 0.0}, 5: {"words": 1.0, "symbols": 0.0}}

@@ -20,7 +20,9 @@ therefore runs once per backend registered in :data:`BACKENDS`. The tests only u
 
 The "http" and "postgres" entries take their openers from ``service_backends.py`` (an HTTP
 client over a private store service; a PostgreSQL schema per test, skipped when no server
-answers at ``AGENTGRAD_TEST_PG``). Run one backend with ``-k memory`` / ``-k sqlite`` / ….
+answers at ``AGENTGRAD_TEST_PG``), the "redis" entry from ``redis_backend.py`` (a key prefix per
+test, skipped when no server answers at ``AGENTGRAD_TEST_REDIS``). Run one backend with
+``-k memory`` / ``-k sqlite`` / ….
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis_backend  # opener of the "redis" backend
 import service_backends  # openers of the "http" and "postgres" backends
 
 from agentgrad.store.protocol import Store
@@ -103,6 +106,8 @@ BACKENDS: dict[str, BackendSpec] = {
                         child_source=service_backends.http_child, requires=("fastapi", "uvicorn")),
     "postgres": BackendSpec("postgres", "agentgrad.store.postgres", service_backends.open_postgres, durable=True,
                             shared=True, child_source=service_backends.postgres_child, requires=("psycopg",)),
+    "redis": BackendSpec("redis", "agentgrad.store.redis", redis_backend.open_redis, durable=True, shared=True,
+                         child_source=redis_backend.redis_child, requires=("redis",)),
 }
 
 

@@ -124,14 +124,17 @@ def check_faithful(span: Any, decode: Callable[[list[int]], str]) -> None:
     assert got_calls == [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
 
 
-def run_and_check(capture: Capture, agent: Callable[..., Any], *, tasks: list[str] = QUESTIONS[:1],
-                  model: str = "gpt-4o-mini", min_calls: int = 1) -> list[Any]:
-    """Run ``agent`` on ``tasks`` like training does and check what was captured; returns the spans."""
+def run_and_check(capture: Capture, agent: Callable[..., Any], *,
+                  tasks: list[str] | list[dict[str, Any]] = QUESTIONS[:1], model: str = "gpt-4o-mini",
+                  min_calls: int = 1) -> list[Any]:
+    """Run ``agent`` on ``tasks`` (questions, or whole task dicts) like training does and check what
+    was captured; returns the spans."""
     before = dict(capture.proxy.metrics.as_dict())
     trainer = Trainer(capture.store, proxy=capture.proxy)
-    report = trainer.dev(agent, [{"question": q} for q in tasks],
-                         {"llm": LLM(endpoint=capture.engine_url, model=model)}, timeout=180, print_summary=False)
-    ids = [r.rollout_id for r in capture.store.query_rollouts() if r.input in [{"question": q} for q in tasks]]
+    inputs = [t if isinstance(t, dict) else {"question": t} for t in tasks]
+    report = trainer.dev(agent, inputs, {"llm": LLM(endpoint=capture.engine_url, model=model)}, timeout=180,
+                         print_summary=False)
+    ids = [r.rollout_id for r in capture.store.query_rollouts() if r.input in inputs]
     rollouts = [capture.store.get_rollout(i) for i in ids[-len(tasks):]]
     failures = [a.error for r in rollouts for a in capture.store.get_attempts(r.rollout_id) if a.error]
     assert all(r.status.value == "succeeded" for r in rollouts), failures or report

@@ -33,12 +33,47 @@ def test_ppo_clip_loss_matches_hand_computation():
     assert loss.item() == pytest.approx(expected, abs=1e-5)
     assert diag["clipped"].item() == 2 and diag["tokens"].item() == 3
     assert diag["ratio"].item() == pytest.approx(math.exp(0.5) + math.exp(-0.5) + 1.0, abs=1e-5)
+    assert diag["ratio_max"].item() == pytest.approx(math.exp(0.5), abs=1e-5)  # the masked token does not count
     # KL (k3) to a reference that equals the policy is zero; a different one adds kl_coef · k3.
     ref = logprobs + torch.tensor([[0.1, 0.0, 0.0, 0.0]])
     loss_kl, diag_kl = ppo_clip_loss(logprobs, old, adv, mask, ref_logprobs=ref, kl_coef=0.5)
     k3 = math.exp(0.1) - 0.1 - 1
     assert diag_kl["kl"].item() == pytest.approx(k3, abs=1e-6)
     assert loss_kl.item() == pytest.approx(expected + 0.5 * k3 / 3, abs=1e-5)
+
+
+@pytest.mark.parametrize(("decay", "step", "expected"), [
+    ("none", 3, 1e-3),
+    # linear over 5 steps to 0.1: t = step / 4; lr × (0.1 + 0.9 × (1 − t))
+    ("linear", 0, 1e-3), ("linear", 1, 0.775e-3), ("linear", 4, 0.1e-3),
+    # cosine: lr × (0.1 + 0.9 × (1 + cos(π t)) / 2); t = 0.5 → 0.55
+    ("cosine", 2, 0.55e-3), ("cosine", 1, (0.1 + 0.45 * (1 + math.cos(math.pi / 4))) * 1e-3),
+    ("cosine", 4, 0.1e-3), ("cosine", 9, 0.1e-3),  # past the horizon (a resumed, longer run): the final rate
+])
+def test_decayed_lr_matches_hand_computation(decay, step, expected):
+    from agentgrad.training.policy import decayed_lr
+
+    assert decayed_lr(1e-3, step, 5, decay=decay, final=0.1) == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize(("setting", "message"), [({"lr_decay": "step"}, "lr_decay must be"),
+                                                  ({"lr_decay": "cosine", "lr_final": 1.5}, "lr_final must be")])
+def test_bad_lr_decay_settings_are_refused_when_configured(setting, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**setting)
+
+
+def test_the_trainer_follows_its_lr_decay_and_reports_the_rate(tiny_model_dir):
+    good, bad = _samples()
+    trainer = PolicyTrainer(tiny_model_dir, TrainConfig(lr=1e-3, lr_decay="linear", lr_final=0.1))
+    with pytest.raises(ValueError, match="total_steps"):
+        trainer.ppo_step(good + bad)
+    trainer.total_steps = 3
+    rates = [trainer.ppo_step(good + bad).lr for _ in range(3)]
+    assert rates == pytest.approx([1e-3, 0.55e-3, 0.1e-3], rel=1e-9)
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.1e-3, rel=1e-9)
+    constant = PolicyTrainer(tiny_model_dir, TrainConfig(lr=1e-3)).ppo_step(good + bad)
+    assert constant.lr == 1e-3 and constant.ratio_max == pytest.approx(1.0, abs=1e-5)  # on-policy: ratio 1
 
 
 def test_micro_batches_respect_token_budget():
@@ -115,6 +150,28 @@ def test_lora_kl_reference_is_the_disabled_adapter(tiny_model_dir):
     assert second.kl > 0
     state = trainer.engine_state_dict()
     assert not any("lora_" in k or "base_layer" in k for k in state)
+
+
+def test_log_kl_measures_the_distance_to_the_start_weights_without_changing_the_update(tiny_model_dir):
+    good, bad = _samples()
+    plain = PolicyTrainer(tiny_model_dir, TrainConfig(lr=3e-3))
+    logged = PolicyTrainer(tiny_model_dir, TrainConfig(lr=3e-3, log_kl=True))
+    steps = [(plain.ppo_step(good + bad), logged.ppo_step(good + bad)) for _ in range(2)]
+    assert abs(steps[0][1].kl) < 1e-7 < steps[1][1].kl  # the first step starts at the start weights, then moves
+    assert [p.kl for p, _ in steps] == [0.0, 0.0]  # without log_kl nothing is measured
+    for (name, a), b in zip(plain.model.named_parameters(), logged.model.parameters(), strict=True):
+        assert torch.equal(a, b), name  # kl_coef 0: the measurement does not enter the loss
+
+
+def test_zero_advantage_samples_with_kl_pull_the_policy_back_to_the_start(tiny_model_dir):
+    # GRPO's agreeing_groups="regularize": groups without signal train with advantage 0, so only the KL acts
+    good, bad = _samples()
+    trainer = PolicyTrainer(tiny_model_dir, TrainConfig(lr=3e-3, kl_coef=1.0))
+    for _ in range(3):
+        trainer.ppo_step(good + bad)  # moves away from the start weights
+    zero = [Sample(s.prompt_ids, s.response_ids, advantage=0.0) for s in good + bad]
+    kls = [trainer.ppo_step(zero).kl for _ in range(3)]  # each measured before its own update
+    assert kls[0] > 0 and kls[2] < kls[1] < kls[0], kls
 
 
 _RESUME_SCRIPT = textwrap.dedent("""

@@ -1,4 +1,5 @@
-"""Adapters: spans → LLM calls → training transitions (credit assignment, agent_match, merging).
+"""Adapters: spans → LLM calls → training transitions (credit assignment, agent_match, merging) →
+advantages or preference pairs within task groups.
 
 Pure Python (no torch): algorithms call them on rollouts read back from the store.
 """
@@ -10,6 +11,10 @@ from typing import TYPE_CHECKING
 from agentgrad._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from agentgrad.adapters.advantages import ESTIMATORS as ESTIMATORS
+    from agentgrad.adapters.advantages import GroupStats as GroupStats
+    from agentgrad.adapters.advantages import group_advantages as group_advantages
+    from agentgrad.adapters.advantages import preference_pairs as preference_pairs
     from agentgrad.adapters.calls import LLMCall as LLMCall
     from agentgrad.adapters.calls import agent_name_of as agent_name_of
     from agentgrad.adapters.calls import extract_calls as extract_calls
@@ -21,9 +26,7 @@ if TYPE_CHECKING:
     from agentgrad.adapters.credit import RolloutTrace as RolloutTrace
     from agentgrad.adapters.credit import credit_rule as credit_rule
     from agentgrad.adapters.transitions import AdaptStats as AdaptStats
-    from agentgrad.adapters.transitions import GroupStats as GroupStats
     from agentgrad.adapters.transitions import TransitionAdapter as TransitionAdapter
-    from agentgrad.adapters.transitions import group_advantages as group_advantages
 
 _EXPORTS = {
     "LLMCall": "agentgrad.adapters.calls", "agent_name_of": "agentgrad.adapters.calls",
@@ -32,8 +35,9 @@ _EXPORTS = {
     "Discounted": "agentgrad.adapters.credit", "Emitted": "agentgrad.adapters.credit",
     "FinalReward": "agentgrad.adapters.credit", "RolloutTrace": "agentgrad.adapters.credit",
     "credit_rule": "agentgrad.adapters.credit",
-    "AdaptStats": "agentgrad.adapters.transitions", "GroupStats": "agentgrad.adapters.transitions",
-    "TransitionAdapter": "agentgrad.adapters.transitions", "group_advantages": "agentgrad.adapters.transitions",
+    "ESTIMATORS": "agentgrad.adapters.advantages", "GroupStats": "agentgrad.adapters.advantages",
+    "group_advantages": "agentgrad.adapters.advantages", "preference_pairs": "agentgrad.adapters.advantages",
+    "AdaptStats": "agentgrad.adapters.transitions", "TransitionAdapter": "agentgrad.adapters.transitions",
 }
 
 __all__ = list(_EXPORTS)

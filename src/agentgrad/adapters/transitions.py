@@ -1,9 +1,10 @@
-"""LLM calls → training transitions, and GRPO group advantages.
+"""LLM calls → training transitions.
 
 Pipeline per finished rollout (latest attempt only — the one that drove the rollout):
 spans → :func:`extract_calls` → credit rule (one reward per call) → ``agent_match`` filter →
-prefix merging → :class:`~agentgrad.types.Transition`. Then :func:`group_advantages` turns
-rewards into advantages within each task group.
+prefix merging → :class:`~agentgrad.types.Transition`. Then
+:func:`agentgrad.adapters.advantages.group_advantages` turns rewards into advantages within each
+task group.
 
 Every drop is counted in :class:`AdaptStats`, never silent: calls without token ids (reported
 by rollout id and call index), calls of other agents, rollouts without a reward or without calls.
@@ -13,11 +14,8 @@ from __future__ import annotations
 
 import logging
 import re
-import statistics
-from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 from agentgrad import semconv
 from agentgrad.adapters.calls import LLMCall, extract_calls, matches_agent
@@ -163,40 +161,3 @@ def _extends(last: Transition, call: LLMCall) -> bool:
     full = last.prompt_ids + last.response_ids
     prompt = call.prompt_ids or []
     return len(prompt) >= len(full) and prompt[: len(full)] == full
-
-
-@dataclass
-class GroupStats:
-    groups: int = 0
-    zero_variance_groups: int = 0
-    dropped_transitions: int = 0
-
-    def as_metrics(self) -> dict[str, float]:
-        return {"grpo/groups": self.groups, "grpo/zero_variance_groups": self.zero_variance_groups,
-                "grpo/dropped_transitions": self.dropped_transitions}
-
-
-def group_advantages(transitions: Sequence[Transition], normalize: Literal["std", "mean"] = "std",
-                     eps: float = 1e-6) -> tuple[list[Transition], GroupStats]:
-    """GRPO advantages: ``(r - mean) / (std + eps)`` (``std``) or ``r - mean`` (``mean``), with
-    mean and population std over the rewards of all transitions sharing a ``group_id`` (a
-    transition without one is its own group). Groups whose rewards are all equal carry no
-    learning signal and are dropped (counted in the returned stats)."""
-    if normalize not in ("std", "mean"):
-        raise ValueError(f"normalize must be 'std' or 'mean', got {normalize!r}")
-    groups: dict[str, list[Transition]] = defaultdict(list)
-    for t in transitions:
-        groups[t.group_id or f"rollout:{t.rollout_id}"].append(t)
-    stats = GroupStats(groups=len(groups))
-    kept: list[Transition] = []
-    for members in groups.values():
-        rewards = [t.reward for t in members]
-        mean, std = statistics.fmean(rewards), statistics.pstdev(rewards)
-        if std <= eps:
-            stats.zero_variance_groups += 1
-            stats.dropped_transitions += len(members)
-            continue
-        for t in members:
-            t.advantage = (t.reward - mean) / (std + eps) if normalize == "std" else t.reward - mean
-            kept.append(t)
-    return kept, stats

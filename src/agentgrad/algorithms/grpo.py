@@ -8,8 +8,9 @@ docstring each), then :class:`GRPO`, whose :meth:`GRPO.run` sets up (or resumes)
    ``group_id``), through the store, with the current policy;
 2. **transitions** — spans → token sequences (credit assignment, agent_match, merging), dropping
    those sampled too many versions ago;
-3. **advantages** — rewards normalized within each group;
-4. **update** — one PPO-clip step;
+3. **advantages** — rewards compared within each group, by ``estimator`` (GRPO, RLOO,
+   REINFORCE++, Dr. GRPO), or each group's best vs worst completion as a DPO pair;
+4. **update** — one PPO-clip step (or one DPO step);
 5. **publish** — the new weights to the engine, and resources naming them;
 6. **evaluate** — greedy validation every ``val_every`` steps, keeping the best model;
 7. **log** — ``metrics.jsonl``, the store (for the dashboard), any trackers, the progress bar.
@@ -29,13 +30,21 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from agentgrad.adapters import AdaptStats, CreditRule, TransitionAdapter, group_advantages
+from agentgrad.adapters import (
+    ESTIMATORS,
+    AdaptStats,
+    CreditRule,
+    TransitionAdapter,
+    group_advantages,
+    preference_pairs,
+)
 from agentgrad.algorithms.base import Algorithm, AlgorithmContext
 from agentgrad.algorithms.batch import run_batch
 from agentgrad.algorithms.runlog import RunLog, Tracker
@@ -47,7 +56,7 @@ from agentgrad.types import LLM, Resources, Rollout, RolloutConfig, RolloutStatu
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
-    from agentgrad.training.policy import PolicyTrainer
+    from agentgrad.training.backend import TrainBackend
     from agentgrad.training.publish import Publisher
 
 
@@ -76,8 +85,23 @@ class GRPOConfig:
     """Passes over a step's transitions. ``epochs`` × ``mini_batches`` updates learn more per rollout,
     which pays when rollouts cost more than training; the importance ratio's clipping keeps the
     later, off-policy updates safe (1 × 1: one on-policy update)."""
-    normalize: Literal["std", "mean"] = "std"
-    """Group advantages: ``std`` is ``(r - mean) / std``, ``mean`` is ``r - mean``."""
+    estimator: Literal["grpo", "rloo", "reinforce++", "dr_grpo", "dpo"] = "grpo"
+    """What a step learns from its groups (docs/algorithms.md): ``grpo`` ``(r - mean) / std`` per group;
+    ``rloo`` ``r`` minus the mean of the group's other members; ``reinforce++`` ``r - mean`` scaled by the
+    whole batch's std; ``dr_grpo`` ``r - mean``, and the loss divided by a constant (``sampling.max_tokens``,
+    else the model's context) per sequence instead of the step's token count; ``dpo`` no advantages: the
+    DPO loss on each group's best vs worst completion (``dpo_beta``), reference = the start weights."""
+    dpo_beta: float = 0.1
+    """DPO's β (``estimator: dpo``): how far, in log-ratio to the start policy, a pair may be pulled apart."""
+    normalize: Literal["std", "mean"] | None = None
+    """Deprecated, use ``estimator``: ``std`` is ``estimator: grpo``, ``mean`` is ``estimator: dr_grpo``."""
+    agreeing_groups: Literal["drop", "regularize"] = "drop"
+    """Groups whose rewards all agree (no advantage): ``drop`` leaves them out of the update;
+    ``regularize`` keeps them with advantage 0, so that only the KL penalty (``train.kl_coef``) and the
+    entropy bonus act on them. A policy that has become sure of a wrong answer fails a whole group,
+    which then carries no signal: only a regulariser that also sees those groups pulls it back
+    (docs/training.md, "Stability"). Their tokens count in the token mean, so a step with little
+    signal makes a smaller update."""
     max_staleness: int = 0
     """Drop transitions sampled more than this many published versions ago (0: only the current one)."""
     credit: str | CreditRule = "final"
@@ -128,8 +152,34 @@ class GRPOConfig:
                             "max_empty_retries": self.max_empty_retries}.items():
             if value < 0:
                 raise ValueError(f"GRPOConfig.{name} must be ≥ 0, got {value!r}")
-        if self.normalize not in ("std", "mean"):
-            raise ValueError(f"GRPOConfig.normalize must be 'std' or 'mean', got {self.normalize!r}")
+        self._fold_normalize()
+        if self.estimator not in ESTIMATORS + ("dpo",):
+            raise ValueError(f"GRPOConfig.estimator must be one of {', '.join(map(repr, ESTIMATORS + ('dpo',)))}, "
+                             f"got {self.estimator!r}")
+        if not self.dpo_beta > 0:
+            raise ValueError(f"GRPOConfig.dpo_beta must be > 0, got {self.dpo_beta!r}")
+        if self.agreeing_groups not in ("drop", "regularize"):
+            raise ValueError(f"GRPOConfig.agreeing_groups must be 'drop' or 'regularize', got {self.agreeing_groups!r}")
+        if self.agreeing_groups == "regularize" and not (self.train.kl_coef > 0 or self.train.entropy_coef > 0):
+            raise ValueError("GRPOConfig.agreeing_groups='regularize' needs a regulariser to act on those groups: "
+                             "set train.kl_coef or train.entropy_coef > 0")
+
+    def _fold_normalize(self) -> None:
+        """The deprecated ``normalize`` becomes the ``estimator`` it names (then None, so a copy
+        of this config does not warn again)."""
+        if self.normalize is None:
+            return
+        named = {"std": "grpo", "mean": "dr_grpo"}.get(self.normalize)
+        if named is None:
+            raise ValueError(f"GRPOConfig.normalize must be 'std' or 'mean' (deprecated: use estimator), "
+                             f"got {self.normalize!r}")
+        if self.estimator not in ("grpo", named):
+            raise ValueError(f"GRPOConfig.normalize={self.normalize!r} (deprecated) contradicts "
+                             f"estimator={self.estimator!r}: set estimator alone")
+        warnings.warn(f"GRPOConfig.normalize={self.normalize!r} is deprecated: use estimator={named!r}"
+                      + (" (which also divides the loss by a constant instead of the step's token count)"
+                         if named == "dr_grpo" else ""), DeprecationWarning, stacklevel=4)
+        self.estimator, self.normalize = named, None  # type: ignore[assignment]
 
 
 #: Keywords of the GRPO of before GRPOConfig, and what replaced them (named in the TypeError).
@@ -195,7 +245,7 @@ class GRPO(Algorithm):
         self.console: Any = None
         self.tasks: list[Any] = []
         self.val_tasks: list[Any] = []
-        self.trainer: PolicyTrainer
+        self.trainer: TrainBackend
         self.weights_publisher: Publisher
         self.base_items: dict[str, Any] = {}
         self.model_name: str | None = None
@@ -269,7 +319,7 @@ class GRPO(Algorithm):
     def _start(self, context: AlgorithmContext) -> GRPOConfig:
         """Read the context, load the policy (from the latest checkpoint when resuming), make sure
         the engine serves those weights, and publish the first resources."""
-        from agentgrad.training.policy import PolicyTrainer
+        from agentgrad.training.backend import trainer_for
 
         cfg = self.config
         self.store, self.console = context.store, context.console
@@ -279,7 +329,8 @@ class GRPO(Algorithm):
         self.base_items = self._base_items(context)
         self.weights_publisher = self._publisher(context)
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        self.trainer = PolicyTrainer(self.model_dir, cfg.train)
+        self.trainer = trainer_for(context.policy, self.model_dir, cfg.train)
+        self.trainer.total_steps = cfg.steps  # the horizon of train.lr_decay
         state = self.trainer.load_checkpoint(self.checkpoint_dir) if cfg.resume else None
         self.cursor = int(state["cursor"]) if state else 0
         self.versions, self.model_name = [], None
@@ -385,21 +436,62 @@ class GRPO(Algorithm):
 
     # ---- 3. advantages ----------------------------------------------------------------------------
     def advantages(self, transitions: Sequence[Transition]) -> tuple[list[Transition], dict[str, float]]:
-        """Group-normalized advantages (``normalize``); groups whose rewards all agree carry no
-        signal and are dropped. Returns the transitions to train on and the group counts."""
-        kept, stats = group_advantages(transitions, self.config.normalize)
-        return kept, stats.as_metrics()
+        """Advantages by ``estimator``; groups whose rewards all agree carry no signal and are
+        dropped. Returns the transitions to train on and the group counts. With ``dpo`` the
+        transitions are each group's (best, worst) pair, flattened: chosen, rejected, chosen, …"""
+        if self.config.estimator == "dpo":
+            pairs, paired = preference_pairs(transitions)
+            return [t for pair in pairs for t in pair], {**paired.as_metrics(), "dpo/pairs": len(pairs)}
+        kept, stats = group_advantages(transitions, self.config.estimator)
+        metrics = {**stats.as_metrics(), **signal_share(transitions, kept)}
+        if self.config.agreeing_groups == "regularize":  # back in with advantage 0: only the regularisers act
+            signal = {id(t) for t in kept}
+            agreeing = [t for t in transitions if id(t) not in signal]
+            for t in agreeing:
+                t.advantage = 0.0
+            kept = [*kept, *agreeing]
+        return kept, metrics
 
     # ---- 4. update --------------------------------------------------------------------------------
     def update(self, transitions: Sequence[Transition]) -> dict[str, float]:
-        """One PPO-clip training step of the policy on ``transitions`` (advantages set)."""
+        """One PPO-clip training step of the policy on ``transitions`` (advantages set), or with
+        ``estimator: dpo`` one DPO step on the pairs :meth:`advantages` laid out."""
         from agentgrad.training.policy import Sample
 
-        metrics = self.trainer.ppo_step([Sample.from_transition(t) for t in transitions],
-                                        mini_batches=self.config.mini_batches, epochs=self.config.epochs)
+        samples = [Sample.from_transition(t) for t in transitions]
+        if self.config.estimator == "dpo":
+            return self._dpo_update(samples)
+        metrics = self.trainer.ppo_step(samples, mini_batches=self.config.mini_batches, epochs=self.config.epochs,
+                                        tokens_per_sample=self._tokens_per_sample())
         return {"loss": metrics.loss, "entropy": metrics.entropy, "kl": metrics.kl,
                 "clip_fraction": metrics.clip_fraction, "grad_norm": metrics.grad_norm, "updates": metrics.updates,
-                "tokens": metrics.tokens, "tokens_per_second": metrics.tokens_per_second}
+                "tokens": metrics.tokens, "tokens_per_second": metrics.tokens_per_second,
+                "ratio_mean": metrics.ratio_mean, "ratio_max": metrics.ratio_max, "lr": metrics.lr}
+
+    def _tokens_per_sample(self) -> float | None:
+        """Dr. GRPO's constant loss normaliser per sequence: the generation budget
+        (``sampling.max_tokens``), else the model's context; None (token count) for the others."""
+        if self.config.estimator != "dr_grpo":
+            return None
+        budget = self.sampling.get("max_tokens") or self.trainer.context_length
+        if not budget:
+            raise ValueError("estimator 'dr_grpo' needs a generation budget: set sampling.max_tokens")
+        return float(budget)
+
+    def _dpo_update(self, samples: list[Any]) -> dict[str, float]:
+        """One DPO step on (chosen, rejected) pairs, consecutive in ``samples``."""
+        from agentgrad.training.dpo import dpo_step
+        from agentgrad.training.policy import PolicyTrainer
+
+        if not isinstance(self.trainer, PolicyTrainer):
+            raise ValueError(f"estimator 'dpo' needs the local PolicyTrainer (it runs the start policy for DPO's "
+                             f"reference); {type(self.trainer).__name__} has no DPO step")
+        dpo = dpo_step(self.trainer, list(zip(samples[0::2], samples[1::2], strict=True)),
+                       beta=self.config.dpo_beta)
+        m = dpo.step
+        return {"loss": m.loss, "entropy": m.entropy, "kl": m.kl, "clip_fraction": 0.0, "grad_norm": m.grad_norm,
+                "updates": m.updates, "tokens": m.tokens, "tokens_per_second": m.tokens_per_second, "lr": m.lr,
+                "dpo/margin": dpo.margin, "dpo/accuracy": dpo.accuracy}
 
     # ---- 5. publish -------------------------------------------------------------------------------
     def publish(self) -> None:
@@ -441,9 +533,9 @@ class GRPO(Algorithm):
 
     def _export(self, name: str) -> Path:
         """The trainer's current model as a Hugging Face directory ``output_dir/name``."""
-        from agentgrad.training.export import export_model
+        from agentgrad.training.backend import export_policy
 
-        return export_model(self.trainer, self.output_dir / name)
+        return export_policy(self.trainer, self.output_dir / name)
 
     # ---- 7. log -----------------------------------------------------------------------------------
     def log(self, step: int, values: dict[str, float]) -> None:
@@ -511,6 +603,19 @@ def rollout_metrics(rollouts: Sequence[Rollout], seconds: float) -> dict[str, fl
         "rollouts_per_second": len(rollouts) / max(seconds, 1e-9),
         "rollout_seconds": seconds,
     }
+
+
+def signal_share(transitions: Sequence[Transition], kept: Sequence[Transition]) -> dict[str, float]:
+    """How much of a step carries a learning signal: the share of its response tokens in groups
+    whose rewards all agree (dropped: zero advantage), and the largest advantage magnitude among
+    those kept. When few groups disagree, the few tokens left decide the whole update (the
+    token-mean loss does not shrink with them), which is where a run starts to drift."""
+    def tokens(ts: Sequence[Transition]) -> int:
+        return sum(sum(t.response_mask or [1] * len(t.response_ids)) for t in ts)
+
+    total = tokens(transitions)
+    return {"grpo/zero_advantage_token_share": 1.0 - tokens(kept) / total if total else 0.0,
+            "grpo/advantage_abs_max": max((abs(t.advantage) for t in kept), default=0.0)}
 
 
 def step_timing(values: dict[str, float], step_seconds: float) -> dict[str, float]:

@@ -427,11 +427,11 @@ class SFT(Algorithm):
                            console=context.console)
 
     def run(self, context: AlgorithmContext) -> SFTResult:
-        from agentgrad.training import PolicyTrainer, Sample, fit_sequences
-        from agentgrad.training.export import export_model
+        from agentgrad.training import Sample, fit_sequences
+        from agentgrad.training.backend import export_policy, trainer_for
 
         publisher = self._publisher(context)
-        trainer = PolicyTrainer(self.model_dir, self.train_config)
+        trainer = trainer_for(context.policy, self.model_dir, self.train_config)
         result = SFTResult([], [], [], [])
         self._validating = bool(context.val_tasks) and self.output_dir is not None
         self.best = BestModel(self.output_dir, timeout=self.wait_timeout,
@@ -466,6 +466,6 @@ class SFT(Algorithm):
             result.validation = self.best.curve
             result.best_iteration, result.best_score = self.best.step, self.best.score
         if self.output_dir is not None:
-            result.model = export_model(trainer, self.output_dir / "model")
+            result.model = export_policy(trainer, self.output_dir / "model")
             context.console.log(f"SFT: final model {result.model}")
         return result

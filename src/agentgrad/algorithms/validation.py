@@ -71,9 +71,9 @@ class BestModel:
         return {"val/reward_mean": score, "val/seconds": time.monotonic() - started}
 
     def _keep(self, trainer: PolicyTrainer | Any, step: int, score: float, console: Any) -> None:
-        from agentgrad.training.export import export_model
+        from agentgrad.training.backend import export_policy
 
-        export_model(trainer, self.output_dir / "best")
+        export_policy(trainer, self.output_dir / "best")
         self.step, self.score = step, score
         (self.output_dir / "best.json").write_text(json.dumps({"step": step, "score": score}))
         console.print(f"  [cyan]new best ({score:.3f}) at step {step}: {self.output_dir / 'best'}[/]")

@@ -14,19 +14,31 @@ import sys
 from collections.abc import Sequence
 
 from agentgrad._version import __version__
-from agentgrad.cli import algorithms, dashboard, demo, models, proxy, rollouts, run, serve_model, store, train
+from agentgrad.cli import (
+    algorithms,
+    dashboard,
+    demo,
+    models,
+    proxy,
+    rollouts,
+    run,
+    scenarios,
+    serve_model,
+    store,
+    train,
+)
 from agentgrad.errors import AgentGradError
 
 #: The extra that installs each optional top-level module a command may import.
 EXTRA_OF_MODULE = {
     **dict.fromkeys(("fastapi", "uvicorn", "starlette", "httptools", "opentelemetry", "google", "jinja2"), "server"),
     **dict.fromkeys(("torch", "transformers", "tokenizers", "peft", "matplotlib", "openai"), "train"),
-    "psycopg": "postgres", "pyarrow": "export", "vllm": "vllm",
+    "psycopg": "postgres", "redis": "redis", "pyarrow": "export", "vllm": "vllm", "sqlglot": "scenarios",
     **dict.fromkeys(("tensorboardX", "tensorboard", "wandb", "mlflow"), "trackers"),
 }
 
 #: Command groups in the order ``agentgrad --help`` lists them.
-_GROUPS = (train, run, rollouts, store, serve_model, models, proxy, dashboard, algorithms, demo)
+_GROUPS = (train, run, rollouts, store, serve_model, models, proxy, dashboard, algorithms, demo, scenarios)
 
 
 def _cmd_version(args: argparse.Namespace) -> int:

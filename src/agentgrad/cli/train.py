@@ -65,6 +65,21 @@ def add_commands(commands: Any) -> None:
                        help="grpo: an AgentGrad model server started separately (`agentgrad serve-model DIR` of the "
                             "same --model, on this machine or a shared filesystem); new weights are published to it "
                             "over /v1/update_weights instead of an engine started here")
+    train.add_argument("--backend", choices=("local", "tinker"), default="local",
+                       help="where the weights train and rollouts sample: local (this process, default) or tinker "
+                            "(a Tinker-API server: SkyRL's Tinker server, VeRL-Tinker, hosted Tinker; "
+                            "pip install 'agentgrad[tinker]'; see docs/scale-out.md)")
+    train.add_argument("--tinker-url", default=None, metavar="URL", help="--backend tinker: the server's root URL")
+    train.add_argument("--tinker-base-model", default=None, metavar="NAME",
+                       help="--backend tinker: the model name the server serves (default: --model's absolute path)")
+    train.add_argument("--tinker-reduction", choices=("sequence_mean", "sum"), default="sequence_mean",
+                       help="--backend tinker: how the server reduces token losses (SkyRL: sequence_mean; hosted "
+                            "Tinker: sum); advantages are scaled so the loss is AgentGrad's either way")
+    train.add_argument("--proxy-host", default="127.0.0.1", metavar="HOST",
+                       help="where the capture proxy listens: 0.0.0.0 lets runner processes on other machines "
+                            "use it (`agentgrad runner --proxy http://THIS_HOST:PORT`; set $AGENTGRAD_PROXY_TOKEN)")
+    train.add_argument("--proxy-port", type=int, default=0, metavar="PORT",
+                       help="the capture proxy's port (default: a free one)")
     train.add_argument("--tracker", action="append", choices=_TRACKERS, default=None,
                        help="also log metrics to this experiment tracker "
                             "(repeatable; pip install 'agentgrad[trackers]'; grpo only)")
@@ -201,7 +216,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from agentgrad.algorithms.trackers import make_trackers
     from agentgrad.store import open_store
     from agentgrad.trainer import Trainer
-    from agentgrad.training.local import LocalPolicy
 
     console = Console()
     run = _prepare(args)
@@ -212,14 +226,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
     console.print(f"training [bold]{args.agent}[/] on {model_dir} · {len(tasks)} train / {len(val_tasks)} val tasks · "
                   f"output {out}")
     try:
-        if args.upstream:  # the engine runs elsewhere: new weights go to it over HTTP
+        if args.upstream and args.backend == "local":  # the engine runs elsewhere: new weights go to it over HTTP
             from agentgrad.training.publish import ModelServerPublisher
 
             grpo = GRPO(model_dir, config, trackers=trackers,
                         publisher=ModelServerPublisher(args.upstream, out / "published"))
             result = _fit_on_upstream(args, grpo, agent, tasks, val_tasks, store, console)
         else:
-            with LocalPolicy(model_dir, device=args.device).serving(store) as policy:
+            with _policy(args, model_dir).serving(store) as policy:
                 trainer = Trainer(store, algorithm=GRPO(model_dir, config, trackers=trackers), policy=policy,
                                   n_runners=args.runners, concurrency=args.concurrency,
                                   llm_resource=args.llm_resource, console=console)
@@ -248,6 +262,26 @@ def _cmd_train(args: argparse.Namespace) -> int:
         console.print("[red]error:[/] no step trained (see the messages above)")
         return 1
     return 0
+
+
+def _policy(args: argparse.Namespace, model_dir: Path) -> Any:
+    """The policy to serve and train: local (an engine in this process) or on a Tinker server."""
+    from agentgrad.errors import InvalidInputError
+    from agentgrad.training.local import LocalPolicy
+
+    if args.backend == "local":
+        if args.tinker_url or args.tinker_base_model:
+            raise InvalidInputError("--tinker-url and --tinker-base-model need --backend tinker")
+        return LocalPolicy(model_dir, device=args.device, proxy_host=args.proxy_host, proxy_port=args.proxy_port)
+    if args.upstream:
+        raise InvalidInputError("--backend tinker samples from the Tinker server: it takes no --upstream")
+    if not args.tinker_url:
+        raise InvalidInputError("--backend tinker needs --tinker-url (the Tinker server's root URL)")
+    from agentgrad.training.tinker import TinkerPolicy, TinkerSettings
+
+    return TinkerPolicy(model_dir, TinkerSettings(args.tinker_url, base_model=args.tinker_base_model,
+                                                  reduction=args.tinker_reduction),
+                        proxy_host=args.proxy_host, proxy_port=args.proxy_port)
 
 
 def _fit_on_upstream(args: argparse.Namespace, grpo: Any, agent: Any, tasks: list[Any], val_tasks: list[Any],
@@ -282,7 +316,6 @@ def _train_sft(args: argparse.Namespace) -> int:
     from agentgrad.algorithms.sft import SFT
     from agentgrad.store import open_store
     from agentgrad.trainer import Trainer
-    from agentgrad.training.local import LocalPolicy
 
     console = Console()
     run = _prepare(args)
@@ -292,7 +325,7 @@ def _train_sft(args: argparse.Namespace) -> int:
     console.print(f"SFT of [bold]{args.agent}[/] on {model_dir} · {len(tasks)} tasks × {config.samples_per_task} "
                   f"samples · {len(val_tasks)} val tasks · output {out}")
     try:
-        with LocalPolicy(model_dir, device=args.device).serving(store) as policy:
+        with _policy(args, model_dir).serving(store) as policy:
             trainer = Trainer(store, algorithm=SFT.from_config(model_dir, config), policy=policy,
                               n_runners=args.runners, concurrency=args.concurrency, llm_resource=args.llm_resource,
                               console=console)

@@ -114,7 +114,7 @@ def setup_logging(level: int | str = "INFO", *, console: bool = True, color: boo
     without touching the root logger. AgentGrad's own ``agentgrad`` loggers are left as they are
     (``agentgrad -v``, or ``logging.getLogger("agentgrad")``)."""
     if disable_existing_loggers:
-        logging.config.dictConfig({"version": 1, "disable_existing_loggers": True})  # type: ignore[attr-defined]
+        logging.config.dictConfig({"version": 1, "disable_existing_loggers": True})
     handlers: list[logging.Handler] = list(extra_handlers or [])
     if console:
         if color:

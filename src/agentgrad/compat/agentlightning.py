@@ -239,7 +239,7 @@ class FunctionalLitAgent(LitAgent[T]):
         return self.func(task, **kwargs)
 
     rollout = _call
-    rollout_async = _call  # type: ignore[assignment]
+    rollout_async = _call
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Still callable as the plain function."""

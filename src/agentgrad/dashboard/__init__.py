@@ -1,4 +1,5 @@
-"""The web dashboard: rollouts, spans and LLM calls, training curves, resources and runners.
+"""The web dashboard: runs compared, rollouts and groups, spans and LLM calls (credit, replay),
+APO prompts, resources and runners.
 
 ``create_router(store, token)`` gives a FastAPI router that the store service mounts; the
 ``agentgrad dashboard`` command serves it alone for a local store file. FastAPI and Jinja2 are

@@ -15,8 +15,12 @@ from typing import Any
 
 from agentgrad import semconv
 from agentgrad.adapters.calls import LLMCall, extract_calls
+from agentgrad.adapters.timeline import done_at
+from agentgrad.dashboard.frameworks import FrameworkIO, framework_io
+from agentgrad.dashboard.tokens import TokenDecoder, surprisal_level
 from agentgrad.rewards import reward_number
-from agentgrad.types import LLM, Attempt, JsonResource, MetricRecord, PromptTemplate, Resource, Rollout, Span
+from agentgrad.store.protocol import Store
+from agentgrad.types import LLM, Attempt, JsonResource, PromptTemplate, Resource, Rollout, Span
 
 # ---- formatting -----------------------------------------------------------------------------
 
@@ -80,6 +84,19 @@ def lacks_llm_calls(rollout: Rollout) -> bool:
     """A finished rollout with no captured LLM call: no training data, which must be loud
     (docs/architecture.md, "Rules of the road")."""
     return rollout.status.is_terminal and rollout.llm_calls == 0
+
+
+@dataclass
+class RolloutRow:
+    """A row of the rollouts table: the rollout and what is read off it for its columns."""
+
+    rollout: Rollout
+    duration: float | None
+    no_llm: bool
+    task: str
+    run: str | None
+    step: int | None
+    agents: list[str]
 
 
 # ---- time bars ------------------------------------------------------------------------------
@@ -154,6 +171,8 @@ class SpanRow:
     width: float
     #: Anchor of the LLM call's detail card, for LLM-call spans.
     llm_anchor: str | None = None
+    #: Inputs and outputs of a span another framework wrote (OpenInference, GenAI).
+    io: FrameworkIO | None = None
 
 
 def _label(span: Span) -> str:
@@ -201,13 +220,18 @@ def span_rows(spans: list[Span], now: float) -> list[SpanRow]:
         seen.add(span.span_id)
         offset, width = window.place(span.start_time, span.end_time, now)
         kind = _KINDS.get(span.name, "other")
+        io = framework_io(span.attributes) if kind == "other" else None
+        label = _label(span)
+        if io is not None:
+            kind = "framework"
+            label = " · ".join(part for part in (io.kind, io.name, io.summary) if part)
         anchor = None
         if kind == "llm":
             llm_index += 1
             anchor = f"llm-call-{llm_index}"
         # Clocks of different writers may disagree by a hair; a duration is never negative.
         duration = max(0.0, span.end_time - span.start_time) if span.end_time is not None else None
-        rows.append(SpanRow(span, depth, kind, _label(span), duration, offset, width, anchor))
+        rows.append(SpanRow(span, depth, kind, label, duration, offset, width, anchor, io))
         for child in children.get(span.span_id, []):
             visit(child, depth + 1)
 
@@ -237,7 +261,7 @@ class ChatMessage:
 
 @dataclass
 class Token:
-    """One completion token, colored by its probability (``bucket`` 0–9 = p in tenths)."""
+    """One completion token, coloured by its surprisal (``level`` 0–9, see :mod:`.tokens`)."""
 
     text: str
     token_id: int | None
@@ -248,9 +272,8 @@ class Token:
         return None if self.logprob is None else math.exp(self.logprob)
 
     @property
-    def bucket(self) -> int | None:
-        p = self.probability
-        return None if p is None else min(9, int(p * 10))
+    def level(self) -> int | None:
+        return None if self.logprob is None else surprisal_level(self.logprob)
 
 
 @dataclass
@@ -326,7 +349,7 @@ def _tool_calls(raw: Any) -> list[ToolCall]:
     for call in raw if isinstance(raw, list) else []:
         if not isinstance(call, dict):
             continue
-        function = call.get("function") if isinstance(call.get("function"), dict) else call
+        function: dict[str, Any] = call["function"] if isinstance(call.get("function"), dict) else call
         arguments = function.get("arguments", "")
         calls.append(ToolCall(str(function.get("name", "?")),
                               arguments if isinstance(arguments, str) else pretty_json(arguments), call.get("id")))
@@ -347,7 +370,7 @@ def _request_messages(request: Any) -> tuple[list[ChatMessage], list[str]]:
     tools = []
     for tool in request.get("tools") or []:
         if isinstance(tool, dict):
-            function = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+            function: dict[str, Any] = tool["function"] if isinstance(tool.get("function"), dict) else tool
             tools.append(str(function.get("name", "?")))
     if isinstance(request.get("messages"), list):  # chat completions
         return [_message(m) for m in request["messages"]], tools
@@ -393,10 +416,13 @@ def _response_messages(response: Any) -> tuple[list[ChatMessage], str | None, li
 _finite = reward_number
 
 
-def _tokens(ids: list[int] | None, logprobs: list[float] | None, entries: list[Any]) -> list[Token]:
-    """Completion tokens: ids and logprobs from the span; token text from the response when it has it."""
+def _tokens(ids: list[int] | None, logprobs: list[float] | None, entries: list[Any],
+            decoded: list[str] | None = None) -> list[Token]:
+    """Completion tokens: ids and logprobs from the span; token text from the model's tokenizer
+    (``decoded``), else from the response when it has it, else the id."""
     lps = [_finite(v) for v in logprobs] if logprobs is not None else []  # NaN: the upstream gave none
-    texts = [e.get("token") if isinstance(e, dict) else None for e in entries]
+    texts: list[Any] = decoded if decoded is not None else [e.get("token") if isinstance(e, dict) else None
+                                                           for e in entries]
     count = len(ids) if ids is not None else len(texts)
     tokens = []
     for i in range(count):
@@ -415,8 +441,9 @@ def _shown(parsed: dict[str, Any], raw: Any) -> Any:
     return parsed if parsed else _maybe_json(raw)
 
 
-def llm_calls(rows: list[SpanRow]) -> list[CallView]:
-    """Every LLM-call span of the tree, in tree order, with its conversation and tokens."""
+def llm_calls(rows: list[SpanRow], decoder: TokenDecoder | None = None) -> list[CallView]:
+    """Every LLM-call span of the tree, in tree order, with its conversation and tokens (their
+    text from ``decoder`` when it knows the model)."""
     read = {call.span_id: call for call in extract_calls([row.span for row in rows])}
     views = []
     for row in rows:
@@ -425,7 +452,8 @@ def llm_calls(rows: list[SpanRow]) -> list[CallView]:
         call, attrs = read[row.span.span_id], row.span.attributes
         messages, tools = _request_messages(_shown(call.request, attrs.get(semconv.LLM_REQUEST)))
         response, finish, entries = _response_messages(_shown(call.response, attrs.get(semconv.LLM_RESPONSE)))
-        tokens = _tokens(call.completion_ids, call.logprobs, entries)
+        decoded = decoder.decode(call.model, call.completion_ids) if decoder and call.completion_ids else None
+        tokens = _tokens(call.completion_ids, call.logprobs, entries, decoded)
         known = [t.logprob for t in tokens if t.logprob is not None]
         views.append(CallView(
             anchor=row.llm_anchor,
@@ -466,66 +494,6 @@ def reward_rows(spans: list[Span]) -> list[RewardRow]:
         rows.append(RewardRow(span, reward_number(attrs.get(semconv.REWARD_VALUE)),
                               str(primary) if primary else None, dims))
     return rows
-
-
-# ---- training curves ------------------------------------------------------------------------
-
-#: Metric names containing these come first, in this order; the rest follow alphabetically.
-_METRIC_ORDER = ("reward", "success", "loss", "kl", "throughput", "tokens_per")
-
-
-@dataclass
-class Chart:
-    """One metric's curve as SVG coordinates in a ``width`` × ``height`` viewBox."""
-
-    name: str
-    points: str
-    last_x: float
-    last_y: float
-    first_step: int
-    last_step: int
-    low: float
-    high: float
-    last: float
-    count: int
-    width: int = 480
-    height: int = 150
-
-
-def _metric_key(name: str) -> tuple[int, str]:
-    lowered = name.lower()
-    rank = next((i for i, word in enumerate(_METRIC_ORDER) if word in lowered), len(_METRIC_ORDER))
-    return rank, lowered
-
-
-def _chart(name: str, pairs: list[tuple[int, float]], width: int, height: int, pad: int) -> Chart:
-    steps = [s for s, _ in pairs]
-    values = [v for _, v in pairs]
-    low, high = min(values), max(values)
-    x_span = (steps[-1] - steps[0]) or 1
-
-    def x(step: int) -> float:
-        return round(pad + (step - steps[0]) / x_span * (width - 2 * pad), 2)
-
-    def y(value: float) -> float:
-        if high == low:  # a flat line sits in the middle
-            return height / 2
-        return round(height - pad - (value - low) / (high - low) * (height - 2 * pad), 2)
-
-    points = " ".join(f"{x(s)},{y(v)}" for s, v in pairs)
-    return Chart(name, points, x(steps[-1]), y(values[-1]), steps[0], steps[-1], low, high, values[-1], len(pairs),
-                 width, height)
-
-
-def charts(records: list[MetricRecord], width: int = 480, height: int = 150, pad: int = 8) -> list[Chart]:
-    """One chart per metric name over ``records`` (MetricRecords of one run), steps on x."""
-    series: dict[str, list[tuple[int, float]]] = {}
-    for record in records:
-        for name, value in record.values.items():
-            number = _finite(value)
-            if number is not None:
-                series.setdefault(name, []).append((record.step, number))
-    return [_chart(name, sorted(series[name]), width, height, pad) for name in sorted(series, key=_metric_key)]
 
 
 # ---- resources ------------------------------------------------------------------------------
@@ -575,3 +543,54 @@ def diff_items(old: dict[str, Resource], new: dict[str, Resource]) -> list[ItemD
         diffs.append(ItemDiff(name, state, lines))
     order = {"changed": 0, "added": 1, "removed": 2, "same": 3}
     return sorted(diffs, key=lambda d: order[d.state])
+
+
+# ---- replay ---------------------------------------------------------------------------------
+
+
+@dataclass
+class ReplaySteps:
+    """An attempt's LLM calls in the order they started (what replay steps through), and its
+    reward spans; ``truncated`` when it had more calls than were read."""
+
+    calls: list[LLMCall]
+    spans: dict[str, Span]
+    rewards: list[Span]
+    truncated: bool
+
+
+def replay_steps(store: Store, rollout_id: str, attempt_id: str, most: int) -> ReplaySteps:
+    """Read an attempt's LLM-call and reward spans only (by name), at most ``most`` of each, so a
+    rollout with a huge span tree replays as fast as a small one."""
+    llm = store.query_spans(rollout_id, attempt_id, name=semconv.SPAN_LLM_CALL, limit=most + 1)
+    rewards = store.query_spans(rollout_id, attempt_id, name=semconv.SPAN_REWARD, limit=most)
+    truncated = len(llm) > most
+    del llm[most:]
+    return ReplaySteps(extract_calls(llm), {s.span_id: s for s in llm}, rewards, truncated)
+
+
+@dataclass
+class ReplayStep:
+    """Call ``number`` (from 1) of a replay: the call, the request messages that are new since
+    the previous call (``seen`` earlier ones are folded away), and the rewards emitted between
+    its end and the next call's end (before the first call's end, for the first call)."""
+
+    number: int
+    call: CallView
+    seen: int
+    new_messages: list[ChatMessage]
+    rewards: list[RewardRow]
+
+
+def replay_step(steps: ReplaySteps, number: int, decoder: TokenDecoder | None, now: float) -> ReplayStep:
+    calls = steps.calls
+    call = calls[number - 1]
+    view = llm_calls(span_rows([steps.spans[call.span_id]], now), decoder)[0]
+    previous = calls[number - 2] if number > 1 else None
+    seen = 0
+    if previous is not None and call.request_messages[: len(previous.request_messages)] == previous.request_messages:
+        seen = min(len(view.messages), len(previous.request_messages) + 1)  # + the previous answer
+    low = call.end_time if number > 1 else -math.inf
+    high = calls[number].end_time if number < len(calls) else math.inf
+    rewards = reward_rows(sorted((s for s in steps.rewards if low <= done_at(s) < high), key=done_at))
+    return ReplayStep(number, view, seen, view.messages[seen:], rewards)

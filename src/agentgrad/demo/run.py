@@ -16,12 +16,20 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-#: Settings measured on 2 CPU cores (see examples/calc/README.md).
+if TYPE_CHECKING:
+    from agentgrad.store.protocol import Store
+    from agentgrad.types import Rollout
+
+#: Settings measured on 2 CPU cores (see examples/calc/README.md). The learning rate is 2e-4, not
+#: the tiny model's ``default_lr`` 5e-4: at 5e-4 the first five steps teach the words questions to
+#: call the tool but also teach "Calculate a + b" → ``a * b``, a mistake entropy collapse then makes
+#: permanent (docs/training.md, "Stability"); the other stability settings measured no better and stay off.
 DEMO_SETTINGS: dict[str, Any] = {
-    "batch_size": 16, "group_size": 8, "lr": 5e-4, "temperature": 1.0, "mini_batches": 1, "epochs": 1,
-    "val_size": 128, "val_every": 5,
+    "batch_size": 16, "group_size": 8, "lr": 2e-4, "temperature": 1.0, "mini_batches": 1, "epochs": 1,
+    "val_size": 128, "val_every": 5, "kl_coef": 0.0, "lr_decay": "none", "lr_final": 0.0, "agreeing_groups": "drop",
+    "seed": 0,
 }
 
 
@@ -47,6 +55,25 @@ def plot_rewards(history: list[dict[str, float]], validation: list[tuple[int, fl
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def validation_by_kind(store: Store, steps: list[int]) -> dict[int, dict[str, float]]:
+    """Greedy held-out success at each validation, per question kind (``words``: "37 times 12",
+    ``symbols``: "37 * 12"), read back from the store's validation rollouts: the warm-up left the
+    two kinds far apart, and a run that regresses usually regresses on one of them."""
+    from agentgrad.demo.calc import in_words
+    from agentgrad.store.protocol import RolloutFilter
+
+    runs: dict[str, list[Rollout]] = {}  # one validation per resources id, in the order they ran
+    for rollout in store.query_rollouts(RolloutFilter(mode="val")):
+        runs.setdefault(rollout.resources_id or "", []).append(rollout)
+    out: dict[int, dict[str, float]] = {}
+    for step, rollouts in zip(steps, runs.values(), strict=False):
+        kinds: dict[str, list[float]] = {"words": [], "symbols": []}
+        for r in rollouts:
+            kinds["words" if in_words(r.input["question"]) else "symbols"].append(float((r.reward or 0.0) > 0))
+        out[step] = {kind: round(sum(v) / len(v), 3) for kind, v in kinds.items() if v}
+    return out
 
 
 def run_demo(*, steps: int = 30, minutes: float = 8.0, output_dir: str | Path = "runs/demo", n_runners: int = 2,
@@ -84,8 +111,10 @@ def run_demo(*, steps: int = 30, minutes: float = 8.0, output_dir: str | Path = 
             steps=steps, max_seconds=minutes * 60, batch_size=opts["batch_size"],
             group_size=opts["group_size"], mini_batches=opts["mini_batches"], epochs=opts["epochs"],
             sampling={"temperature": opts["temperature"]},
-            train=TrainConfig(lr=opts["lr"], betas=(0.9, 0.99), grad_clip=1.0),
+            train=TrainConfig(lr=opts["lr"], betas=(0.9, 0.99), grad_clip=1.0, kl_coef=opts["kl_coef"],
+                              lr_decay=opts["lr_decay"], lr_final=opts["lr_final"], seed=opts["seed"]),
             val_every=opts["val_every"], output_dir=out, run_id="demo", checkpoint_every=10, resume=resume,
+            agreeing_groups=opts["agreeing_groups"], seed=opts["seed"],
             rollout_timeout_seconds=120, max_attempts=1,
         ))
         with LocalPolicy(model_dir, served_model_name="tiny-calc").serving(store) as policy:
@@ -97,13 +126,16 @@ def run_demo(*, steps: int = 30, minutes: float = 8.0, output_dir: str | Path = 
             result = trainer.fit(calc_agent, generate_problems(4000, 0, "train"),
                                  generate_problems(opts["val_size"], 0, "val"))
             wall = time.monotonic() - started
+        by_kind = validation_by_kind(store, [step for step, _ in result.validation])
     finally:
         store.close()
     before = result.validation[0][1] if result.validation and result.validation[0][0] == 0 else None
     after = result.validation[-1][1] if result.validation else None
     plot = plot_rewards(result.history, result.validation, out / "reward_curve.png")
     summary = {"steps": result.steps, "wall_seconds": round(wall, 1), "greedy_success_before": before,
-               "greedy_success_after": after, "validation": result.validation, "settings": opts,
+               "greedy_success_after": after, "validation": result.validation,
+               "validation_by_kind": by_kind, "best_step": result.best_step, "best_score": result.best_score,
+               "settings": opts,
                "reward_curve": str(plot), "store": str(out / "store.sqlite")}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     console.rule("[bold]agentgrad demo")

@@ -1,51 +1,7 @@
-"""The Qwen2.5-style chat template (with tools) of the embedded tiny model.
+"""The chat template of the embedded tiny model: the ChatML tool-calling template every ChatML
+model AgentGrad serves shares (its home is ``models/chatml.py``), with Qwen2.5's default system
+prompt."""
 
-It renders exactly like Qwen2.5's own template, so code tested against the tiny model behaves the
-same with a real Qwen2.5 checkpoint: tools in the system turn, ``<tool_call>{json}</tool_call>``
-in assistant turns, tool results as ``<tool_response>`` inside a user turn. One deliberate
-difference: a tool call whose ``arguments`` is a string is rendered verbatim (Qwen's template would
-JSON-quote it), so a model's malformed arguments round-trip unchanged.
-"""
+from agentgrad.models.chatml import CHAT_TEMPLATE, DEFAULT_SYSTEM
 
-DEFAULT_SYSTEM = "You are a helpful assistant."
-
-CHAT_TEMPLATE = (
-    "{%- if tools %}"
-    "{{- '<|im_start|>system\\n' }}"
-    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}"
-    "{%- else %}{{- '" + DEFAULT_SYSTEM + "' }}{%- endif %}"
-    "{{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>\" }}"
-    "{%- for tool in tools %}{{- \"\\n\" }}{{- tool | tojson }}{%- endfor %}"
-    "{{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and "
-    "arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": "
-    "<function-name>, \\\"arguments\\\": <args-json-object>}\\n</tool_call><|im_end|>\\n\" }}"
-    "{%- else %}"
-    "{%- if messages[0]['role'] == 'system' %}"
-    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
-    "{%- else %}{{- '<|im_start|>system\\n" + DEFAULT_SYSTEM + "<|im_end|>\\n' }}{%- endif %}"
-    "{%- endif %}"
-    "{%- for message in messages %}"
-    "{%- if (message.role == 'user') or (message.role == 'system' and not loop.first) "
-    "or (message.role == 'assistant' and not message.tool_calls) %}"
-    "{{- '<|im_start|>' + message.role + '\\n' + (message.content or '') + '<|im_end|>' + '\\n' }}"
-    "{%- elif message.role == 'assistant' %}"
-    "{{- '<|im_start|>' + message.role }}"
-    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
-    "{%- for tool_call in message.tool_calls %}"
-    "{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}"
-    "{{- '\\n<tool_call>\\n{\"name\": \"' }}{{- tool_call.name }}{{- '\", \"arguments\": ' }}"
-    "{%- if tool_call.arguments is string %}{{- tool_call.arguments }}"
-    "{%- else %}{{- tool_call.arguments | tojson }}{%- endif %}"
-    "{{- '}\\n</tool_call>' }}"
-    "{%- endfor %}"
-    "{{- '<|im_end|>\\n' }}"
-    "{%- elif message.role == 'tool' %}"
-    "{%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != 'tool') %}"
-    "{{- '<|im_start|>user' }}{%- endif %}"
-    "{{- '\\n<tool_response>\\n' }}{{- message.content }}{{- '\\n</tool_response>' }}"
-    "{%- if loop.last or (messages[loop.index0 + 1].role != 'tool') %}{{- '<|im_end|>\\n' }}{%- endif %}"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
+__all__ = ["CHAT_TEMPLATE", "DEFAULT_SYSTEM"]

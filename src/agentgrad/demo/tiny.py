@@ -22,20 +22,17 @@ Requires transformers >= 4.51 (tested with 5.x, whose tokenizer class is ``Token
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import random
 import shutil
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from agentgrad.demo import calc
 from agentgrad.demo.template import CHAT_TEMPLATE
 from agentgrad.demo.threads import AdaptiveThreads
+from agentgrad.models.cache import install_lock, models_cache_dir, staged_dir
 
 TINY_NAME = "tiny-calc"
 VOCAB_SIZE = 640
@@ -81,16 +78,14 @@ MAX_EXTRA_TOOL_STEPS = 800
 DIRECT_ANSWER_RATE = {"words": 0.75, "symbols": 0.25}
 
 
+#: The tiny model's architecture: Qwen2 (the default), or its Qwen3 twin for engines without Qwen2.
+Architecture = Literal["qwen2", "qwen3"]
+
+
 def default_model_dir() -> Path:
     """Where the default tiny model lives: ``$AGENTGRAD_CACHE_DIR/models/tiny-calc``, else
     ``$XDG_CACHE_HOME/agentgrad/models/tiny-calc``, else ``~/.cache/agentgrad/models/tiny-calc``."""
-    root = os.environ.get("AGENTGRAD_CACHE_DIR")
-    if root:
-        base = Path(root).expanduser()
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME")
-        base = (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "agentgrad"
-    return base / "models" / TINY_NAME
+    return models_cache_dir() / TINY_NAME
 
 
 #: The build the package ships (installed by :func:`ensure_tiny_model` instead of building).
@@ -107,7 +102,7 @@ def ensure_tiny_model(threads: int | None = None) -> Path:
     a lock file beside the model, so one builds and the others wait for it and reuse its result.
     """
     path = default_model_dir()
-    with _build_lock(path.with_name(f".{path.name}.lock")):
+    with install_lock(path.with_name(f".{path.name}.lock"), "building the tiny model"):
         if not _is_current(path):
             if _is_current(SHIPPED_MODEL_DIR):
                 _install_shipped(path)
@@ -118,16 +113,9 @@ def ensure_tiny_model(threads: int | None = None) -> Path:
 
 def _install_shipped(path: Path) -> None:
     """Copy the shipped build to ``path`` whole or not at all (a copy beside it, then renamed)."""
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
+    with staged_dir(path, label="install") as staging:
         for item in SHIPPED_MODEL_DIR.iterdir():
             shutil.copy2(item, staging / item.name)
-        if path.exists():
-            shutil.rmtree(path)
-        staging.rename(path)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     build = json.loads((path / "agentgrad_build.json").read_text())
     print(f"installed the shipped tiny model (recipe format {build['format']}; val greedy success "
           f"{build['val_greedy_success']:.2f}, tool use {build['val_greedy_tool_use']:.2f}) in {path}", flush=True)
@@ -138,24 +126,6 @@ def _is_current(path: Path) -> bool:
         return json.loads((path / "agentgrad_build.json").read_text()).get("format") == BUILD_FORMAT
     except (OSError, ValueError):
         return False
-
-
-@contextlib.contextmanager
-def _build_lock(lock_path: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``lock_path``, saying so when another process holds it."""
-    import fcntl
-
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"waiting for another process building the tiny model (lock {lock_path})", flush=True)
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _corpus(n: int, seed: int) -> list[str]:
@@ -235,25 +205,32 @@ def build_tokenizer(output_dir: str | Path, *, seed: int = 0) -> Any:
     return tokenizer
 
 
-def _write_model(output_dir: Path, tokenizer: Any, seed: int) -> Any:
-    """Create the random-initialised Qwen2 model matching ``tokenizer`` and save it."""
+def _write_model(output_dir: Path, tokenizer: Any, seed: int, architecture: Architecture = "qwen2") -> Any:
+    """Create the random-initialised model matching ``tokenizer`` and save it: a Qwen2, or its
+    Qwen3 twin (same sizes; for engines that have no Qwen2, such as SkyRL's JAX backend)."""
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    config = Qwen2Config(
+    config_class, model_class, extra = {
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
+        # Qwen3's head size is its own setting (default 128): the twin keeps Qwen2's hidden / heads
+        "qwen3": (Qwen3Config, Qwen3ForCausalLM,
+                  {"head_dim": MODEL_CONFIG["hidden_size"] // MODEL_CONFIG["num_attention_heads"]}),
+    }[architecture]
+    config = config_class(
         vocab_size=len(tokenizer), bos_token_id=None, eos_token_id=im_end, pad_token_id=pad,
-        **MODEL_CONFIG,
+        **MODEL_CONFIG, **extra,
     )
-    model = Qwen2ForCausalLM(config)
+    model = model_class(config)
     model.generation_config = GenerationConfig(eos_token_id=[im_end, pad], pad_token_id=pad)
     model.save_pretrained(str(output_dir))
     return model
 
 
-def random_tiny_model(output_dir: str | Path, *, seed: int = 0) -> Path:
+def random_tiny_model(output_dir: str | Path, *, seed: int = 0, architecture: Architecture = "qwen2") -> Path:
     """A random-initialised copy of the tiny model (same tokenizer and config), in < 1 s.
 
     For tests: everything loads and serves like the real one; the outputs are just noise.
@@ -261,7 +238,7 @@ def random_tiny_model(output_dir: str | Path, *, seed: int = 0) -> Path:
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(out, seed=seed)
-    _write_model(out, tokenizer, seed)
+    _write_model(out, tokenizer, seed, architecture)
     return out
 
 
@@ -390,6 +367,7 @@ def build_tiny_model(
     eval_every: int = 250,
     habit_steps: int = DEFAULT_HABIT_STEPS,
     threads: int | None = None,
+    architecture: Architecture = "qwen2",
 ) -> Path:
     """Build the tiny model with its SFT warm-up into ``output_dir`` (default: the cache dir).
 
@@ -402,8 +380,9 @@ def build_tiny_model(
     (also written to ``agentgrad_build.json``). Seeds are fixed, so a build is reproducible on a
     given machine with the same library versions (the thread count does not matter).
     ``threads``: torch threads; None follows the machine's load (``models/threads.py``), which
-    lets a build share a small machine with other work. Written atomically: a half-built model
-    never sits in the cache.
+    lets a build share a small machine with other work. ``architecture="qwen3"`` builds the same
+    recipe into the Qwen3 twin (SkyRL's Tinker server has no Qwen2: ``make test-scale``). Written
+    atomically: a half-built model never sits in the cache.
     """
     import math
 
@@ -419,89 +398,84 @@ def build_tiny_model(
         torch.set_num_threads(threads)
     else:
         adaptive.decide()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-build-", dir=out.parent))
     try:
-        tokenizer = build_tokenizer(tmp, seed=seed)
-        model = _write_model(tmp, tokenizer, seed)
-        pad = tokenizer.pad_token_id
-        train = calc.generate_problems(20_000, seed, "train")
-        val = calc.generate_problems(128, seed, "val")
-        rng = random.Random(seed)
-        # Every conversation starts with the same system + tools turn: run it once per step and
-        # share its KV cache across the batch (≈ 3× faster than padding full sequences).
-        prefix = tokenizer.encode(_render([{"role": "system", "content": calc.SYSTEM_PROMPT}], tools=True),
-                                  add_special_tokens=False)
-        answers_directly = [rng.random() < DIRECT_ANSWER_RATE["words" if calc.in_words(p["question"]) else "symbols"]
-                            for p in train]
-        with_tool = _suffixes(tokenizer, train, prefix, [False] * len(train))
-        direct = iter(_suffixes(tokenizer, [p for p, d in zip(train, answers_directly) if d], prefix,
-                                [True] * sum(answers_directly)))
-        mixed = [next(direct) if d else tool_sample for d, tool_sample in zip(answers_directly, with_tool)]
-        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01, betas=(0.9, 0.98))
-        warmup, tool_steps = 50, max(0, warmup_steps - habit_steps)
-        decay_from: int | None = None  # the step the habit phase starts at, once it is decided
+        with staged_dir(out, label="build") as tmp:
+            tokenizer = build_tokenizer(tmp, seed=seed)
+            model = _write_model(tmp, tokenizer, seed, architecture)
+            pad = tokenizer.pad_token_id
+            train = calc.generate_problems(20_000, seed, "train")
+            val = calc.generate_problems(128, seed, "val")
+            rng = random.Random(seed)
+            # Every conversation starts with the same system + tools turn: run it once per step and
+            # share its KV cache across the batch (≈ 3× faster than padding full sequences).
+            prefix = tokenizer.encode(_render([{"role": "system", "content": calc.SYSTEM_PROMPT}], tools=True),
+                                      add_special_tokens=False)
+            answers_directly = [
+                rng.random() < DIRECT_ANSWER_RATE["words" if calc.in_words(p["question"]) else "symbols"]
+                for p in train]
+            with_tool = _suffixes(tokenizer, train, prefix, [False] * len(train))
+            direct = iter(_suffixes(tokenizer, [p for p, d in zip(train, answers_directly) if d], prefix,
+                                    [True] * sum(answers_directly)))
+            mixed = [next(direct) if d else tool_sample for d, tool_sample in zip(answers_directly, with_tool)]
+            optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01, betas=(0.9, 0.98))
+            warmup, tool_steps = 50, max(0, warmup_steps - habit_steps)
+            decay_from: int | None = None  # the step the habit phase starts at, once it is decided
 
-        def lr_factor(s: int) -> float:
-            progress = 0.0 if decay_from is None else min(1.0, max(0, s - decay_from) / max(1, habit_steps))
-            return min(1.0, (s + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+            def lr_factor(s: int) -> float:
+                progress = 0.0 if decay_from is None else min(1.0, max(0, s - decay_from) / max(1, habit_steps))
+                return min(1.0, (s + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
 
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
-        step = 0
-        report: dict[str, float] = {}
-        order: list[int] = []
-        prefix_ids = torch.tensor([prefix])
-        while decay_from is None or step < decay_from + habit_steps:
-            step += 1
-            if decay_from is None and step > tool_steps:
-                decay_from = _habit_start(model, tokenizer, val, step - 1, tool_steps, progress,
-                                          report if (step - 1) % eval_every == 0 else None)
-            model.train()
-            suffixes = with_tool if decay_from is None else mixed
-            if len(order) < batch_size:
-                order = list(range(len(suffixes)))
-                rng.shuffle(order)
-            batch = [suffixes[order.pop()] for _ in range(batch_size)]
-            width = max(len(ids) for ids, _ in batch)
-            input_ids = torch.full((batch_size, width), pad)
-            labels = torch.full((batch_size, width), -100)
-            attention = torch.zeros((batch_size, len(prefix) + width), dtype=torch.long)
-            attention[:, :len(prefix)] = 1
-            for row, (ids, mask) in enumerate(batch):
-                input_ids[row, :len(ids)] = torch.tensor(ids)
-                attention[row, len(prefix):len(prefix) + len(ids)] = 1
-                labels[row, :len(ids)] = torch.tensor([t if m else -100 for t, m in zip(ids, mask)])
-            cache = model(input_ids=prefix_ids, use_cache=True).past_key_values
-            cache.batch_repeat_interleave(batch_size)
-            loss = model(input_ids=input_ids, attention_mask=attention, past_key_values=cache, labels=labels).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad(set_to_none=True)
-            if step % eval_every == 0 or (decay_from is not None and step == decay_from + habit_steps):
-                report = evaluate_greedy(model, tokenizer, val)
-                if progress:
-                    print(f"step {step:4d}  loss {loss.item():.3f}  val greedy: success {report['success']:.2f}, "
-                          f"tool use {report['tool_use']:.2f}, success with the tool {report['tool_success']:.2f}  "
-                          f"({time.monotonic() - started:.0f}s)", flush=True)
-            elif progress and step % 50 == 0:
-                print(f"step {step:4d}  loss {loss.item():.3f}  ({time.monotonic() - started:.0f}s)", flush=True)
-            if adaptive is not None and step % ADAPT_THREADS_EVERY == 0:
-                adaptive.decide()
-        model.save_pretrained(str(tmp))
-        tokenizer.save_pretrained(str(tmp))
-        (tmp / "agentgrad_build.json").write_text(json.dumps({
-            "name": TINY_NAME, "format": BUILD_FORMAT, "seed": seed, "steps": step,
-            "tool_steps": decay_from, "habit_steps": habit_steps, "direct_answer_rate": DIRECT_ANSWER_RATE,
-            **{f"val_greedy_{k}": v for k, v in report.items()},
-            "build_seconds": round(time.monotonic() - started, 1),
-        }, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        shutil.move(str(tmp), str(out))
+            schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+            step = 0
+            report: dict[str, float] = {}
+            order: list[int] = []
+            prefix_ids = torch.tensor([prefix])
+            while decay_from is None or step < decay_from + habit_steps:
+                step += 1
+                if decay_from is None and step > tool_steps:
+                    decay_from = _habit_start(model, tokenizer, val, step - 1, tool_steps, progress,
+                                              report if (step - 1) % eval_every == 0 else None)
+                model.train()
+                suffixes = with_tool if decay_from is None else mixed
+                if len(order) < batch_size:
+                    order = list(range(len(suffixes)))
+                    rng.shuffle(order)
+                batch = [suffixes[order.pop()] for _ in range(batch_size)]
+                width = max(len(ids) for ids, _ in batch)
+                input_ids = torch.full((batch_size, width), pad)
+                labels = torch.full((batch_size, width), -100)
+                attention = torch.zeros((batch_size, len(prefix) + width), dtype=torch.long)
+                attention[:, :len(prefix)] = 1
+                for row, (ids, mask) in enumerate(batch):
+                    input_ids[row, :len(ids)] = torch.tensor(ids)
+                    attention[row, len(prefix):len(prefix) + len(ids)] = 1
+                    labels[row, :len(ids)] = torch.tensor([t if m else -100 for t, m in zip(ids, mask)])
+                cache = model(input_ids=prefix_ids, use_cache=True).past_key_values
+                cache.batch_repeat_interleave(batch_size)
+                loss = model(input_ids=input_ids, attention_mask=attention, past_key_values=cache, labels=labels).loss
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                schedule.step()
+                optimizer.zero_grad(set_to_none=True)
+                if step % eval_every == 0 or (decay_from is not None and step == decay_from + habit_steps):
+                    report = evaluate_greedy(model, tokenizer, val)
+                    if progress:
+                        print(f"step {step:4d}  loss {loss.item():.3f}  val greedy: success {report['success']:.2f}, "
+                              f"tool use {report['tool_use']:.2f}, success with the tool {report['tool_success']:.2f}  "
+                              f"({time.monotonic() - started:.0f}s)", flush=True)
+                elif progress and step % 50 == 0:
+                    print(f"step {step:4d}  loss {loss.item():.3f}  ({time.monotonic() - started:.0f}s)", flush=True)
+                if adaptive is not None and step % ADAPT_THREADS_EVERY == 0:
+                    adaptive.decide()
+            model.save_pretrained(str(tmp))
+            tokenizer.save_pretrained(str(tmp))
+            (tmp / "agentgrad_build.json").write_text(json.dumps({
+                "name": TINY_NAME, "format": BUILD_FORMAT, "architecture": architecture, "seed": seed, "steps": step,
+                "tool_steps": decay_from, "habit_steps": habit_steps, "direct_answer_rate": DIRECT_ANSWER_RATE,
+                **{f"val_greedy_{k}": v for k, v in report.items()},
+                "build_seconds": round(time.monotonic() - started, 1),
+            }, indent=2))
     finally:
         torch.set_num_threads(previous_threads)
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return out

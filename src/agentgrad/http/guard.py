@@ -170,10 +170,11 @@ class Guard:
 
     def refusal(self, path: str, headers: Mapping[bytes, bytes]) -> Refusal | None:
         """The refusal of a request by its path and headers (lowercase names), or None."""
-        host = headers.get(b"host")
-        if self.hosts is not None and not self.hosts.allows(None if host is None else host.decode("latin-1")):
+        raw_host = headers.get(b"host")
+        host = None if raw_host is None else raw_host.decode("latin-1")
+        if self.hosts is not None and not self.hosts.allows(host):
             return Refusal(421, "host_not_allowed",
-                           f"Host {host.decode('latin-1')!r} is not a name of this server (allowed: {self.hosts}); "
+                           f"Host {host!r} is not a name of this server (allowed: {self.hosts}); "
                            f"add it with --allowed-host or ${ALLOWED_HOSTS_ENV}")
         if self.token is not None and not self.open_path(path):
             given = headers.get(b"authorization", b"")

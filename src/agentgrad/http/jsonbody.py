@@ -19,7 +19,7 @@ from typing import Any
 try:  # optional: not a dependency of the package
     import orjson as _orjson
 except ImportError:  # pragma: no cover - depends on the environment
-    _orjson = None
+    _orjson = None  # type: ignore[assignment]
 
 #: The deepest nesting of arrays and objects a request body may have (tool JSON schemas use ~10).
 MAX_DEPTH = 128

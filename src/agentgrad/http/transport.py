@@ -211,7 +211,7 @@ class _Connection:
         return body
 
     def _read_chunked(self) -> bytes:
-        parts = []
+        parts: list[bytes] = []
         while True:
             size_line = self._read_line_block(b"\r\n").split(b";")[0].strip()
             try:

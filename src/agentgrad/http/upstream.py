@@ -100,6 +100,7 @@ class _Connection(asyncio.Protocol):
         self.buffered += len(body)
         if self.buffered > _HIGH_WATER and not self.paused:
             self.paused = True
+            assert self.transport is not None  # bytes came through it
             self.transport.pause_reading()
 
     def on_message_complete(self) -> None:
@@ -140,6 +141,7 @@ class _Connection(asyncio.Protocol):
         self.chunks, self.buffered = [], 0
         if self.paused:
             self.paused = False
+            assert self.transport is not None  # paused above, so connected
             self.transport.resume_reading()
         return piece
 
@@ -261,6 +263,7 @@ class Upstream:
         while True:
             connection = connection or await self._connect()
             connection.start()
+            assert connection.transport is not None  # pooled and new connections are connected
             connection.transport.write(payload)  # flow control not needed: the answer comes after it all
             try:
                 while not connection.head_done:

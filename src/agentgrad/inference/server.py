@@ -32,10 +32,10 @@ class ModelServer:
                  *, served_model_name: str | None = None, token: str | None = None,
                  allowed_hosts: Iterable[str] = (), max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                  **engine_kwargs: Any) -> None:
-        if isinstance(engine_or_model_dir, Engine):
-            self.engine, self._owns_engine = engine_or_model_dir, False
-        else:
+        if isinstance(engine_or_model_dir, (str, Path)):
             self.engine, self._owns_engine = Engine(engine_or_model_dir, **engine_kwargs), True
+        else:  # an Engine, or another engine with its surface (the Tinker sampler)
+            self.engine, self._owns_engine = engine_or_model_dir, False
         self.host, self.port = host, port
         self.served_model_name = served_model_name
         self.token = token or None

@@ -116,7 +116,7 @@ def _unreachable(state: ProxyState, exc: Exception) -> Response:
                     media_type=_JSON)
 
 
-async def _handle(state: ProxyState, request: Incoming, api: Api) -> Response:
+async def _handle(state: ProxyState, request: Incoming, api: Api) -> Response | RelayResponse:
     started = time.time()
     state.metrics.calls += 1
     try:
@@ -142,7 +142,7 @@ async def _handle(state: ProxyState, request: Incoming, api: Api) -> Response:
             state.drop(call)  # no-op once recorded; a stream's response settles it when it ends
 
 
-async def _forward(state: ProxyState, request: Incoming, call: Call) -> Response:
+async def _forward(state: ProxyState, request: Incoming, call: Call) -> Response | RelayResponse:
     sent = upstream_body(call.chat, "completions" if call.api == "completions" else "chat",
                          await state.served_model(call.chat.get("model")))
     try:
@@ -243,7 +243,7 @@ def create_proxy_app(store: Store, upstream_url: str, *, model: str | None = Non
                        record_mode=record_mode, write_linger=write_linger)
 
     def endpoint(api: Api) -> Any:  # reached only by what the fast path leaves to Starlette
-        async def run(request: Request) -> Response:
+        async def run(request: Request) -> Response | RelayResponse:
             params = request.path_params
             return await _handle(state, Incoming(request.scope, request.receive, params.get("rollout_id"),
                                                  params.get("attempt_id")), api)

@@ -207,7 +207,8 @@ def build_span(context: CallContext, api: Api, request: dict[str, Any], response
         semconv.GEN_AI_OPERATION_NAME: "text_completion" if api == "completions" else "chat",
         semconv.GEN_AI_REQUEST_MODEL: request.get("model"),
         semconv.GEN_AI_RESPONSE_MODEL: capture.response_model,
-        semconv.GEN_AI_USAGE_INPUT_TOKENS: input_tokens if input_tokens is not None else len(capture.prompt_token_ids or ()),
+        semconv.GEN_AI_USAGE_INPUT_TOKENS: (input_tokens if input_tokens is not None
+                                            else len(capture.prompt_token_ids or ())),
         semconv.GEN_AI_USAGE_OUTPUT_TOKENS: (output_tokens if output_tokens is not None
                                              else len(capture.completion_token_ids or ())),
     }

@@ -9,6 +9,7 @@ route, and any other method on these paths, is Starlette's.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from agentgrad.http.openai_errors import OpenAIError
@@ -26,7 +27,7 @@ class Incoming:
 
     __slots__ = ("headers", "rollout_id", "attempt_id", "_receive")
 
-    def __init__(self, scope: dict[str, Any], receive: Any, rollout_id: str | None = None,
+    def __init__(self, scope: Mapping[str, Any], receive: Any, rollout_id: str | None = None,
                  attempt_id: str | None = None) -> None:
         self.headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
         self.rollout_id, self.attempt_id = rollout_id, attempt_id

@@ -36,6 +36,7 @@ class RelayResponse:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         relaying = asyncio.current_task()
+        assert relaying is not None  # an ASGI app is always called from a task
         ended = False
 
         def client_gone(_: asyncio.Future[None]) -> None:
@@ -77,7 +78,7 @@ def responses_view(call: Call, completion: dict[str, Any], capture: Capture,
 
 def _sse_events(buffer: bytearray) -> list[bytes]:
     """Cut complete SSE events (blank-line separated) off the front of ``buffer``."""
-    events = []
+    events: list[bytes] = []
     while True:
         end = buffer.find(b"\n\n")
         if end < 0:

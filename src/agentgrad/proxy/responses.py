@@ -160,8 +160,8 @@ def _message_item(item_id: str, text: str, status: str = "completed") -> dict[st
 def _function_item(item_id: str, call: dict[str, Any], status: str = "completed") -> dict[str, Any]:
     function = call.get("function") or {}
     return {"type": "function_call", "id": item_id, "call_id": call.get("id") or item_id,
-            "name": function.get("name", ""), "arguments": function.get("arguments", "") if status == "completed" else "",
-            "status": status}
+            "name": function.get("name", ""),
+            "arguments": function.get("arguments", "") if status == "completed" else "", "status": status}
 
 
 def _response_shell(request: dict[str, Any], response_id: str, created: float) -> dict[str, Any]:
@@ -299,5 +299,6 @@ class ResponsesStreamWriter:
 
     def final_response(self, completion: dict[str, Any]) -> dict[str, Any]:
         """The Response object the stream describes (what the client ends up with)."""
-        ordered = [e for e in self._items if e["kind"] == "message"] + [e for e in self._items if e["kind"] != "message"]
+        ordered = ([e for e in self._items if e["kind"] == "message"]
+                   + [e for e in self._items if e["kind"] != "message"])
         return from_chat_completion(self.request, completion, self.response_id, [e["id"] for e in ordered])

@@ -63,6 +63,7 @@ class ProxyState:
     def headers(self, client: Mapping[str, str]) -> dict[str, str]:
         """The upstream request's headers, given the client's."""
         headers = {"content-type": "application/json"}
+        auth: str | None
         if self.upstream_api_key:
             auth = f"Bearer {self.upstream_api_key}"
         else:

@@ -225,7 +225,7 @@ class SpanWriter:
                 return
             # The batch failed for good (a refused batch stores nothing): isolate the bad span(s).
             if len(spans) > 1:
-                for key, span in zip(keys, spans):
+                for key, span in zip(keys, spans, strict=True):
                     if self._add([span]):
                         self._stored([key])
                     else:

@@ -2,7 +2,8 @@
 
 ``open_store(url)`` turns a URL into a backend, so every CLI command and runner takes the same
 ``--store`` argument: ``memory``, ``sqlite:///path/to/file.db``, ``postgresql://…`` (with
-``?schema=name`` for tables in a schema of their own) or ``http://host:port`` (the store
+``?schema=name`` for tables in a schema of their own), ``redis://host:6379/0`` (with ``?prefix=name``
+for keys of their own) or ``http://host:port`` (the store
 service; its token comes from ``$AGENTGRAD_STORE_TOKEN``).
 """
 
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from agentgrad.store.protocol import RolloutFilter as RolloutFilter
     from agentgrad.store.protocol import RolloutRequest as RolloutRequest
     from agentgrad.store.protocol import Store as Store
+    from agentgrad.store.redis import RedisStore as RedisStore
     from agentgrad.store.sqlite import SqliteStore as SqliteStore
     from agentgrad.store.wire import TOKEN_ENV as TOKEN_ENV
 
@@ -26,7 +28,8 @@ _EXPORTS = {
     "Store": "agentgrad.store.protocol", "RolloutFilter": "agentgrad.store.protocol",
     "RolloutRequest": "agentgrad.store.protocol",
     "MemoryStore": "agentgrad.store.memory", "SqliteStore": "agentgrad.store.sqlite",
-    "PostgresStore": "agentgrad.store.postgres", "StoreClient": "agentgrad.store.client",
+    "PostgresStore": "agentgrad.store.postgres", "RedisStore": "agentgrad.store.redis",
+    "StoreClient": "agentgrad.store.client",
     "TOKEN_ENV": "agentgrad.store.wire",
 }
 
@@ -55,6 +58,10 @@ def open_store(url: str, *, watchdog: bool = True, **options: Any) -> Store:
         from agentgrad.store.postgres import PostgresStore
 
         return PostgresStore(url, **options)
+    if url.startswith(("redis://", "rediss://")):
+        from agentgrad.store.redis import RedisStore
+
+        return RedisStore(url, **options)
     if url.startswith(("http://", "https://")):
         from agentgrad.store.client import StoreClient
 
@@ -64,5 +71,6 @@ def open_store(url: str, *, watchdog: bool = True, **options: Any) -> Store:
 
         return SqliteStore(url, **options)
     raise ValueError(
-        f"unknown store URL {url!r}: use memory, sqlite:///path, postgresql://… or http://host:port"
+        f"unknown store URL {url!r}: use memory, sqlite:///path, postgresql://…, redis://host:6379/0 "
+        "or http://host:port"
     )

@@ -30,9 +30,10 @@ def decode(ids: Sequence[int]) -> str:
     return "".join(chr(i) for i in ids)
 
 
-def tool_reply(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    """A scripted reply that calls a tool."""
-    return {"tool_call": {"name": name, "arguments": json.dumps(arguments)}}
+def tool_reply(name: str, arguments: dict[str, Any], call_id: str = "call_1") -> dict[str, Any]:
+    """A scripted reply that calls a tool (give each call of a conversation its own ``call_id``:
+    the Agents SDK refuses a reused one)."""
+    return {"tool_call": {"name": name, "arguments": json.dumps(arguments)}, "id": call_id}
 
 
 class StubUpstream:
@@ -140,7 +141,8 @@ class StubUpstream:
         message: dict[str, Any] = {"role": "assistant", "content": reply if isinstance(reply, str) else None}
         finish = "stop"
         if isinstance(reply, dict):
-            message["tool_calls"] = [{"id": "call_1", "type": "function", "function": reply["tool_call"]}]
+            message["tool_calls"] = [{"id": reply.get("id", "call_1"), "type": "function",
+                                      "function": reply["tool_call"]}]
             finish = "tool_calls"
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish,
                                   "logprobs": self._logprobs(text, True) if body.get("logprobs") else None}
@@ -160,7 +162,7 @@ class StubUpstream:
                 delta["content"] = piece
             elif number == 0:
                 call = reply["tool_call"]
-                delta["tool_calls"] = [{"index": 0, "id": "call_1", "type": "function",
+                delta["tool_calls"] = [{"index": 0, "id": reply.get("id", "call_1"), "type": "function",
                                         "function": {"name": call["name"], "arguments": ""}}]
             choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None,
                                       "logprobs": self._logprobs(piece, True) if body.get("logprobs") else None}

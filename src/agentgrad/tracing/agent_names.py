@@ -96,7 +96,9 @@ def langgraph_node_of(config: Any) -> str | None:
     ``parent:task_id|node:task_id`` inside a subgraph (LangGraph reserves ``|`` and ``:``).
     """
     metadata = config.get("metadata") if isinstance(config, dict) else None
-    node = metadata.get("langgraph_node") if isinstance(metadata, dict) else None
+    if not isinstance(metadata, dict):
+        return None
+    node = metadata.get("langgraph_node")
     if not isinstance(node, str) or not node:
         return None
     namespace = metadata.get("langgraph_checkpoint_ns")
@@ -172,7 +174,7 @@ def named(func: Callable[..., Any], name_of: NameOf) -> Callable[..., Any]:
     return wrapper
 
 
-def _named_steps(steps: Generator[Any, None, Any], name: Any) -> Generator[Any, None, Any]:
+def _named_steps(steps: Generator[Any, Any, Any], name: Any) -> Generator[Any, None, Any]:
     try:
         while True:
             with entered_agent(name):

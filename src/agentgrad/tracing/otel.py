@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import Any, cast
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -47,11 +47,13 @@ class StoreSpanProcessor(SpanProcessor):
             self._pending[span.get_span_context().span_id] = context
 
     def on_end(self, span: ReadableSpan) -> None:
+        own = span.get_span_context()  # an SDK span always has one
+        if own is None:
+            return
         with self._lock:
-            context = self._pending.pop(span.get_span_context().span_id, None)
+            context = self._pending.pop(own.span_id, None)
         if context is None:
             return
-        own = span.get_span_context()
         events = [SpanEvent(name=e.name, timestamp=e.timestamp * _NS, attributes=dict(e.attributes or {}))
                   for e in span.events]
         try:
@@ -60,7 +62,8 @@ class StoreSpanProcessor(SpanProcessor):
                 span_id=f"{own.span_id:016x}", trace_id=f"{own.trace_id:032x}",
                 parent_id=f"{span.parent.span_id:016x}" if span.parent else context.parent_span_id,
                 name=span.name, start_time=(span.start_time or 0) * _NS, end_time=(span.end_time or 0) * _NS,
-                status=SpanStatus(status_code=span.status.status_code.name, description=span.status.description),
+                status=SpanStatus.model_validate({"status_code": span.status.status_code.name,
+                                                  "description": span.status.description}),
                 attributes=dict(span.attributes or {}), events=events,
                 resource={"service.name": "agentgrad-runner"},
             ))
@@ -83,7 +86,8 @@ def store_tracer_provider() -> TracerProvider:
     provider = trace.get_tracer_provider()
     if not isinstance(provider, TracerProvider):
         trace.set_tracer_provider(TracerProvider())
-        provider = trace.get_tracer_provider()  # another thread may have won the race
+        # The one set here, or by another thread that won the race: an SDK provider either way.
+        provider = cast(TracerProvider, trace.get_tracer_provider())
     if id(provider) not in _installed_on:
         provider.add_span_processor(StoreSpanProcessor())
         _installed_on.add(id(provider))

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import shutil
 import tempfile
 import time
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentgrad.errors import InvalidInputError
+from agentgrad.models.cache import check_replaceable, staged_dir
 
 if TYPE_CHECKING:
     from agentgrad.training.policy import PolicyTrainer
@@ -55,44 +55,26 @@ def export_model(source: str | Path | PolicyTrainer, out_dir: str | Path, *,
     from agentgrad.training.policy import PolicyTrainer
 
     out = Path(out_dir)
-    _check_target(out)
+    check_replaceable(out, MANIFEST, "export")
     if isinstance(source, PolicyTrainer):
         trainer, origin, disposable = source, {"source": "trainer"}, False
     else:
         trainer, origin = _trainer_from_checkpoint(Path(source), base_model)
         disposable = True
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
-    try:
+    with staged_dir(out, label="export") as tmp:
         _write(trainer, tmp, disposable)
-        _copy_base_files(trainer.model_dir, tmp)
+        copy_base_files(trainer.model_dir, tmp)
         manifest = {"base_model": str(trainer.model_dir.resolve()), "step": trainer.step,
                     "lora": trainer.model_record()["lora"], "time": time.time(), **origin}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        _swap_into_place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log.info("exported %s (step %d) to %s", origin.get("checkpoint", "the trainer's policy"), trainer.step, out)
     return out
 
 
-def _check_target(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise InvalidInputError(f"export target {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
-        raise InvalidInputError(f"export target {out} is a non-empty directory that no export wrote "
-                                f"(no {MANIFEST}): choose another directory, or empty it")
-
-
 def _trainer_from_checkpoint(source: Path, base_model: str | Path | None) -> tuple[PolicyTrainer, dict[str, Any]]:
     """A CPU trainer over the checkpoint's base model with the checkpoint's weights loaded."""
-    from agentgrad.training.policy import (
-        LoraSettings,
-        PolicyTrainer,
-        TrainConfig,
-        find_checkpoint,
-    )
+    from agentgrad.training.checkpoints import find_checkpoint
+    from agentgrad.training.policy import LoraSettings, PolicyTrainer, TrainConfig
 
     target = find_checkpoint(source)
     state = json.loads((target / "state.json").read_text())
@@ -166,7 +148,7 @@ def _merged_copy(trainer: PolicyTrainer) -> Any:
             return PeftModel.from_pretrained(base, adapter).merge_and_unload()
 
 
-def _copy_base_files(base: Path, tmp: Path) -> None:
+def copy_base_files(base: Path, tmp: Path) -> None:
     """Tokenizer files, chat template, generation config, license and README of the base model:
     every top-level file except weights and the config the export wrote itself."""
     for f in sorted(base.iterdir()):
@@ -175,19 +157,4 @@ def _copy_base_files(base: Path, tmp: Path) -> None:
         shutil.copy2(f, tmp / f.name)  # generation_config.json: the base's own, not a regenerated one
 
 
-def _swap_into_place(tmp: Path, out: Path) -> None:
-    """Put ``tmp`` at ``out``: a rename; an earlier export there is moved aside first."""
-    if not out.exists():
-        os.replace(tmp, out)
-        return
-    if not any(out.iterdir()):
-        out.rmdir()
-        os.replace(tmp, out)
-        return
-    old = out.with_name(f".{out.name}.old-{os.getpid()}-{time.monotonic_ns()}")
-    os.replace(out, old)
-    os.replace(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-__all__ = ["MANIFEST", "export_model"]
+__all__ = ["MANIFEST", "copy_base_files", "export_model"]

@@ -92,14 +92,12 @@ class LocalPolicy:
         from agentgrad.runner import check_not_bootstrapping
 
         check_not_bootstrapping("LocalPolicy.start()")
-        from agentgrad.inference.engine import Engine
         from agentgrad.inference.server import ModelServer
         from agentgrad.proxy.server import LLMProxy
-        from agentgrad.training.policy import check_model
 
-        check_model(self.model_dir)  # a missing tokenizer or chat template is named before any load
+        self._check_model()
         try:
-            self.engine = Engine(self.model_dir, device=self.device, max_batch_size=self.max_batch_size)
+            self.engine = self._make_engine()
             self.server = ModelServer(self.engine, served_model_name=self.model_name)
             self.upstream_url = self.server.start()
             proxy = LLMProxy(store, self.upstream_url, host=self.proxy_host, port=self.proxy_port)
@@ -125,6 +123,18 @@ class LocalPolicy:
             finally:
                 if engine is not None:
                     engine.close()
+
+    def _check_model(self) -> None:
+        """Name a missing tokenizer or chat template before anything loads."""
+        from agentgrad.training.policy import check_model
+
+        check_model(self.model_dir)
+
+    def _make_engine(self) -> Engine:
+        """The engine the model server serves (a subclass serves another one: the Tinker sampler)."""
+        from agentgrad.inference.engine import Engine
+
+        return Engine(self.model_dir, device=self.device, max_batch_size=self.max_batch_size)
 
     @contextlib.contextmanager
     def serving(self, store: Store) -> Iterator[LocalPolicy]:

@@ -30,15 +30,15 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import random
-import shutil
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+from agentgrad.training.checkpoints import commit_checkpoint, latest_checkpoint
 
 if TYPE_CHECKING:
     import torch
@@ -94,8 +94,20 @@ class TrainConfig:
     """PPO clip range above 1: the ratio is clipped at ``1 + clip_eps_high``."""
     kl_coef: float = 0.0
     """KL penalty to the reference model (0: off, and no reference forward pass)."""
+    log_kl: bool = False
+    """Measure the KL to the reference model (the start weights) for the logs even with ``kl_coef``
+    0: how far the policy has moved. Costs a reference forward pass per micro-batch (and, with full
+    fine-tuning, a frozen copy of the model)."""
     entropy_coef: float = 0.0
     """Entropy bonus (0: off)."""
+    lr_decay: Literal["none", "linear", "cosine"] = "none"
+    """How the learning rate falls over the run's steps (GRPO's ``steps``): ``none`` keeps it
+    constant; ``linear`` and ``cosine`` bring it from ``lr`` at the first step to ``lr ×
+    lr_final`` at the last. Late in an RL run most groups agree (no signal) and the few that do not
+    still get full-size Adam steps; decaying the rate makes those steps smaller (on the demo it did
+    not stop the decline, which starts earlier: docs/training.md, "Stability")."""
+    lr_final: float = 0.0
+    """The learning rate at the last step, as a fraction of ``lr`` (with ``lr_decay``)."""
     lora: LoraSettings | None = None
     """A LoRA adapter; None: full fine-tuning."""
     dropout: bool = False
@@ -109,6 +121,9 @@ class TrainConfig:
     dtype name (``float32``, ``bfloat16``)."""
     seed: int = 0
     """Seed of the model's initialisation (LoRA) and of the mini-batch shuffles."""
+
+    def __post_init__(self) -> None:
+        decayed_lr(1.0, 0, 1, decay=self.lr_decay, final=self.lr_final)  # refuses a bad setting now, not at step 1
 
 
 @dataclass
@@ -449,6 +464,7 @@ def ppo_clip_loss(
             "clipped": ((clipped > unclipped).float() * mask).sum(),
             "kl": (kl * mask).sum(),
             "ratio": (ratio * mask).sum(),
+            "ratio_max": (ratio * mask).max() if mask.numel() else ratio.new_zeros(()),
             "tokens": tokens,
         }
     return loss, diagnostics
@@ -457,6 +473,22 @@ def ppo_clip_loss(
 def nll_loss(logprobs: torch.Tensor, mask: torch.Tensor, normalizer: float) -> torch.Tensor:
     """Plain negative log-likelihood of the masked tokens, summed and divided by ``normalizer``."""
     return -(logprobs * mask).sum() / normalizer
+
+
+def decayed_lr(lr: float, step: int, total: int, *, decay: str, final: float) -> float:
+    """The learning rate of the step after ``step`` steps done, of ``total``: ``lr`` at the first,
+    ``lr × final`` at the last, in between a straight line (``linear``) or half a cosine
+    (``cosine``); ``none`` keeps ``lr``. Steps past ``total`` (a resumed, extended run) keep the
+    final rate."""
+    if decay not in ("none", "linear", "cosine"):
+        raise ValueError(f"TrainConfig.lr_decay must be 'none', 'linear' or 'cosine', got {decay!r}")
+    if not 0.0 <= final <= 1.0:
+        raise ValueError(f"TrainConfig.lr_final must be within [0, 1], got {final!r}")
+    if decay == "none":
+        return lr
+    t = min(step, total - 1) / max(total - 1, 1)  # 0 at the first step, 1 at the last
+    shape = 1.0 - t if decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * t))
+    return lr * (final + (1.0 - final) * shape)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -478,6 +510,10 @@ class StepMetrics:
     kl: float = float("nan")
     clip_fraction: float = float("nan")
     ratio_mean: float = float("nan")
+    #: the largest importance ratio of a trained token (1 on an on-policy update)
+    ratio_max: float = float("nan")
+    #: the learning rate of this step's updates (``TrainConfig.lr_decay``)
+    lr: float = float("nan")
     micro_batches: int = 0
     #: optimizer updates in this step (``epochs`` × ``mini_batches``)
     updates: int = 1
@@ -518,6 +554,8 @@ class PolicyTrainer:
         self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay,
                                            betas=config.betas, eps=config.adam_eps)
         self.step = 0
+        #: The run's length in steps, the horizon of ``TrainConfig.lr_decay`` (GRPO sets it).
+        self.total_steps: int | None = None
         self._reference: Any = None
         self._weights_digest: str | None = None
 
@@ -551,11 +589,15 @@ class PolicyTrainer:
         return self.config.lora is not None
 
     def _reference_logprobs(self, batch: _Batch) -> torch.Tensor | None:
-        """Logprobs under the reference policy (the initial weights), or None with KL off."""
+        """Logprobs under the reference policy (the initial weights), or None with KL off and unlogged."""
+        return self.reference_logprobs(batch) if self.config.kl_coef > 0 or self.config.log_kl else None
+
+    def reference_logprobs(self, batch: _Batch) -> torch.Tensor:
+        """Per-position logprobs of ``batch.targets`` under the reference policy, the start
+        weights: with LoRA the same model with its adapter disabled, else a frozen copy loaded
+        once (the KL penalty's reference, and DPO's)."""
         import torch
 
-        if self.config.kl_coef <= 0:
-            return None
         with torch.no_grad():
             if self.is_lora:
                 with self.model.disable_adapter():
@@ -565,21 +607,28 @@ class PolicyTrainer:
                 self._reference.eval().requires_grad_(False)
             return token_logprobs(self._reference, batch)[0]
 
-    def _update(self, samples: Sequence[Sample], loss_fn: LossFn, sums: dict[str, float]) -> tuple[float, float, int]:
-        """One optimizer update over ``samples`` (micro-batched); adds the loss function's
-        diagnostics into ``sums`` and returns (loss, grad norm, micro-batches)."""
+    def _update(self, samples: Sequence[Sample], loss_fn: LossFn, sums: dict[str, float], *,
+                batches: list[list[Sample]] | None = None,
+                tokens_per_sample: float | None = None) -> tuple[float, float, int]:
+        """One optimizer update over ``samples`` (micro-batched, or cut into ``batches`` by the
+        caller); adds the loss function's diagnostics into ``sums`` and returns (loss, grad norm,
+        micro-batches). The loss normaliser is the update's trained-token count, or with
+        ``tokens_per_sample`` the constant ``len(samples) × tokens_per_sample`` (Dr. GRPO)."""
         import torch
 
-        total = float(sum(sum(s.mask) for s in samples))  # type: ignore[arg-type]
+        total = (float(len(samples)) * tokens_per_sample if tokens_per_sample
+                 else float(sum(sum(s.mask) for s in samples)))  # type: ignore[arg-type]
         loss_total = 0.0
-        batches = micro_batches(samples, self.config.micro_batch_tokens)
+        batches = batches or micro_batches(samples, self.config.micro_batch_tokens)
         for chunk in batches:
             batch = _layout(chunk, self.device)
             loss, extra = loss_fn(batch, total)
             loss.backward()
             loss_total += float(loss.detach())
             for key, value in extra.items():
-                sums[key] = sums.get(key, 0.0) + float(value)
+                # ``*_max`` diagnostics are maxima over the micro-batches; the others, sums
+                merge = max if key.endswith("_max") else (lambda a, b: a + b)
+                sums[key] = merge(sums[key], float(value)) if key in sums else float(value)
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip))
         if math.isfinite(grad_norm):
@@ -589,9 +638,13 @@ class PolicyTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         return loss_total, grad_norm, len(batches)
 
-    def _step(self, samples: Sequence[Sample], loss_fn: LossFn, *, mini_batches: int = 1, epochs: int = 1) -> StepMetrics:
+    def _step(self, samples: Sequence[Sample], loss_fn: LossFn, *, mini_batches: int = 1, epochs: int = 1,
+              tokens_per_sample: float | None = None,
+              batching: Callable[[Sequence[Sample]], list[list[Sample]]] | None = None) -> StepMetrics:
         """One training step: ``epochs`` passes over ``samples``, each cut into ``mini_batches``
-        shuffled parts with one optimizer update per part. ``step`` advances by one."""
+        shuffled parts with one optimizer update per part. ``step`` advances by one.
+        ``batching`` cuts an update's samples into micro-batches instead of :func:`micro_batches`
+        (a loss over several rows, like DPO's pairs, needs them in one micro-batch)."""
         samples = [s for s in samples if any(s.mask)]  # type: ignore[arg-type]
         if not samples:
             raise ValueError("no trainable tokens: every sample's mask is all zeros")
@@ -603,6 +656,7 @@ class PolicyTrainer:
         # checkpointing, no batch norm); gradients flow in eval mode too. Without dropout the
         # recomputed logprobs of an on-policy update equal the engine's (ratio 1).
         self.model.train(self.config.dropout)
+        lr = self._schedule_lr()
         rng = random.Random(f"{self.config.seed}:{self.step}")
         parts = min(mini_batches, len(samples))
         sums: dict[str, float] = {}
@@ -612,7 +666,9 @@ class PolicyTrainer:
             if parts > 1:
                 rng.shuffle(order)
             for part in range(parts):
-                loss, norm, n = self._update(order[part::parts], loss_fn, sums)
+                update = order[part::parts]
+                loss, norm, n = self._update(update, loss_fn, sums, tokens_per_sample=tokens_per_sample,
+                                             batches=batching(update) if batching else None)
                 losses.append(loss)
                 norms.append(norm)
                 chunks += n
@@ -623,8 +679,23 @@ class PolicyTrainer:
             loss=statistics.fmean(losses), tokens=int(tokens), seconds=time.perf_counter() - started,
             grad_norm=statistics.fmean(norms), entropy=per_token("entropy"), kl=per_token("kl"),
             clip_fraction=per_token("clipped"), ratio_mean=per_token("ratio"), micro_batches=chunks,
+            ratio_max=sums.get("ratio_max", float("nan")), lr=lr,
             updates=len(losses),
         )
+
+    def _schedule_lr(self) -> float:
+        """Set this step's learning rate (``TrainConfig.lr_decay`` over ``total_steps``); return it."""
+        config = self.config
+        if config.lr_decay == "none":
+            return float(config.lr)  # type: ignore[arg-type]
+        if not self.total_steps:
+            raise ValueError(f"TrainConfig.lr_decay={config.lr_decay!r} needs the run's length: set "
+                             "PolicyTrainer.total_steps (GRPO sets it to its steps)")
+        lr = decayed_lr(float(config.lr), self.step, self.total_steps,  # type: ignore[arg-type]
+                        decay=config.lr_decay, final=config.lr_final)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
 
     def _check_lengths(self, samples: Sequence[Sample]) -> None:
         from agentgrad.errors import InvalidInputError
@@ -637,10 +708,14 @@ class PolicyTrainer:
                 f"({context} tokens, max_position_embeddings): use a model with a longer context, or shorter "
                 "prompts and completions (max_tokens)")
 
-    def ppo_step(self, samples: Sequence[Sample], *, mini_batches: int = 1, epochs: int = 1) -> StepMetrics:
+    def ppo_step(self, samples: Sequence[Sample], *, mini_batches: int = 1, epochs: int = 1,
+                 tokens_per_sample: float | None = None) -> StepMetrics:
         """One PPO-clip training step over ``samples`` (advantages and old logprobs set): one
         optimizer update by default, or ``epochs`` × ``mini_batches`` updates — the later ones
-        are off-policy, which the importance ratio and its clipping account for."""
+        are off-policy, which the importance ratio and its clipping account for.
+        ``tokens_per_sample`` (Dr. GRPO) divides each update's token sum by that constant ×
+        its samples instead of by its token count, so a step's scale no longer depends on how
+        long its responses happened to be."""
         config = self.config
 
         def loss_fn(batch: _Batch, total: float) -> tuple[Any, dict[str, Any]]:
@@ -654,7 +729,8 @@ class PolicyTrainer:
             diag["entropy"] = (entropy.detach() * batch.mask).sum()
             return loss, diag
 
-        return self._step(samples, loss_fn, mini_batches=mini_batches, epochs=epochs)
+        return self._step(samples, loss_fn, mini_batches=mini_batches, epochs=epochs,
+                          tokens_per_sample=tokens_per_sample)
 
     def nll_step(self, samples: Sequence[Sample]) -> StepMetrics:
         """One supervised (NLL) optimizer step over ``samples``' masked response tokens."""
@@ -725,26 +801,16 @@ class PolicyTrainer:
         """
         import torch
 
-        root = Path(directory)
-        target = root / f"step-{self.step:06d}"
-        tmp = root / f".tmp-step-{self.step:06d}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        trainable = {k: v for k, v in self.model.state_dict().items()} if not self.is_lora else {
-            k: v for k, v in self.model.named_parameters() if v.requires_grad}
-        torch.save(trainable, tmp / "model.pt")
-        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-        (tmp / "state.json").write_text(json.dumps({"step": self.step, "cursor": cursor, "extra": extra or {},
-                                                    "lora": self.is_lora, "model": self.model_record(),
-                                                    "time": time.time()}))
-        shutil.rmtree(target, ignore_errors=True)
-        os.replace(tmp, target)
-        pointer = root / ".latest.tmp"
-        pointer.write_text(target.name)
-        os.replace(pointer, root / "latest")
-        for old in sorted(root.glob("step-*"))[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-        return target
+        def fill(tmp: Path) -> None:
+            trainable = {k: v for k, v in self.model.state_dict().items()} if not self.is_lora else {
+                k: v for k, v in self.model.named_parameters() if v.requires_grad}
+            torch.save(trainable, tmp / "model.pt")
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            (tmp / "state.json").write_text(json.dumps({"step": self.step, "cursor": cursor, "extra": extra or {},
+                                                        "lora": self.is_lora, "model": self.model_record(),
+                                                        "time": time.time()}))
+
+        return commit_checkpoint(directory, self.step, fill, keep=keep)
 
     def load_checkpoint(self, directory: str | Path, *, optimizer: bool = True) -> dict[str, Any] | None:
         """Restore the latest checkpoint under ``directory``; returns its state (``step``,
@@ -755,11 +821,8 @@ class PolicyTrainer:
         one written before checkpoints recorded their model loads unchecked, with a log line.
         ``optimizer=False`` restores the weights and step only (for export).
         """
-        root = Path(directory)
-        pointer = root / "latest"
-        if not pointer.exists():
-            return None
-        return self.restore(root / pointer.read_text().strip(), optimizer=optimizer)
+        target = latest_checkpoint(directory)
+        return None if target is None else self.restore(target, optimizer=optimizer)
 
     def restore(self, target: str | Path, *, optimizer: bool = True) -> dict[str, Any]:
         """Load the one checkpoint ``target`` (a ``step-NNNNNN`` directory); see
@@ -839,26 +902,6 @@ def _describe_lora(lora: dict[str, Any] | None) -> str:
     return f"LoRA r={lora.get('r')} alpha={lora.get('alpha')} targets={lora.get('target_modules')}"
 
 
-def find_checkpoint(path: str | Path) -> Path:
-    """The checkpoint ``path`` names: a checkpoint itself (``step-NNNNNN/`` with ``state.json``),
-    a checkpoint root (its ``latest``), or a run directory (``checkpoints/latest``)."""
-    from agentgrad.errors import InvalidInputError
-
-    p = Path(path)
-    if (p / "state.json").is_file():
-        return p
-    for root in (p, p / "checkpoints"):
-        pointer = root / "latest"
-        if pointer.is_file():
-            target = root / pointer.read_text().strip()
-            if not (target / "state.json").is_file():
-                raise InvalidInputError(f"{pointer} points at {target}, which holds no checkpoint")
-            return target
-    raise InvalidInputError(f"no checkpoint at {p}: expected a checkpoint (a step-NNNNNN directory with "
-                            "state.json), a checkpoint root (with a 'latest' file) or a run directory "
-                            "(with checkpoints/latest)" + ("" if p.exists() else f"; {p} does not exist"))
-
-
 # ---------------------------------------------------------------------------------------------
 # the SFT loop
 # ---------------------------------------------------------------------------------------------
@@ -923,6 +966,6 @@ def fit_sequences(
 
 __all__ = [
     "LoraSettings", "PolicyTrainer", "Sample", "StepMetrics", "TrainConfig", "check_model", "cursor_batches",
-    "default_lr", "find_checkpoint", "fit_sequences", "load_policy", "micro_batches", "model_fingerprint", "nll_loss",
-    "ppo_clip_loss", "token_logprobs", "weights_digest",
+    "decayed_lr", "default_lr", "fit_sequences", "load_policy", "micro_batches",
+    "model_fingerprint", "nll_loss", "ppo_clip_loss", "token_logprobs", "weights_digest",
 ]

