@@ -42,11 +42,13 @@ GROUP = 8
 def llm_attributes(n: int) -> dict[str, object]:
     ids = list(range(100, 140))
     return {
-        semconv.LLM_PROMPT_TOKEN_IDS: list(range(1, 200)), semconv.LLM_COMPLETION_TOKEN_IDS: ids,
+        semconv.LLM_PROMPT_TOKEN_IDS: list(range(1, 200)),
+        semconv.LLM_COMPLETION_TOKEN_IDS: ids,
         semconv.LLM_LOGPROBS: [-0.01 * (i % 7) for i in range(len(ids))],
         semconv.LLM_REQUEST: json.dumps({"model": "tiny", "messages": [{"role": "user", "content": f"task {n}"}]}),
-        semconv.LLM_RESPONSE: json.dumps({"choices": [{"index": 0, "message": {"role": "assistant",
-                                                                               "content": "answer " * 20}}]}),
+        semconv.LLM_RESPONSE: json.dumps(
+            {"choices": [{"index": 0, "message": {"role": "assistant", "content": "answer " * 20}}]}
+        ),
         semconv.GEN_AI_REQUEST_MODEL: "tiny",
     }
 
@@ -56,9 +58,13 @@ def fill(store: Store, rollouts: int, spans: int) -> tuple[str, str]:
     started = time.perf_counter()
     for first in range(0, rollouts, 1000):
         count = min(1000, rollouts - first)
-        requests = [RolloutRequest(input={"question": f"What is {n} + {n}?"}, metadata={
-            "group_id": f"grpo-{'ab'[n % 2]}-s{n // 64}-t{(n // GROUP) % 8}-r0", "step": n // 64})
-            for n in range(first, first + count)]
+        requests = [
+            RolloutRequest(
+                input={"question": f"What is {n} + {n}?"},
+                metadata={"group_id": f"grpo-{'ab'[n % 2]}-s{n // 64}-t{(n // GROUP) % 8}-r0", "step": n // 64},
+            )
+            for n in range(first, first + count)
+        ]
         ids = [r.rollout_id for r in store.enqueue_rollouts(requests)]
         claimed = store.dequeue_rollouts(count)
         now = time.time()
@@ -66,22 +72,58 @@ def fill(store: Store, rollouts: int, spans: int) -> tuple[str, str]:
         for n, c in enumerate(claimed, start=first):
             rid, aid = c.rollout.rollout_id, c.attempt.attempt_id
             batch += [
-                Span(rollout_id=rid, attempt_id=aid, span_id=f"a{n}", name=semconv.SPAN_AGENT, start_time=now,
-                     end_time=now + 1, attributes={semconv.AGENT_NAME: "solver"}),
-                Span(rollout_id=rid, attempt_id=aid, span_id=f"l{n}", parent_id=f"a{n}", name=semconv.SPAN_LLM_CALL,
-                     start_time=now, end_time=now + 0.5, attributes=llm_attributes(n)),
-                Span(rollout_id=rid, attempt_id=aid, span_id=f"r{n}", name=semconv.SPAN_REWARD, start_time=now + 0.6,
-                     end_time=now + 0.6, attributes={semconv.REWARD_VALUE: float(n % 2)}),
+                Span(
+                    rollout_id=rid,
+                    attempt_id=aid,
+                    span_id=f"a{n}",
+                    name=semconv.SPAN_AGENT,
+                    start_time=now,
+                    end_time=now + 1,
+                    attributes={semconv.AGENT_NAME: "solver"},
+                ),
+                Span(
+                    rollout_id=rid,
+                    attempt_id=aid,
+                    span_id=f"l{n}",
+                    parent_id=f"a{n}",
+                    name=semconv.SPAN_LLM_CALL,
+                    start_time=now,
+                    end_time=now + 0.5,
+                    attributes=llm_attributes(n),
+                ),
+                Span(
+                    rollout_id=rid,
+                    attempt_id=aid,
+                    span_id=f"r{n}",
+                    name=semconv.SPAN_REWARD,
+                    start_time=now + 0.6,
+                    end_time=now + 0.6,
+                    attributes={semconv.REWARD_VALUE: float(n % 2)},
+                ),
             ]
         store.add_spans(batch)
         for c in claimed:
             store.update_attempt(c.rollout.rollout_id, c.attempt.attempt_id, AttemptStatus.SUCCEEDED)
         assert len(ids) == count
     for run in ("grpo-a", "grpo-b"):
-        store.add_metrics([MetricRecord(run_id=run, step=s, values={
-            "reward/mean": s / 200, "val/reward_mean": s / 250, "entropy": 1 - s / 400, "kl": s / 1e4,
-            "tokens_per_second": 500.0, "loss": 1 / (s + 1), **{f"extra/m{i}": float(i) for i in range(25)}})
-            for s in range(200)])
+        store.add_metrics(
+            [
+                MetricRecord(
+                    run_id=run,
+                    step=s,
+                    values={
+                        "reward/mean": s / 200,
+                        "val/reward_mean": s / 250,
+                        "entropy": 1 - s / 400,
+                        "kl": s / 1e4,
+                        "tokens_per_second": 500.0,
+                        "loss": 1 / (s + 1),
+                        **{f"extra/m{i}": float(i) for i in range(25)},
+                    },
+                )
+                for s in range(200)
+            ]
+        )
     long = store.enqueue_rollout({"question": "a very long trajectory"}, rollout_id="long")
     attempt = store.dequeue_rollout().attempt.attempt_id
     now = time.time()
@@ -89,14 +131,38 @@ def fill(store: Store, rollouts: int, spans: int) -> tuple[str, str]:
         batch = []
         for i in range(first, min(spans, first + 10_000)):
             if i % 1000 == 999:
-                batch.append(Span(rollout_id="long", attempt_id=attempt, name=semconv.SPAN_REWARD,
-                                  start_time=now + i, end_time=now + i, attributes={semconv.REWARD_VALUE: 0.5}))
+                batch.append(
+                    Span(
+                        rollout_id="long",
+                        attempt_id=attempt,
+                        name=semconv.SPAN_REWARD,
+                        start_time=now + i,
+                        end_time=now + i,
+                        attributes={semconv.REWARD_VALUE: 0.5},
+                    )
+                )
             elif i % 100 == 0:
-                batch.append(Span(rollout_id="long", attempt_id=attempt, name=semconv.SPAN_LLM_CALL,
-                                  start_time=now + i, end_time=now + i + 0.5, attributes=llm_attributes(i)))
+                batch.append(
+                    Span(
+                        rollout_id="long",
+                        attempt_id=attempt,
+                        name=semconv.SPAN_LLM_CALL,
+                        start_time=now + i,
+                        end_time=now + i + 0.5,
+                        attributes=llm_attributes(i),
+                    )
+                )
             else:
-                batch.append(Span(rollout_id="long", attempt_id=attempt, name=f"tool-{i % 13}",
-                                  start_time=now + i, end_time=now + i + 0.1, attributes={"i": i}))
+                batch.append(
+                    Span(
+                        rollout_id="long",
+                        attempt_id=attempt,
+                        name=f"tool-{i % 13}",
+                        start_time=now + i,
+                        end_time=now + i + 0.1,
+                        attributes={"i": i},
+                    )
+                )
         store.add_spans(batch)
     store.update_attempt("long", attempt, AttemptStatus.SUCCEEDED)
     print(f"filled in {time.perf_counter() - started:.1f} s", file=sys.stderr)
@@ -140,15 +206,33 @@ def main() -> None:
                     times.append((time.perf_counter() - started) * 1000)
                     status, size = response.status_code, len(response.content)
                 # A page the measured code does not have (a baseline's 404) is reported as null.
-                results[name] = None if status == 404 else {
-                    "median_ms": round(statistics.median(times), 1), "max_ms": round(max(times), 1), "bytes": size,
-                    **({} if status == 200 else {"status": status})}
+                results[name] = (
+                    None
+                    if status == 404
+                    else {
+                        "median_ms": round(statistics.median(times), 1),
+                        "max_ms": round(max(times), 1),
+                        "bytes": size,
+                        **({} if status == 200 else {"status": status}),
+                    }
+                )
         finally:
             store.close()
-    print(json.dumps({"backend": "sqlite", "rollouts": args.rollouts, "long_rollout_spans": args.spans,
-                      "repeat": args.repeat, "load_average_1m": os.getloadavg()[0], "cpus": os.cpu_count(),
-                      "pages": results,
-                      "all_under_1s": all(r["max_ms"] < 1000 for r in results.values() if r)}, indent=2))
+    print(
+        json.dumps(
+            {
+                "backend": "sqlite",
+                "rollouts": args.rollouts,
+                "long_rollout_spans": args.spans,
+                "repeat": args.repeat,
+                "load_average_1m": os.getloadavg()[0],
+                "cpus": os.cpu_count(),
+                "pages": results,
+                "all_under_1s": all(r["max_ms"] < 1000 for r in results.values() if r),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -33,10 +33,18 @@ def main() -> None:
     engine = Engine(model_dir, max_batch_size=64)
     tok = engine.tokenizer
     problems = calc.generate_problems(args.requests, seed=0, split="test")
-    prompts = [tok.encode(tok.apply_chat_template(
-        [{"role": "system", "content": calc.SYSTEM_PROMPT}, {"role": "user", "content": p["question"]}],
-        tools=[calc.CALCULATOR_TOOL], add_generation_prompt=True, tokenize=False), add_special_tokens=False)
-        for p in problems]
+    prompts = [
+        tok.encode(
+            tok.apply_chat_template(
+                [{"role": "system", "content": calc.SYSTEM_PROMPT}, {"role": "user", "content": p["question"]}],
+                tools=[calc.CALCULATOR_TOOL],
+                add_generation_prompt=True,
+                tokenize=False,
+            ),
+            add_special_tokens=False,
+        )
+        for p in problems
+    ]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, ignore_eos=True, seed=0)
     total = args.requests * args.max_tokens
 
@@ -44,14 +52,24 @@ def main() -> None:
     started = time.perf_counter()
     with torch.inference_mode():
         for p in prompts:
-            engine._base.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                                  max_new_tokens=args.max_tokens, min_new_tokens=args.max_tokens, do_sample=True,
-                                  pad_token_id=tok.pad_token_id)
+            engine._base.generate(
+                torch.tensor([p]),
+                attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                max_new_tokens=args.max_tokens,
+                min_new_tokens=args.max_tokens,
+                do_sample=True,
+                pad_token_id=tok.pad_token_id,
+            )
     sequential = total / (time.perf_counter() - started)
 
-    report = {"model": str(model_dir) if args.model else "random tiny (0.87M params)",
-              "requests": args.requests, "max_tokens": args.max_tokens, "prompt_tokens": len(prompts[0]),
-              "torch_threads": torch.get_num_threads(), "sequential_generate_tok_s": round(sequential, 1)}
+    report = {
+        "model": str(model_dir) if args.model else "random tiny (0.87M params)",
+        "requests": args.requests,
+        "max_tokens": args.max_tokens,
+        "prompt_tokens": len(prompts[0]),
+        "torch_threads": torch.get_num_threads(),
+        "sequential_generate_tok_s": round(sequential, 1),
+    }
     for concurrency in (1, 4, 16):
         engine.max_batch_size = concurrency  # at most `concurrency` requests in flight
         steps = engine.forward_steps

@@ -39,7 +39,10 @@ MAX_NEW = 48
 def prompt_text(tokenizer: Any, question: str) -> str:
     return tokenizer.apply_chat_template(
         [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}],
-        tools=[CALCULATOR_TOOL], add_generation_prompt=True, tokenize=False)
+        tools=[CALCULATOR_TOOL],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
 
 
 def score(completion: str, answer: Any) -> float:
@@ -63,7 +66,7 @@ def greedy_success(model: Any, tokenizer: Any, problems: list[dict[str, Any]]) -
     model.eval()
     with torch.no_grad():
         out = model.generate(**enc, max_new_tokens=MAX_NEW, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    done = [tokenizer.decode(row[enc["input_ids"].shape[1]:], skip_special_tokens=True) for row in out]
+    done = [tokenizer.decode(row[enc["input_ids"].shape[1] :], skip_special_tokens=True) for row in out]
     return sum(score(c, p["answer"]) for c, p in zip(done, problems)) / len(problems)
 
 
@@ -84,18 +87,28 @@ def run_ours(model_dir: Path, train: list[dict], val: list[dict], args: argparse
     while time.monotonic() - started < args.seconds:
         batch = [train[(cursor + i) % len(train)] for i in range(args.tasks)]
         cursor += args.tasks
-        futures = [(p, engine.submit(tokenizer.encode(prompt_text(tokenizer, p["question"]), add_special_tokens=False),
-                                     SamplingParams(max_tokens=MAX_NEW, temperature=1.0)))
-                   for p in batch for _ in range(args.group)]
+        futures = [
+            (
+                p,
+                engine.submit(
+                    tokenizer.encode(prompt_text(tokenizer, p["question"]), add_special_tokens=False),
+                    SamplingParams(max_tokens=MAX_NEW, temperature=1.0),
+                ),
+            )
+            for p in batch
+            for _ in range(args.group)
+        ]
         results = [(p, f.result()) for p, f in futures]
         samples = []
         for g in range(args.tasks):
-            group = results[g * args.group:(g + 1) * args.group]
+            group = results[g * args.group : (g + 1) * args.group]
             rewards = [score(r.text, p["answer"]) for p, r in group]
             mean, std = statistics.fmean(rewards), statistics.pstdev(rewards)
             # Zero-variance groups stay in (advantage 0), as in TRL, so both sides train the same tokens.
-            samples += [Sample(r.prompt_token_ids, r.token_ids, None, r.logprobs, (x - mean) / (std + 1e-6))
-                        for (p, r), x in zip(group, rewards)]
+            samples += [
+                Sample(r.prompt_token_ids, r.token_ids, None, r.logprobs, (x - mean) / (std + 1e-6))
+                for (p, r), x in zip(group, rewards)
+            ]
         if samples:
             metrics = trainer.ppo_step(samples)
             opt_seconds += metrics.seconds
@@ -103,9 +116,13 @@ def run_ours(model_dir: Path, train: list[dict], val: list[dict], args: argparse
             publisher.publish(trainer)
         steps += 1
     engine.close()
-    return {"steps": steps, "optimizer_seconds": round(opt_seconds, 2), "optimizer_tokens": opt_tokens,
-            "optimizer_tokens_per_second": round(opt_tokens / max(opt_seconds, 1e-9), 1),
-            "greedy_success": greedy_success(trainer.model, tokenizer, val)}
+    return {
+        "steps": steps,
+        "optimizer_seconds": round(opt_seconds, 2),
+        "optimizer_tokens": opt_tokens,
+        "optimizer_tokens_per_second": round(opt_tokens / max(opt_seconds, 1e-9), 1),
+        "greedy_success": greedy_success(trainer.model, tokenizer, val),
+    }
 
 
 def run_trl(model_dir: Path, train: list[dict], val: list[dict], args: argparse.Namespace) -> dict[str, Any]:
@@ -131,14 +148,35 @@ def run_trl(model_dir: Path, train: list[dict], val: list[dict], args: argparse.
             return control
 
     config = GRPOConfig(
-        output_dir=str(args.work_dir / "trl"), per_device_train_batch_size=args.tasks * args.group,
-        num_generations=args.group, max_completion_length=MAX_NEW, learning_rate=args.lr, beta=0.0,
-        temperature=1.0, use_cpu=True, bf16=False, report_to="none", save_strategy="no", logging_steps=1,
-        max_steps=100_000, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
-        adam_beta2=0.99, dataloader_num_workers=0, seed=0,
+        output_dir=str(args.work_dir / "trl"),
+        per_device_train_batch_size=args.tasks * args.group,
+        num_generations=args.group,
+        max_completion_length=MAX_NEW,
+        learning_rate=args.lr,
+        beta=0.0,
+        temperature=1.0,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        max_steps=100_000,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        adam_beta2=0.99,
+        dataloader_num_workers=0,
+        seed=0,
     )
-    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=reward, args=config, train_dataset=data,
-                          processing_class=tokenizer, callbacks=[Budget()])
+    trainer = GRPOTrainer(
+        model=str(model_dir),
+        reward_funcs=reward,
+        args=config,
+        train_dataset=data,
+        processing_class=tokenizer,
+        callbacks=[Budget()],
+    )
     gen = {"seconds": 0.0, "tokens": 0}
     original = trainer._generate_and_score_completions
 
@@ -154,10 +192,13 @@ def run_trl(model_dir: Path, train: list[dict], val: list[dict], args: argparse.
     trainer.train()
     total = time.perf_counter() - t0
     opt_seconds = total - gen["seconds"]
-    return {"steps": trainer.state.global_step, "optimizer_seconds": round(opt_seconds, 2),
-            "optimizer_tokens": gen["tokens"],
-            "optimizer_tokens_per_second": round(gen["tokens"] / max(opt_seconds, 1e-9), 1),
-            "greedy_success": greedy_success(trainer.model, tokenizer, val)}
+    return {
+        "steps": trainer.state.global_step,
+        "optimizer_seconds": round(opt_seconds, 2),
+        "optimizer_tokens": gen["tokens"],
+        "optimizer_tokens_per_second": round(gen["tokens"] / max(opt_seconds, 1e-9), 1),
+        "greedy_success": greedy_success(trainer.model, tokenizer, val),
+    }
 
 
 def main() -> None:
@@ -181,12 +222,20 @@ def main() -> None:
         args.model_dir = ensure_tiny_model()
     args.work_dir.mkdir(parents=True, exist_ok=True)
     train, val = generate_problems(2000, 0, "train"), generate_problems(64, 0, "val")
-    report: dict[str, Any] = {"seconds": args.seconds, "tasks": args.tasks, "group": args.group, "lr": args.lr,
-                              "torch_threads": torch.get_num_threads()}
+    report: dict[str, Any] = {
+        "seconds": args.seconds,
+        "tasks": args.tasks,
+        "group": args.group,
+        "lr": args.lr,
+        "torch_threads": torch.get_num_threads(),
+    }
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     report["initial_greedy_success"] = greedy_success(
-        AutoModelForCausalLM.from_pretrained(str(args.model_dir)), AutoTokenizer.from_pretrained(str(args.model_dir)), val)
+        AutoModelForCausalLM.from_pretrained(str(args.model_dir)),
+        AutoTokenizer.from_pretrained(str(args.model_dir)),
+        val,
+    )
     for name, fn in (("ours", run_ours), ("trl", run_trl)):
         if args.only in (None, name):
             with contextlib.redirect_stdout(sys.stderr):  # TRL prints its logs: stdout stays pure JSON
@@ -194,8 +243,9 @@ def main() -> None:
             print(f"{name}: {report[name]}", file=sys.stderr, flush=True)
     ours, trl = report.get("ours", {}), report.get("trl", {})
     if "optimizer_tokens_per_second" in ours and "optimizer_tokens_per_second" in trl:
-        report["tokens_per_second_ratio"] = round(ours["optimizer_tokens_per_second"]
-                                                  / max(trl["optimizer_tokens_per_second"], 1e-9), 2)
+        report["tokens_per_second_ratio"] = round(
+            ours["optimizer_tokens_per_second"] / max(trl["optimizer_tokens_per_second"], 1e-9), 2
+        )
     print(json.dumps(report, indent=2))
 
 

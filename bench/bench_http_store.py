@@ -82,8 +82,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run(clients: list[StoreClient], ops_per_client: int, op: Callable[[StoreClient, int], int],
-        server_pid: int, calls_per_op: int = 1) -> dict:
+def run(
+    clients: list[StoreClient],
+    ops_per_client: int,
+    op: Callable[[StoreClient, int], int],
+    server_pid: int,
+    calls_per_op: int = 1,
+) -> dict:
     """Run ``op`` ops_per_client times on every client concurrently; op returns items handled and
     makes ``calls_per_op`` store calls. Reports calls/s, items/s, latency per op, and the server's
     and this process's CPU time per call."""
@@ -105,9 +110,14 @@ def run(clients: list[StoreClient], ops_per_client: int, op: Callable[[StoreClie
     server_cpu, client_cpu = cpu_seconds(server_pid) - server_cpu, time.process_time() - client_cpu
     flat = [x for lat in latencies for x in lat]
     calls = len(flat) * calls_per_op
-    return {"ops_per_s": round(calls / elapsed), "items_per_s": round(sum(items) / elapsed),
-            "p50_ms": round(pct(flat, 0.5), 3), "p99_ms": round(pct(flat, 0.99), 3),
-            "server_cpu_us_per_call": round(server_cpu / calls * 1e6), "client_cpu_us_per_call": round(client_cpu / calls * 1e6)}
+    return {
+        "ops_per_s": round(calls / elapsed),
+        "items_per_s": round(sum(items) / elapsed),
+        "p50_ms": round(pct(flat, 0.5), 3),
+        "p99_ms": round(pct(flat, 0.99), 3),
+        "server_cpu_us_per_call": round(server_cpu / calls * 1e6),
+        "client_cpu_us_per_call": round(client_cpu / calls * 1e6),
+    }
 
 
 def bench(url: str, server_pid: int, n_clients: int, ops: int, batch: int) -> dict:
@@ -129,22 +139,38 @@ def bench(url: str, server_pid: int, n_clients: int, ops: int, batch: int) -> di
     # making them is not the store's (it was ~40% of the client's time on a batch).
     singles = [[_span(claims[k][i % len(claims[0])]) for i in range(per)] for k in range(n_clients)]
     out["add_span"] = run(clients, per, lambda c, i: len(c.add_spans([singles[index[id(c)]][i]])), server_pid)
-    batches = [[[_span(claims[k][i]) for _ in range(batch)] for i in range(max(1, per // 20))] for k in range(n_clients)]
+    batches = [
+        [[_span(claims[k][i]) for _ in range(batch)] for i in range(max(1, per // 20))] for k in range(n_clients)
+    ]
     out[f"add_spans_batch{batch}"] = run(
-        clients, max(1, per // 20), lambda c, i: len(c.add_spans(batches[index[id(c)]][i])), server_pid)
-    out["update_attempt"] = run(clients, per, lambda c, i: (c.update_attempt(
-        claims[index[id(c)]][i].rollout.rollout_id, claims[index[id(c)]][i].attempt.attempt_id, "succeeded"), 1)[1],
-        server_pid)
-    out["enqueue_batch100"] = run(clients, max(1, per // 20),
-                                  lambda c, i: len(c.enqueue_rollouts([{"input": j} for j in range(100)])), server_pid)
+        clients, max(1, per // 20), lambda c, i: len(c.add_spans(batches[index[id(c)]][i])), server_pid
+    )
+    out["update_attempt"] = run(
+        clients,
+        per,
+        lambda c, i: (
+            c.update_attempt(
+                claims[index[id(c)]][i].rollout.rollout_id, claims[index[id(c)]][i].attempt.attempt_id, "succeeded"
+            ),
+            1,
+        )[1],
+        server_pid,
+    )
+    out["enqueue_batch100"] = run(
+        clients, max(1, per // 20), lambda c, i: len(c.enqueue_rollouts([{"input": j} for j in range(100)])), server_pid
+    )
     for c in clients:
         c.close()
     return out
 
 
 def _span(claim) -> Span:
-    return Span(rollout_id=claim.rollout.rollout_id, attempt_id=claim.attempt.attempt_id, name="step",
-                attributes={"agentgrad.llm.prompt_token_ids": list(range(64)), "note": "x" * 100})
+    return Span(
+        rollout_id=claim.rollout.rollout_id,
+        attempt_id=claim.attempt.attempt_id,
+        name="step",
+        attributes={"agentgrad.llm.prompt_token_ids": list(range(64)), "note": "x" * 100},
+    )
 
 
 def claim_race(url: str, n: int = 2000, claimers: int = 4) -> dict:
@@ -166,9 +192,14 @@ def claim_race(url: str, n: int = 2000, claimers: int = 4) -> dict:
 
     elapsed = run_threads(worker, claimers)
     everything = [r for g in got for r in g]
-    return {"claimers": claimers, "claimed": len(everything), "double_claims": len(everything) - len(set(everything)),
-            "claims_per_s": round(len(everything) / elapsed), "p50_ms": round(pct(latencies, 0.5), 3),
-            "p99_ms": round(pct(latencies, 0.99), 3)}
+    return {
+        "claimers": claimers,
+        "claimed": len(everything),
+        "double_claims": len(everything) - len(set(everything)),
+        "claims_per_s": round(len(everything) / elapsed),
+        "p50_ms": round(pct(latencies, 0.5), 3),
+        "p99_ms": round(pct(latencies, 0.99), 3),
+    }
 
 
 def main() -> None:
@@ -176,8 +207,9 @@ def main() -> None:
     parser.add_argument("--backend", default="sqlite", choices=["sqlite", "memory"])
     parser.add_argument("--ops", type=int, default=2000)
     parser.add_argument("--batch", type=int, default=200)
-    parser.add_argument("--reference-python", metavar="PY",
-                        help="an interpreter with agentlightning installed: run the reference too")
+    parser.add_argument(
+        "--reference-python", metavar="PY", help="an interpreter with agentlightning installed: run the reference too"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         store_url = f"sqlite:///{tmp}/bench.db" if args.backend == "sqlite" else "memory"
@@ -195,16 +227,27 @@ def main() -> None:
         results["summary"] = {
             "unbatched_ops_per_s_1_client_median": statistics.median(v["ops_per_s"] for v in unbatched),
             "unbatched_cpu_us_per_call_1_client_median": statistics.median(
-                v["server_cpu_us_per_call"] + v["client_cpu_us_per_call"] for v in unbatched),
+                v["server_cpu_us_per_call"] + v["client_cpu_us_per_call"] for v in unbatched
+            ),
             "batched_spans_per_s_1_client": results["clients_1"][f"add_spans_batch{args.batch}"]["items_per_s"],
         }
     if args.reference_python:
-        out = subprocess.run([args.reference_python, str(Path(__file__).with_name("reference_http_workload.py")),
-                              str(args.ops), str(args.batch)], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [
+                args.reference_python,
+                str(Path(__file__).with_name("reference_http_workload.py")),
+                str(args.ops),
+                str(args.batch),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         reference = results["reference_agentlightning_http_1_client"] = json.loads(out.stdout)
         results["times_the_reference_1_client"] = {
             op: round(figures["items_per_s"] / reference[op]["items_per_s"], 1)
-            for op, figures in results["clients_1"].items() if op in reference
+            for op, figures in results["clients_1"].items()
+            if op in reference
         }
     print(json.dumps(results, indent=2))
 

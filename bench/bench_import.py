@@ -26,14 +26,18 @@ def main() -> None:
     parser.add_argument("--module", default="agentgrad")
     args = parser.parse_args()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
-    code = (f"import time; t = time.perf_counter(); import {args.module}; "
-            "print(time.perf_counter() - t)")
+    code = f"import time; t = time.perf_counter(); import {args.module}; print(time.perf_counter() - t)"
     times = []
     for _ in range(args.runs):
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
         times.append(float(out.stdout.strip()))
-    trace = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import {args.module}"], env=env,
-                           capture_output=True, text=True, check=True).stderr
+    trace = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", f"import {args.module}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stderr
     rows = []
     for line in trace.splitlines():
         parts = line.split("|")
@@ -41,14 +45,26 @@ def main() -> None:
             rows.append((int(parts[1]), parts[2].rstrip()))
     top = [{"cumulative_ms": round(us / 1000, 1), "module": name} for us, name in sorted(rows, reverse=True)[:8]]
     modules = sorted({name.strip() for _, name in rows})
-    print(json.dumps({
-        "module": args.module, "runs": args.runs,
-        "median_s": round(statistics.median(times), 4), "min_s": round(min(times), 4),
-        "max_s": round(max(times), 4), "target_s": 0.3, "target_met": statistics.median(times) <= 0.3,
-        "heavy_modules_loaded": [m for m in ("pydantic", "torch", "transformers", "fastapi", "httpx", "rich", "numpy")
-                                 if m in modules],
-        "top_imports": top,
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "module": args.module,
+                "runs": args.runs,
+                "median_s": round(statistics.median(times), 4),
+                "min_s": round(min(times), 4),
+                "max_s": round(max(times), 4),
+                "target_s": 0.3,
+                "target_met": statistics.median(times) <= 0.3,
+                "heavy_modules_loaded": [
+                    m
+                    for m in ("pydantic", "torch", "transformers", "fastapi", "httpx", "rich", "numpy")
+                    if m in modules
+                ],
+                "top_imports": top,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

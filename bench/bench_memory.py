@@ -52,8 +52,19 @@ from agentgrad.types import Span
 
 def start_server(db: Path) -> tuple[subprocess.Popen[str], str]:
     env = {**os.environ, "PYTHONPATH": SRC}
-    command = [sys.executable, "-m", "agentgrad", "store", "serve", "--backend", f"sqlite:///{db}", "--port", "0",
-               "--log-level", "info"]
+    command = [
+        sys.executable,
+        "-m",
+        "agentgrad",
+        "store",
+        "serve",
+        "--backend",
+        f"sqlite:///{db}",
+        "--port",
+        "0",
+        "--log-level",
+        "info",
+    ]
     proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
     assert proc.stderr is not None
     for line in proc.stderr:
@@ -104,9 +115,12 @@ class Heartbeats:
         if not self.latencies:
             return {"heartbeats": 0}
         ordered = sorted(self.latencies)
-        return {"heartbeats": len(ordered), "heartbeat_p50_ms": round(statistics.median(ordered) * 1000, 2),
-                "heartbeat_p99_ms": round(ordered[int(0.99 * (len(ordered) - 1))] * 1000, 2),
-                "heartbeat_max_ms": round(ordered[-1] * 1000, 2)}
+        return {
+            "heartbeats": len(ordered),
+            "heartbeat_p50_ms": round(statistics.median(ordered) * 1000, 2),
+            "heartbeat_p99_ms": round(ordered[int(0.99 * (len(ordered) - 1))] * 1000, 2),
+            "heartbeat_max_ms": round(ordered[-1] * 1000, 2),
+        }
 
 
 @contextmanager
@@ -124,9 +138,17 @@ def phase(results: dict[str, Any], name: str, server_pid: int) -> Iterator[dict[
 
 def write_spans(client: StoreClient, rollout_id: str, attempt_id: str, total: int, batch: int, text: str) -> None:
     for first in range(0, total, batch):
-        client.add_spans([Span(rollout_id=rollout_id, attempt_id=attempt_id, name="agent.step",
-                               attributes={"index": i, "text": text})
-                          for i in range(first, min(total, first + batch))])
+        client.add_spans(
+            [
+                Span(
+                    rollout_id=rollout_id,
+                    attempt_id=attempt_id,
+                    name="agent.step",
+                    attributes={"index": i, "text": text},
+                )
+                for i in range(first, min(total, first + batch))
+            ]
+        )
 
 
 def read_pages(read: Callable[[int], tuple[int, int | None]]) -> tuple[int, int]:
@@ -147,8 +169,13 @@ def main() -> None:
     parser.add_argument("--whole", action="store_true", help="also read every span into the client at once")
     args = parser.parse_args()
 
-    results: dict[str, Any] = {"spans": args.spans, "batch": args.batch, "attribute_bytes": args.attribute_bytes,
-                               "max_span_page": wire.MAX_SPAN_PAGE, "default_span_page": wire.DEFAULT_SPAN_PAGE}
+    results: dict[str, Any] = {
+        "spans": args.spans,
+        "batch": args.batch,
+        "attribute_bytes": args.attribute_bytes,
+        "max_span_page": wire.MAX_SPAN_PAGE,
+        "default_span_page": wire.DEFAULT_SPAN_PAGE,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "store.db"
         proc, url = start_server(db)
@@ -186,7 +213,9 @@ def main() -> None:
                 record["status"], record["html_kb"] = response.status_code, round(len(response.content) / 1024)
             after = re.search(r"after=(\d+)", response.text)
             with phase(results, "dashboard_next_page", proc.pid) as record:
-                response = http.get(f"/dashboard/rollouts/long?attempt={attempt_id}&after={after.group(1) if after else 0}")
+                response = http.get(
+                    f"/dashboard/rollouts/long?attempt={attempt_id}&after={after.group(1) if after else 0}"
+                )
                 record["status"], record["html_kb"] = response.status_code, round(len(response.content) / 1024)
 
             if args.whole:

@@ -16,7 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # This checkout's src, or the first PYTHONPATH entry (a copy of other code, to compare back to back).
-sys.path.insert(0, os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] or str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(
+    0, os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] or str(Path(__file__).resolve().parents[1] / "src")
+)
 
 from bench_http_store import run  # noqa: E402  (same timing harness)
 
@@ -41,12 +43,25 @@ def bench(url: str, schema: str, n_threads: int, ops: int) -> dict:
 
     def span(s: PostgresStore, i: int) -> Span:
         c = claims[id(s)][i % len(claims[id(s)])]
-        return Span(rollout_id=c.rollout.rollout_id, attempt_id=c.attempt.attempt_id, name="step",
-                    attributes={"tokens": list(range(64))})
+        return Span(
+            rollout_id=c.rollout.rollout_id,
+            attempt_id=c.attempt.attempt_id,
+            name="step",
+            attributes={"tokens": list(range(64))},
+        )
 
     out["add_span"] = run(stores, per, lambda s, i: len(s.add_spans([span(s, i)])), me)
-    out["add_spans_batch200"] = run(stores, max(1, per // 20), lambda s, i: len(s.add_spans([span(s, i)] * 1 + [
-        span(s, i).model_copy(update={"span_id": uuid.uuid4().hex[:16]}) for _ in range(199)])), me)
+    out["add_spans_batch200"] = run(
+        stores,
+        max(1, per // 20),
+        lambda s, i: len(
+            s.add_spans(
+                [span(s, i)] * 1
+                + [span(s, i).model_copy(update={"span_id": uuid.uuid4().hex[:16]}) for _ in range(199)]
+            )
+        ),
+        me,
+    )
     out["get_rollout"] = run(stores, per, lambda s, i: (s.get_rollout(claims[id(s)][i].rollout.rollout_id), 1)[1], me)
     for s in stores:
         s.close()

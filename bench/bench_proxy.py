@@ -48,8 +48,14 @@ from agentgrad.proxy.hooks import rollout_endpoint  # noqa: E402
 from agentgrad.store import open_store  # noqa: E402
 
 #: Asks for what the proxy asks for anyway, so the upstream does the same work on both paths.
-BODY = {"model": "m", "messages": [{"role": "user", "content": "What is 2 + 3?"}], "max_tokens": 8,
-        "temperature": 0, "return_token_ids": True, "logprobs": True}
+BODY = {
+    "model": "m",
+    "messages": [{"role": "user", "content": "What is 2 + 3?"}],
+    "max_tokens": 8,
+    "temperature": 0,
+    "return_token_ids": True,
+    "logprobs": True,
+}
 
 _SERVE_STUB = """
 import signal, sys, threading
@@ -86,14 +92,19 @@ def _process(args: list[str], url_of: Callable[[str], str], src: Path | None = N
 
 
 def _snippet(code: str) -> list[str]:
-    return [sys.executable, "-c", "import signal; signal.pthread_sigmask(signal.SIG_BLOCK, "
-            "[signal.SIGTERM, signal.SIGINT])\n" + code]
+    return [
+        sys.executable,
+        "-c",
+        "import signal; signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM, signal.SIGINT])\n" + code,
+    ]
 
 
 def _percentiles(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
-    return {"p50_ms": round(statistics.median(ordered) * 1e3, 3),
-            "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e3, 3)}
+    return {
+        "p50_ms": round(statistics.median(ordered) * 1e3, 3),
+        "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e3, 3),
+    }
 
 
 def _call(client: httpx.Client, url: str) -> float:
@@ -130,7 +141,8 @@ def measure(direct: str, proxied: dict[str, str], n: int, warmup: int) -> dict[s
             for name in proxied:
                 stats[f"added_by_{name}"] = {
                     "p50_ms": round(stats[name]["p50_ms"] - stats["direct"]["p50_ms"], 3),
-                    "p99_ms": round(stats[name]["p99_ms"] - stats["direct"]["p99_ms"], 3)}
+                    "p99_ms": round(stats[name]["p99_ms"] - stats["direct"]["p99_ms"], 3),
+                }
             result[kind] = stats
     return result
 
@@ -157,17 +169,29 @@ def _attempt_url(proxy_url: str, db: str) -> str:
 
 def bench(upstream_code: str, n: int, warmup: int, baseline_src: Path | None = None) -> dict[str, object]:
     variants: list[tuple[str, Path | None, list[str]]] = [
-        ("proxy", None, []), ("proxy_sync", None, ["--record-mode", "sync"])]
+        ("proxy", None, []),
+        ("proxy_sync", None, ["--record-mode", "sync"]),
+    ]
     if baseline_src is not None:
         variants += [("baseline", baseline_src, []), ("baseline_sync", baseline_src, ["--record-mode", "sync"])]
-    with tempfile.TemporaryDirectory() as tmp, _process(_snippet(upstream_code), str) as upstream, \
-            ExitStack() as stack:
+    with tempfile.TemporaryDirectory() as tmp, _process(_snippet(upstream_code), str) as upstream, ExitStack() as stack:
         proxied: dict[str, str] = {}
         for name, src, extra in variants:
             db = str(Path(tmp) / f"{name}.db")
             open_store(f"sqlite://{db}", watchdog=False).close()  # created before the proxy opens it
-            args = [sys.executable, "-m", "agentgrad", "proxy", "--store", f"sqlite://{db}",
-                    "--upstream", upstream, "--port", "0", *extra]
+            args = [
+                sys.executable,
+                "-m",
+                "agentgrad",
+                "proxy",
+                "--store",
+                f"sqlite://{db}",
+                "--upstream",
+                upstream,
+                "--port",
+                "0",
+                *extra,
+            ]
             proxy = stack.enter_context(_process(args, lambda line: line.split()[3], src))
             _wait_healthy(proxy)  # the CLI prints once bound, a moment before it accepts
             if name.endswith("_sync"):
@@ -183,17 +207,29 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=300, help="calls per variant against the stub")
     parser.add_argument("--engine-n", type=int, default=40, help="calls per variant against the engine")
     parser.add_argument("--no-engine", action="store_true", help="skip the real-engine run")
-    parser.add_argument("--baseline-src", type=Path, default=None,
-                        help="also measure the proxy of this src directory (e.g. a copy from before a change)")
+    parser.add_argument(
+        "--baseline-src",
+        type=Path,
+        default=None,
+        help="also measure the proxy of this src directory (e.g. a copy from before a change)",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="repeat the stub comparison this many times")
     parser.add_argument("--summary", action="store_true", help="print only the added p50/p99 per run")
     args = parser.parse_args()
     runs = [bench(_SERVE_STUB, args.n, warmup=30, baseline_src=args.baseline_src) for _ in range(args.repeat)]
     if args.summary:
-        runs = [{kind: {k: v for k, v in stats.items() if k.startswith("added_by_")}  # type: ignore[union-attr]
-                 for kind, stats in run.items() if kind != "calls"} for run in runs]
+        runs = [
+            {
+                kind: {k: v for k, v in stats.items() if k.startswith("added_by_")}  # type: ignore[union-attr]
+                for kind, stats in run.items()
+                if kind != "calls"
+            }
+            for run in runs
+        ]
     report: dict[str, object] = {
-        "reference_proxy_added_ms": 2.7, "target_added_p50_ms": 0.5, "cpu_count": os.cpu_count(),
+        "reference_proxy_added_ms": 2.7,
+        "target_added_p50_ms": 0.5,
+        "cpu_count": os.cpu_count(),
         "stub_upstream (fast local stand-in)": runs[0] if len(runs) == 1 else runs,
     }
     if not args.no_engine:

@@ -113,8 +113,9 @@ async def async_agent(task: Any, llm: Any) -> float:
     if client is None:
         client = _clients[loop] = httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_keepalive_connections=64))
     for turn in range(CALLS_PER_ROLLOUT):
-        response = await client.post(llm.endpoint + "/chat/completions",
-                                     json={**_BODY, "messages": _messages(task, turn)})
+        response = await client.post(
+            llm.endpoint + "/chat/completions", json={**_BODY, "messages": _messages(task, turn)}
+        )
         response.raise_for_status()
     _record(started, time.time())
     return 1.0
@@ -217,16 +218,25 @@ def run_config(config: str, n: int, upstream: str, stub_pid: int, timeout: float
         return round(seconds * 1e3 / n, 2)
 
     return {
-        "config": config, "runners": runners, "concurrency": concurrency, "process_pool": kind == "pool", "n": n,
+        "config": config,
+        "runners": runners,
+        "concurrency": concurrency,
+        "process_pool": kind == "pool",
+        "n": n,
         "valid": succeeded == n and captured >= CALLS_PER_ROLLOUT * n and len(done) == n,
-        "succeeded": succeeded, "captured_llm_calls": captured,
-        "wall_s": round(wall, 3), "rollouts_per_s": round(n / wall, 1),
+        "succeeded": succeeded,
+        "captured_llm_calls": captured,
+        "wall_s": round(wall, 3),
+        "rollouts_per_s": round(n / wall, 1),
         "overhead_ms_per_rollout": ms(wall * slots - agent_total),
         "steady_rollouts_per_s": round(n / steady, 1) if times else None,
         "steady_overhead_ms_per_rollout": ms(steady * slots - agent_total),
         "agent_ms_per_rollout": ms(agent_total),
-        "cpu_ms_per_rollout": {"this_process": ms(cpu_self), "stub": ms(cpu_stub),
-                               **({"runner_process": ms(statistics.mean(cpu_runners))} if kind == "pool" else {})},
+        "cpu_ms_per_rollout": {
+            "this_process": ms(cpu_self),
+            "stub": ms(cpu_stub),
+            **({"runner_process": ms(statistics.mean(cpu_runners))} if kind == "pool" else {}),
+        },
         "startup_s": {"max": round(max(firsts), 3), "median": round(statistics.median(firsts), 3)} if firsts else None,
     }
 
@@ -252,15 +262,32 @@ def main() -> None:
                 result["round"] = round_
                 runs.append(result)
                 if args.summary:
-                    print(json.dumps({k: result[k] for k in ("config", "round", "valid", "rollouts_per_s",
-                                                            "overhead_ms_per_rollout",
-                                                            "steady_overhead_ms_per_rollout", "startup_s")}),
-                          file=sys.stderr, flush=True)
+                    print(
+                        json.dumps(
+                            {
+                                k: result[k]
+                                for k in (
+                                    "config",
+                                    "round",
+                                    "valid",
+                                    "rollouts_per_s",
+                                    "overhead_ms_per_rollout",
+                                    "steady_overhead_ms_per_rollout",
+                                    "startup_s",
+                                )
+                            }
+                        ),
+                        file=sys.stderr,
+                        flush=True,
+                    )
     report = {
         "upstream": "agentgrad.testing.stub.StubUpstream (a fake upstream that answers at once; a stand-in, "
-                    "not a model)",
-        "store": "SQLite file (WAL)", "agentgrad": str(Path(agentgrad.__file__).parent), "cpu_count": os.cpu_count(),
-        "load_average": os.getloadavg(), "runs": runs,
+        "not a model)",
+        "store": "SQLite file (WAL)",
+        "agentgrad": str(Path(agentgrad.__file__).parent),
+        "cpu_count": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "runs": runs,
     }
     print(json.dumps(report, indent=2))
 

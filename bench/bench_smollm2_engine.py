@@ -49,8 +49,12 @@ def main() -> None:
     parser.add_argument("--grpo-step", action="store_true", help="measure one GRPO step with LoRA instead")
     parser.add_argument("--tasks", type=int, default=4, help="--grpo-step: tasks in the step")
     parser.add_argument("--group", type=int, default=4, help="--grpo-step: rollouts per task")
-    parser.add_argument("--micro-batch-tokens", type=int, default=8192,
-                        help="--grpo-step: TrainConfig.micro_batch_tokens (padded tokens per micro-batch)")
+    parser.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=8192,
+        help="--grpo-step: TrainConfig.micro_batch_tokens (padded tokens per micro-batch)",
+    )
     args = parser.parse_args()
     if args.grpo_step:
         print(json.dumps(grpo_step(args), indent=2))
@@ -73,21 +77,31 @@ def main() -> None:
     model, tok = engine._base, engine.tokenizer
     prompts = _prompts(tok, calc.generate_problems(args.requests, seed=0, split="test"))
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True, logprobs=0)
-    report |= {"model": str(model_dir), "parameters": sum(p.numel() for p in model.parameters()),
-               "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-               "requests": args.requests, "max_tokens": args.max_tokens,
-               "prompt_tokens_mean": round(sum(map(len, prompts)) / len(prompts), 1)}
+    report |= {
+        "model": str(model_dir),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "requests": args.requests,
+        "max_tokens": args.max_tokens,
+        "prompt_tokens_mean": round(sum(map(len, prompts)) / len(prompts), 1),
+    }
 
     # what the engine serves is the model's: greedy ids as generate's, logprobs as a forward pass's
     served = engine.generate(prompts[0], params)
     with torch.inference_mode():
         ids = torch.tensor([prompts[0]])
-        reference = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_tokens,
-                                   min_new_tokens=args.max_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
+        reference = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=args.max_tokens,
+            min_new_tokens=args.max_tokens,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id,
+        )
         full = torch.tensor([prompts[0] + served.token_ids])
-        logits = model(full).logits[0, len(prompts[0]) - 1:-1].float()
-        recomputed = torch.log_softmax(logits, -1).gather(1, full[0, len(prompts[0]):, None])[:, 0]
-    report["greedy_ids_match_generate"] = served.token_ids == reference[0, len(prompts[0]):].tolist()
+        logits = model(full).logits[0, len(prompts[0]) - 1 : -1].float()
+        recomputed = torch.log_softmax(logits, -1).gather(1, full[0, len(prompts[0]) :, None])[:, 0]
+    report["greedy_ids_match_generate"] = served.token_ids == reference[0, len(prompts[0]) :].tolist()
     report["logprob_max_abs_diff"] = float((recomputed - torch.tensor(served.logprobs)).abs().max())
     report["sample_completion"] = tok.decode(served.token_ids)
 
@@ -96,8 +110,14 @@ def main() -> None:
     with torch.inference_mode():
         for p in prompts[:n_seq]:
             ids = torch.tensor([p])
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_tokens,
-                           min_new_tokens=args.max_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
+            model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=args.max_tokens,
+                min_new_tokens=args.max_tokens,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+            )
     sequential = n_seq * args.max_tokens / (time.perf_counter() - started)
     report["sequential_generate_requests"] = n_seq
     report["sequential_generate_tok_s"] = round(sequential, 1)
@@ -123,10 +143,18 @@ def _prompts(tok: Any, problems: list[dict[str, Any]]) -> list[list[int]]:
     """The calculator agent's first prompt for each problem, as token ids."""
     from agentgrad.demo import calc
 
-    return [tok.encode(tok.apply_chat_template(
-        [{"role": "system", "content": calc.SYSTEM_PROMPT}, {"role": "user", "content": p["question"]}],
-        tools=[calc.CALCULATOR_TOOL], add_generation_prompt=True, tokenize=False), add_special_tokens=False)
-        for p in problems]
+    return [
+        tok.encode(
+            tok.apply_chat_template(
+                [{"role": "system", "content": calc.SYSTEM_PROMPT}, {"role": "user", "content": p["question"]}],
+                tools=[calc.CALCULATOR_TOOL],
+                add_generation_prompt=True,
+                tokenize=False,
+            ),
+            add_special_tokens=False,
+        )
+        for p in problems
+    ]
 
 
 def grpo_step(args: argparse.Namespace) -> dict[str, object]:
@@ -145,17 +173,28 @@ def grpo_step(args: argparse.Namespace) -> dict[str, object]:
     report: dict[str, object] = {"load_avg_before": _load(), "cpus": os.cpu_count(), "torch_threads": args.threads}
     model_dir = Path(args.model) if args.model else import_smollm2()
     engine = Engine(model_dir, max_batch_size=args.tasks * args.group)
-    trainer = PolicyTrainer(model_dir, TrainConfig(lora=LoraSettings(r=16), device="cpu", dtype="float32",
-                                                   micro_batch_tokens=args.micro_batch_tokens))
+    trainer = PolicyTrainer(
+        model_dir,
+        TrainConfig(lora=LoraSettings(r=16), device="cpu", dtype="float32", micro_batch_tokens=args.micro_batch_tokens),
+    )
     problems = calc.generate_problems(args.tasks, seed=0, split="train")
     prompts = _prompts(engine.tokenizer, problems)
-    report |= {"model": str(model_dir), "tasks": args.tasks, "group": args.group, "max_tokens": args.max_tokens,
-               "micro_batch_tokens": args.micro_batch_tokens,
-               "lr": trainer.config.lr, "rss_after_load_mb": _rss_mb()}
+    report |= {
+        "model": str(model_dir),
+        "tasks": args.tasks,
+        "group": args.group,
+        "max_tokens": args.max_tokens,
+        "micro_batch_tokens": args.micro_batch_tokens,
+        "lr": trainer.config.lr,
+        "rss_after_load_mb": _rss_mb(),
+    }
 
     started = time.perf_counter()
-    futures = [(i, engine.submit(prompts[i], SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=g)))
-               for i in range(len(problems)) for g in range(args.group)]
+    futures = [
+        (i, engine.submit(prompts[i], SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=g)))
+        for i in range(len(problems))
+        for g in range(args.group)
+    ]
     results = [(i, f.result()) for i, f in futures]
     rollout_s = time.perf_counter() - started
     samples, rewards = [], []
@@ -164,16 +203,27 @@ def grpo_step(args: argparse.Namespace) -> dict[str, object]:
         scores = [float(calc.check_answer(r.text, problems[i]["answer"])) for r in group]
         mean, std = statistics.fmean(scores), statistics.pstdev(scores)
         rewards += scores
-        samples += [Sample(prompts[i], r.token_ids, old_logprobs=r.logprobs, advantage=(s - mean) / (std + 1e-6))
-                    for r, s in zip(group, scores, strict=True)]
+        samples += [
+            Sample(prompts[i], r.token_ids, old_logprobs=r.logprobs, advantage=(s - mean) / (std + 1e-6))
+            for r, s in zip(group, scores, strict=True)
+        ]
     generated = sum(len(r.token_ids) for _, r in results)
-    report |= {"rollout_s": round(rollout_s, 1), "rollout_tokens": generated,
-               "rollout_tok_s": round(generated / rollout_s, 1), "reward_mean": round(statistics.fmean(rewards), 3)}
+    report |= {
+        "rollout_s": round(rollout_s, 1),
+        "rollout_tokens": generated,
+        "rollout_tok_s": round(generated / rollout_s, 1),
+        "reward_mean": round(statistics.fmean(rewards), 3),
+    }
 
     metrics = trainer.ppo_step(samples)
-    report |= {"train_s": round(metrics.seconds, 1), "train_tokens": metrics.tokens,
-               "train_tok_s": round(metrics.tokens_per_second, 1), "train_micro_batches": metrics.micro_batches,
-               "train_ratio_max": round(metrics.ratio_max, 4), "train_grad_norm": round(metrics.grad_norm, 4)}
+    report |= {
+        "train_s": round(metrics.seconds, 1),
+        "train_tokens": metrics.tokens,
+        "train_tok_s": round(metrics.tokens_per_second, 1),
+        "train_micro_batches": metrics.micro_batches,
+        "train_ratio_max": round(metrics.ratio_max, 4),
+        "train_grad_norm": round(metrics.grad_norm, 4),
+    }
 
     with tempfile.TemporaryDirectory(prefix="smollm2-lora-") as adapter:
         started = time.perf_counter()

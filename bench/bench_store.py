@@ -107,8 +107,13 @@ def _drop_scratch(backend: str) -> None:
 def _span(rollout_id: str, attempt_id: str, tag: str, index: int) -> Any:
     from agentgrad.types import Span
 
-    return Span(rollout_id=rollout_id, attempt_id=attempt_id, span_id=f"{tag}{index:04d}", name="agentgrad.message",
-                attributes={"agentgrad.message.body": "x" * 100, "step": index})
+    return Span(
+        rollout_id=rollout_id,
+        attempt_id=attempt_id,
+        span_id=f"{tag}{index:04d}",
+        name="agentgrad.message",
+        attributes={"agentgrad.message.body": "x" * 100, "step": index},
+    )
 
 
 def run_backend(backend: str, n: int, freeze: bool = True, counter: Any = None, keyed: bool = False) -> dict[str, Any]:
@@ -145,8 +150,11 @@ def run_backend(backend: str, n: int, freeze: bool = True, counter: Any = None, 
         # Keys are made before the timed blocks, like the spans below.
         enqueue_keys = [f"enqueue-{i}" if keyed else None for i in range(n)]
         dequeue_keys = [f"dequeue-{i}" if keyed else None for i in range(n)]
-        phase("enqueue", n, lambda: [store.enqueue_rollout({"task": i}, idempotency_key=enqueue_keys[i])
-                                     for i in range(n)])
+        phase(
+            "enqueue",
+            n,
+            lambda: [store.enqueue_rollout({"task": i}, idempotency_key=enqueue_keys[i]) for i in range(n)],
+        )
 
         def dequeue_start() -> list[Any]:
             claimed = []
@@ -164,8 +172,7 @@ def run_backend(backend: str, n: int, freeze: bool = True, counter: Any = None, 
         singles = [_span(r, a, "s", i) for r, a in pairs for i in range(SPANS_PER_ROLLOUT)]
         phase("add_span_single", len(singles), lambda: [store.add_span(s) for s in singles])
         results["add_span_single"]["spans_per_s"] = results["add_span_single"]["ops_per_s"]
-        phase("update_succeeded", n,
-              lambda: [store.update_attempt(r, a, AttemptStatus.SUCCEEDED) for r, a in pairs])
+        phase("update_succeeded", n, lambda: [store.update_attempt(r, a, AttemptStatus.SUCCEEDED) for r, a in pairs])
         counts = phase("query_spans", n, lambda: [len(store.query_spans(r)) for r, _ in pairs])
         assert all(c == SPANS_PER_ROLLOUT for c in counts), "lost spans"
 
@@ -179,7 +186,7 @@ def run_backend(backend: str, n: int, freeze: bool = True, counter: Any = None, 
         batches10 = [[_span(r, a, "b", i) for i in range(SPANS_PER_ROLLOUT)] for r, a in batch_pairs]
         phase("add_spans_batch10", n * SPANS_PER_ROLLOUT, lambda: [store.add_spans(b) for b in batches10])
         flat = [_span(r, a, "k", i) for r, a in batch_pairs for i in range(SPANS_PER_ROLLOUT)]
-        batches1000 = [flat[i:i + 1000] for i in range(0, len(flat), 1000)]
+        batches1000 = [flat[i : i + 1000] for i in range(0, len(flat), 1000)]
         phase("add_spans_batch1000", len(flat), lambda: [store.add_spans(b) for b in batches1000])
         for name, calls_made in (("add_spans_batch10", n), ("add_spans_batch1000", len(batches1000))):
             results[name]["spans_per_s"] = results[name]["ops_per_s"]
@@ -194,15 +201,20 @@ def run_backend(backend: str, n: int, freeze: bool = True, counter: Any = None, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, help="rollouts of the lifecycle, and as many for the batches "
-                        "(default 5000; 200 with --instructions)")
+    parser.add_argument(
+        "--n",
+        type=int,
+        help="rollouts of the lifecycle, and as many for the batches (default 5000; 200 with --instructions)",
+    )
     parser.add_argument("--backends", default="memory,sqlite", help="any of memory, sqlite, postgres, redis")
     parser.add_argument("--pg-url", default=PG_URL, help="the PostgreSQL of the postgres backend")
     parser.add_argument("--redis-url", default=REDIS_URL, help="the Redis of the redis backend")
-    parser.add_argument("--gc-scan-all", action="store_true",
-                        help="do not freeze the objects that exist when a phase starts")
-    parser.add_argument("--reference-python", metavar="PY",
-                        help="an interpreter with agentlightning installed: run the reference too")
+    parser.add_argument(
+        "--gc-scan-all", action="store_true", help="do not freeze the objects that exist when a phase starts"
+    )
+    parser.add_argument(
+        "--reference-python", metavar="PY", help="an interpreter with agentlightning installed: run the reference too"
+    )
     parser.add_argument("--instructions", action="store_true", help="count instructions per call (callgrind)")
     parser.add_argument("--keyed", action="store_true", help="enqueue and dequeue with idempotency keys")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -222,33 +234,57 @@ def main() -> None:
         return
     import sqlite3
 
-    report: dict[str, Any] = {"n_rollouts": n, "spans_per_rollout": SPANS_PER_ROLLOUT,
-                              "gc": "scan all" if args.gc_scan_all else "frozen at each phase start",
-                              "python": sys.version.split()[0], "sqlite": sqlite3.sqlite_version,
-                              "idempotency_keys": args.keyed, "backends": {}}
+    report: dict[str, Any] = {
+        "n_rollouts": n,
+        "spans_per_rollout": SPANS_PER_ROLLOUT,
+        "gc": "scan all" if args.gc_scan_all else "frozen at each phase start",
+        "python": sys.version.split()[0],
+        "sqlite": sqlite3.sqlite_version,
+        "idempotency_keys": args.keyed,
+        "backends": {},
+    }
     for backend in args.backends.split(","):
         env = {**os.environ, "AGENTGRAD_BENCH_PG": args.pg_url, "AGENTGRAD_BENCH_REDIS": args.redis_url}
-        out = subprocess.run(_child(backend, n) + keyed + (["--gc-scan-all"] if args.gc_scan_all else []),
-                             capture_output=True, text=True, env=env)
+        out = subprocess.run(
+            _child(backend, n) + keyed + (["--gc-scan-all"] if args.gc_scan_all else []),
+            capture_output=True,
+            text=True,
+            env=env,
+        )
         if out.returncode:
             sys.exit(f"the {backend} run failed:\n{out.stderr[-3000:]}")
         report["backends"][backend] = json.loads(out.stdout)
     if args.reference_python:
-        out = subprocess.run([args.reference_python, str(Path(__file__).with_name("reference_store_workload.py")),
-                              str(n)], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [args.reference_python, str(Path(__file__).with_name("reference_store_workload.py")), str(n)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         reference = report["reference_agentlightning_memory"] = json.loads(out.stdout)
         report["times_the_reference"] = {
-            backend: {phase: round(figures[phase]["ops_per_s"] / reference[phase]["ops_per_s"], 1)
-                      for phase in ("mixed_unbatched", "add_span_single", "add_spans_batch1000", "query_spans")}
+            backend: {
+                phase: round(figures[phase]["ops_per_s"] / reference[phase]["ops_per_s"], 1)
+                for phase in ("mixed_unbatched", "add_span_single", "add_spans_batch1000", "query_spans")
+            }
             for backend, figures in report["backends"].items()
         }
     targets = {
-        "sqlite_batched_span_inserts_per_s>=20000":
-            report["backends"].get("sqlite", {}).get("add_spans_batch1000", {}).get("spans_per_s", 0) >= 20000,
-        "sqlite_mixed_unbatched_ops_per_s>=5000":
-            report["backends"].get("sqlite", {}).get("mixed_unbatched", {}).get("ops_per_s", 0) >= 5000,
-        "memory_mixed_unbatched_ops_per_s>=50000":
-            report["backends"].get("memory", {}).get("mixed_unbatched", {}).get("ops_per_s", 0) >= 50000,
+        "sqlite_batched_span_inserts_per_s>=20000": report["backends"]
+        .get("sqlite", {})
+        .get("add_spans_batch1000", {})
+        .get("spans_per_s", 0)
+        >= 20000,
+        "sqlite_mixed_unbatched_ops_per_s>=5000": report["backends"]
+        .get("sqlite", {})
+        .get("mixed_unbatched", {})
+        .get("ops_per_s", 0)
+        >= 5000,
+        "memory_mixed_unbatched_ops_per_s>=50000": report["backends"]
+        .get("memory", {})
+        .get("mixed_unbatched", {})
+        .get("ops_per_s", 0)
+        >= 50000,
     }
     report["targets_met"] = targets
     print(json.dumps(report, indent=2))
@@ -262,8 +298,15 @@ def count_instructions(backends: list[str], n: int, options: list[str]) -> dict[
     """Instructions per call of every phase, per backend (the workload run under callgrind)."""
     from callgrind import count_phases
 
-    ops = {"enqueue": n, "dequeue_start": 2 * n, "add_span_single": n * SPANS_PER_ROLLOUT, "update_succeeded": n,
-           "query_spans": n, "add_spans_batch10": n * SPANS_PER_ROLLOUT, "add_spans_batch1000": n * SPANS_PER_ROLLOUT}
+    ops = {
+        "enqueue": n,
+        "dequeue_start": 2 * n,
+        "add_span_single": n * SPANS_PER_ROLLOUT,
+        "update_succeeded": n,
+        "query_spans": n,
+        "add_spans_batch10": n * SPANS_PER_ROLLOUT,
+        "add_spans_batch1000": n * SPANS_PER_ROLLOUT,
+    }
     report: dict[str, Any] = {"n_rollouts": n, "unit": "instructions per call (spans: per span)", "backends": {}}
     for backend in backends:
         counts = count_phases(_child(backend, n) + options + ["--instructions"])

@@ -55,9 +55,13 @@ def count_phases(command: list[str], env: dict[str, str] | None = None) -> dict[
         source.write_text(_SHIM_SOURCE)
         subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(shim), str(source)], check=True)
         child_env = {**os.environ, **(env or {}), SHIM_ENV: str(shim), "PYTHONHASHSEED": "0"}
-        subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no",
-                        f"--callgrind-out-file={work}/cg.out", *command],
-                       env=child_env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={work}/cg.out", *command],
+            env=child_env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         counts: dict[str, int] = {}
         for dump in glob.glob(f"{work}/cg.out*"):
             text = Path(dump).read_text()

@@ -46,10 +46,21 @@ def _span(rollout_id: str, attempt_id: str, index: int, sequence_id: int) -> Any
     from agentlightning.types import OtelResource, Span, TraceStatus
 
     return Span(
-        rollout_id=rollout_id, attempt_id=attempt_id, sequence_id=sequence_id, trace_id=f"{index:032x}",
-        span_id=f"{sequence_id:08x}{index:08x}", parent_id=None, name="step", status=TraceStatus(status_code="UNSET"),
-        attributes={"agentgrad.llm.prompt_token_ids": list(range(64)), "note": "x" * 100}, events=[], links=[],
-        start_time=time.time(), end_time=None, context=None, parent=None,
+        rollout_id=rollout_id,
+        attempt_id=attempt_id,
+        sequence_id=sequence_id,
+        trace_id=f"{index:032x}",
+        span_id=f"{sequence_id:08x}{index:08x}",
+        parent_id=None,
+        name="step",
+        status=TraceStatus(status_code="UNSET"),
+        attributes={"agentgrad.llm.prompt_token_ids": list(range(64)), "note": "x" * 100},
+        events=[],
+        links=[],
+        start_time=time.time(),
+        end_time=None,
+        context=None,
+        parent=None,
         resource=OtelResource(attributes={}, schema_url=""),
     )
 
@@ -68,8 +79,12 @@ async def run(url: str, ops: int, batch: int) -> dict[str, Any]:
             results.append(await op(i))
             latencies.append(time.perf_counter() - t)
         elapsed = time.perf_counter() - started
-        out[name] = {"ops_per_s": round(count * calls_per_op / elapsed), "items_per_s": round(count * items_per_op / elapsed),
-                     "p50_ms": _pct(latencies, 0.5), "p99_ms": _pct(latencies, 0.99)}
+        out[name] = {
+            "ops_per_s": round(count * calls_per_op / elapsed),
+            "items_per_s": round(count * items_per_op / elapsed),
+            "p50_ms": _pct(latencies, 0.5),
+            "p99_ms": _pct(latencies, 0.99),
+        }
         return results
 
     await timed("enqueue", ops, lambda i: client.enqueue_rollout(input={"i": i}))
@@ -83,7 +98,9 @@ async def run(url: str, ops: int, batch: int) -> dict[str, Any]:
     singles = [_span(*pairs[i], 0, 1) for i in range(ops)]
     await timed("add_span", ops, lambda i: client.add_span(singles[i]))
     batches = [[_span(*pairs[i], k, 2 + k) for k in range(batch)] for i in range(max(1, ops // 20))]
-    await timed(f"add_spans_batch{batch}", len(batches), lambda i: client.add_many_spans(batches[i]), items_per_op=batch)
+    await timed(
+        f"add_spans_batch{batch}", len(batches), lambda i: client.add_many_spans(batches[i]), items_per_op=batch
+    )
     await timed("update_attempt", ops, lambda i: client.update_attempt(*pairs[i], status="succeeded"))
     await client.close()
     return out
@@ -95,8 +112,9 @@ def main() -> None:
     logging.disable(logging.WARNING)
     ops, batch = int(sys.argv[1]), int(sys.argv[2])
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-c", SERVER, str(port)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER, str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         deadline = time.monotonic() + 60
         while True:

@@ -32,10 +32,22 @@ def _span(rollout_id: str, attempt_id: str, tag: str, index: int, sequence_id: i
     from agentlightning.types import OtelResource, Span, TraceStatus
 
     return Span(
-        rollout_id=rollout_id, attempt_id=attempt_id, sequence_id=sequence_id, trace_id=f"{index:032x}",
-        span_id=f"{tag}{index:04d}", parent_id=None, name="agentgrad.message", status=TraceStatus(status_code="UNSET"),
-        attributes={"agentgrad.message.body": "x" * 100, "step": index}, events=[], links=[], start_time=time.time(),
-        end_time=None, context=None, parent=None, resource=OtelResource(attributes={}, schema_url=""),
+        rollout_id=rollout_id,
+        attempt_id=attempt_id,
+        sequence_id=sequence_id,
+        trace_id=f"{index:032x}",
+        span_id=f"{tag}{index:04d}",
+        parent_id=None,
+        name="agentgrad.message",
+        status=TraceStatus(status_code="UNSET"),
+        attributes={"agentgrad.message.body": "x" * 100, "step": index},
+        events=[],
+        links=[],
+        start_time=time.time(),
+        end_time=None,
+        context=None,
+        parent=None,
+        resource=OtelResource(attributes={}, schema_url=""),
     )
 
 
@@ -106,7 +118,7 @@ async def run(n: int) -> dict[str, Any]:
     batches10 = spans(batch_pairs, "b", 1)
     await phase("add_spans_batch10", n * SPANS_PER_ROLLOUT, lambda: add_batches(batches10))
     flat = [s for batch in spans(batch_pairs, "k", 1 + SPANS_PER_ROLLOUT) for s in batch]
-    batches1000 = [flat[i:i + 1000] for i in range(0, len(flat), 1000)]
+    batches1000 = [flat[i : i + 1000] for i in range(0, len(flat), 1000)]
     await phase("add_spans_batch1000", len(flat), lambda: add_batches(batches1000))
     for name in ("add_spans_batch10", "add_spans_batch1000"):
         results[name]["spans_per_s"] = results[name]["ops_per_s"]

@@ -16,7 +16,10 @@ def summarize(results: dict[str, Any], calls: dict[str, int], seconds: dict[str,
     """Add ``mixed_unbatched`` (the lifecycle's calls over their total time) and peak RSS."""
     total_calls = sum(calls[p] for p in LIFECYCLE)
     total_seconds = sum(seconds[p] for p in LIFECYCLE)
-    results["mixed_unbatched"] = {"ops": total_calls, "seconds": round(total_seconds, 3),
-                                  "ops_per_s": round(total_calls / total_seconds)}
+    results["mixed_unbatched"] = {
+        "ops": total_calls,
+        "seconds": round(total_seconds, 3),
+        "ops_per_s": round(total_calls / total_seconds),
+    }
     results["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     return results

@@ -88,8 +88,11 @@ def local_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stor
     from agentgrad.store.memory import MemoryStore
     from agentgrad.store.sqlite import SqliteStore
 
-    store = MemoryStore(watchdog_interval=None) if request.param == "memory" else \
-        SqliteStore(tmp_path / "store.db", watchdog_interval=None)
+    store = (
+        MemoryStore(watchdog_interval=None)
+        if request.param == "memory"
+        else SqliteStore(tmp_path / "store.db", watchdog_interval=None)
+    )
     yield store
     store.close()
 

@@ -18,12 +18,14 @@ from agentgrad.store.memory import MemoryStore
 from agentgrad.types import LLM, AttemptStatus, PromptTemplate, Resources, Rollout, RolloutStatus
 
 
-def run_tasks(store: MemoryStore, agent: Any, tasks: list[Any], *, mode: str = "train",
-              resources: dict[str, Any] | None = None) -> list[Rollout]:
+def run_tasks(
+    store: MemoryStore, agent: Any, tasks: list[Any], *, mode: str = "train", resources: dict[str, Any] | None = None
+) -> list[Rollout]:
     """Enqueue ``tasks``, run them with a real Runner to completion, return the final rollouts."""
     res = store.add_resources(resources) if resources is not None else None
-    ids = [store.enqueue_rollout(t, mode=mode, resources_id=res.resources_id if res else None).rollout_id
-           for t in tasks]
+    ids = [
+        store.enqueue_rollout(t, mode=mode, resources_id=res.resources_id if res else None).rollout_id for t in tasks
+    ]
     Runner(agent, store, max_rollouts=len(ids), poll_timeout=0.05).run()
     return [store.get_rollout(i) for i in ids]
 
@@ -33,6 +35,7 @@ def error_of(store: MemoryStore, rollout_id: str):
 
 
 # ---- Agent base class ------------------------------------------------------------------------------
+
 
 class SyncAgent(Agent):
     def rollout(self, task, resources, rollout):
@@ -204,8 +207,9 @@ def test_missing_resource_raises_lookup_error_naming_items(memory_store):
 
 
 def test_ambiguous_resource_raises_lookup_error():
-    res = Resources(resources_id="r", version=1,
-                    items={"a": LLM_ITEM, "b": LLM(endpoint="http://x.invalid", model="n")})
+    res = Resources(
+        resources_id="r", version=1, items={"a": LLM_ITEM, "b": LLM(endpoint="http://x.invalid", model="n")}
+    )
     with pytest.raises(LookupError, match="several"):
         llm_agent.run_for(Rollout(rollout_id="ro-x"), res)
 
@@ -240,6 +244,7 @@ def test_bad_return_values_fail_with_a_message(memory_store, bad):
 
 
 # ---- as_agent and load_agent("module:attribute") -----------------------------------------------------
+
 
 def test_load_agent_instantiates_an_agent_subclass(memory_store):
     agent = load_agent("agents_for_tests:EchoAgent")

@@ -17,12 +17,17 @@ from agentgrad.store.sqlite import SqliteStore
 from agentgrad.types import JsonResource, RolloutStatus
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "COLUMNS": "160", "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests" / "support")])}
+ENV = {
+    **os.environ,
+    "COLUMNS": "160",
+    "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests" / "support")]),
+}
 
 
 def agentgrad(*args: str, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agentgrad", *args], env=ENV, cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "agentgrad", *args], env=ENV, cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.fixture
@@ -46,8 +51,18 @@ def test_help_and_version():
 def test_dev_then_inspect_rollouts(tmp_path, tasks_file):
     db = tmp_path / "cli.db"
     url = f"sqlite://{db}"
-    result = agentgrad("dev", "agents_for_tests:reward_agent", "--tasks", str(tasks_file), "--store", url,
-                       "--json", "--timeout", "30", cwd=tmp_path)
+    result = agentgrad(
+        "dev",
+        "agents_for_tests:reward_agent",
+        "--tasks",
+        str(tasks_file),
+        "--store",
+        url,
+        "--json",
+        "--timeout",
+        "30",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["total"] == summary["succeeded"] == 4 and summary["failed"] == 0
@@ -93,8 +108,16 @@ def test_dev_failures_exit_nonzero(tmp_path):
         ("agents_for_tests:not_an_agent", '{"x": 1}\n', "not an agent"),
         ("agents_for_tests:bad_signature", '{"x": 1}\n', "temperature"),
     ],
-    ids=["bad-jsonl-line", "bad-json-array", "missing-file", "no-colon", "no-module", "no-attribute",
-         "not-an-agent", "bad-signature"],
+    ids=[
+        "bad-jsonl-line",
+        "bad-json-array",
+        "missing-file",
+        "no-colon",
+        "no-module",
+        "no-attribute",
+        "not-an-agent",
+        "bad-signature",
+    ],
 )
 def test_dev_bad_input_gets_a_clear_message(tmp_path, agent_spec, tasks_text, needle):
     tasks = tmp_path / "tasks.jsonl"
@@ -111,9 +134,21 @@ def test_runner_command_serves_until_sigterm(tmp_path):
     store = SqliteStore(db, watchdog_interval=None)
     ids = [store.enqueue_rollout({"x": x}).rollout_id for x in range(3)]
     process = subprocess.Popen(
-        [sys.executable, "-m", "agentgrad", "runner", "agents_for_tests:reward_agent", "--store", f"sqlite://{db}",
-         "--worker-id", "cli-runner"],
-        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "agentgrad",
+            "runner",
+            "agents_for_tests:reward_agent",
+            "--store",
+            f"sqlite://{db}",
+            "--worker-id",
+            "cli-runner",
+        ],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         done = store.wait_for_rollouts(ids, timeout=30)
@@ -134,22 +169,60 @@ def test_runner_command_serves_until_sigterm(tmp_path):
 
 def test_dev_with_a_wrong_llm_endpoint_names_the_url(tasks_file):
     """Once, every rollout failed on a bare "APIConnectionError: Connection error."."""
-    result = agentgrad("dev", "llm_resource_agent:main_llm_agent", "--tasks", str(tasks_file),
-                       "--llm-endpoint", "http://127.0.0.1:9/v1", "--llm-resource", "main_llm", "--timeout", "30")
+    result = agentgrad(
+        "dev",
+        "llm_resource_agent:main_llm_agent",
+        "--tasks",
+        str(tasks_file),
+        "--llm-endpoint",
+        "http://127.0.0.1:9/v1",
+        "--llm-resource",
+        "main_llm",
+        "--timeout",
+        "30",
+    )
     assert result.returncode == 1
     assert "--llm-endpoint http://127.0.0.1:9/v1: cannot reach it" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
     bad = agentgrad("dev", "agents_for_tests:reward_agent", "--tasks", str(tasks_file), "--proxy", "localhost:8400")
     assert bad.returncode == 1 and "--proxy 'localhost:8400' is not an http:// or https:// URL" in bad.stderr
     alone = agentgrad("dev", "agents_for_tests:reward_agent", "--tasks", str(tasks_file), "--llm-resource", "x")
-    assert alone.returncode == 1 and "--llm-resource names the LLM resource of --llm-endpoint or --proxy" in alone.stderr
+    assert (
+        alone.returncode == 1 and "--llm-resource names the LLM resource of --llm-endpoint or --proxy" in alone.stderr
+    )
     runner = agentgrad("runner", "agents_for_tests:reward_agent", "--store", "memory", "--llm-resource", "x")
-    assert runner.returncode == 1 and "--llm-resource names the LLM resource the runner points at --proxy" in runner.stderr
-    apo = agentgrad("apo", "agents_for_tests:reward_agent", "--tasks", str(tasks_file), "--prompt", "p",
-                    "--critic-base-url", "http://127.0.0.1:9/v1", "--critic-model", "m", "--proxy", "localhost:8400")
+    assert (
+        runner.returncode == 1 and "--llm-resource names the LLM resource the runner points at --proxy" in runner.stderr
+    )
+    apo = agentgrad(
+        "apo",
+        "agents_for_tests:reward_agent",
+        "--tasks",
+        str(tasks_file),
+        "--prompt",
+        "p",
+        "--critic-base-url",
+        "http://127.0.0.1:9/v1",
+        "--critic-model",
+        "m",
+        "--proxy",
+        "localhost:8400",
+    )
     assert apo.returncode == 1 and "--proxy 'localhost:8400' is not an http:// or https:// URL" in apo.stderr
-    apo_alone = agentgrad("apo", "agents_for_tests:reward_agent", "--tasks", str(tasks_file), "--prompt", "p",
-                          "--critic-base-url", "http://127.0.0.1:9/v1", "--critic-model", "m", "--llm-resource", "x")
+    apo_alone = agentgrad(
+        "apo",
+        "agents_for_tests:reward_agent",
+        "--tasks",
+        str(tasks_file),
+        "--prompt",
+        "p",
+        "--critic-base-url",
+        "http://127.0.0.1:9/v1",
+        "--critic-model",
+        "m",
+        "--llm-resource",
+        "x",
+    )
     assert apo_alone.returncode == 1 and "--llm-resource names the LLM resource" in apo_alone.stderr
 
 
@@ -162,11 +235,27 @@ def test_dev_and_runner_capture_through_the_proxy(tmp_path, tasks_file):
 
     db = tmp_path / "proxied.db"
     store = SqliteStore(db, watchdog_interval=None)
-    with StubUpstream(["The answer is 5."]) as upstream, \
-            LLMProxy(store, f"http://127.0.0.1:{upstream.port}/v1") as proxy:
-        result = agentgrad("dev", "llm_resource_agent:main_llm_agent", "--tasks", str(tasks_file), "--store",
-                           f"sqlite://{db}", "--proxy", proxy.url, "--llm-resource", "main_llm", "--model", "stub",
-                           "--json", "--timeout", "60")
+    with (
+        StubUpstream(["The answer is 5."]) as upstream,
+        LLMProxy(store, f"http://127.0.0.1:{upstream.port}/v1") as proxy,
+    ):
+        result = agentgrad(
+            "dev",
+            "llm_resource_agent:main_llm_agent",
+            "--tasks",
+            str(tasks_file),
+            "--store",
+            f"sqlite://{db}",
+            "--proxy",
+            proxy.url,
+            "--llm-resource",
+            "main_llm",
+            "--model",
+            "stub",
+            "--json",
+            "--timeout",
+            "60",
+        )
         assert result.returncode == 0, result.stderr
         summary = json.loads(result.stdout.strip().splitlines()[-1])
         assert summary["succeeded"] == 4 and summary["rollouts_without_llm_calls"] == 0
@@ -175,12 +264,29 @@ def test_dev_and_runner_capture_through_the_proxy(tmp_path, tasks_file):
         # One rollout on dev's resources (its main_llm is rewritten), one on resources without any LLM:
         # the runner adds one through the proxy, named by --llm-resource (not the default "llm").
         no_llm = store.add_resources({"note": JsonResource(value="no LLM here")})
-        ids = [store.enqueue_rollout({"x": x}, resources_id=resources_id).rollout_id
-               for x, resources_id in enumerate([store.get_latest_resources().resources_id, no_llm.resources_id])]
+        ids = [
+            store.enqueue_rollout({"x": x}, resources_id=resources_id).rollout_id
+            for x, resources_id in enumerate([store.get_latest_resources().resources_id, no_llm.resources_id])
+        ]
         process = subprocess.Popen(
-            [sys.executable, "-m", "agentgrad", "runner", "llm_resource_agent:main_llm_agent", "--store",
-             f"sqlite://{db}", "--proxy", proxy.url, "--llm-resource", "main_llm"], env=ENV, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True)
+            [
+                sys.executable,
+                "-m",
+                "agentgrad",
+                "runner",
+                "llm_resource_agent:main_llm_agent",
+                "--store",
+                f"sqlite://{db}",
+                "--proxy",
+                proxy.url,
+                "--llm-resource",
+                "main_llm",
+            ],
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             done = store.wait_for_rollouts(ids, timeout=60)
             process.send_signal(signal.SIGTERM)
@@ -197,17 +303,23 @@ def test_dev_and_runner_capture_through_the_proxy(tmp_path, tasks_file):
     store.close()
 
 
-@pytest.mark.parametrize(("argv", "missing", "extra"), [
-    (["store", "serve", "--backend", "memory", "--port", "0"], "fastapi", "server"),
-    (["dashboard", "--store", "memory"], "fastapi", "server"),
-    (["train", "agents_for_tests:reward_agent", "--model", "tiny", "--tasks", "t.jsonl"], "torch", "train"),
-    (["demo", "--steps", "1"], "torch", "train"),
-])
+@pytest.mark.parametrize(
+    ("argv", "missing", "extra"),
+    [
+        (["store", "serve", "--backend", "memory", "--port", "0"], "fastapi", "server"),
+        (["dashboard", "--store", "memory"], "fastapi", "server"),
+        (["train", "agents_for_tests:reward_agent", "--model", "tiny", "--tasks", "t.jsonl"], "torch", "train"),
+        (["demo", "--steps", "1"], "torch", "train"),
+    ],
+)
 def test_a_command_without_its_extra_names_the_extra(tmp_path, argv, missing, extra):
     (tmp_path / "t.jsonl").write_text('{"x": 1}\n')
-    code = (f"import sys; sys.modules[{missing!r}] = None\n"  # as on a core install: the import fails
-            "from agentgrad.cli import main\nsys.exit(main(sys.argv[1:]))\n")
-    done = subprocess.run([sys.executable, "-c", code, *argv], cwd=tmp_path, env=ENV, capture_output=True, text=True,
-                          timeout=60)
+    code = (
+        f"import sys; sys.modules[{missing!r}] = None\n"  # as on a core install: the import fails
+        "from agentgrad.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, *argv], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 1, done.stderr
     assert f"pip install 'agentgrad[{extra}]'" in done.stderr and "Traceback" not in done.stderr

@@ -35,14 +35,21 @@ class Child(Base):
 
 
 def test_docstrings_comments_and_missing_help_in_definition_order():
-    assert field_docs(Base) == {"a": "The first field.\n\nTwo paragraphs, dedented.", "b": "",
-                                "c": "A comment above the field, over two lines."}
+    assert field_docs(Base) == {
+        "a": "The first field.\n\nTwo paragraphs, dedented.",
+        "b": "",
+        "c": "A comment above the field, over two lines.",
+    }
 
 
 def test_a_subclass_inherits_and_overrides_help():
     docs = field_docs(Child)
-    assert docs == {"a": "The first field.\n\nTwo paragraphs, dedented.", "b": "Redefined here, with its own help.",
-                    "c": "A comment above the field, over two lines.", "d": "A field of the subclass."}
+    assert docs == {
+        "a": "The first field.\n\nTwo paragraphs, dedented.",
+        "b": "Redefined here, with its own help.",
+        "c": "A comment above the field, over two lines.",
+        "d": "A field of the subclass.",
+    }
     assert list(docs) == [f.name for f in fields(Child)]
 
 

@@ -27,4 +27,5 @@ def test_the_training_config_references_are_generated_from_the_docstrings(name: 
     text = (DOCS / "training.md").read_text()
     documented = text.split(f"<!-- generated: {name} reference -->\n", 1)[1].split("<!-- end generated -->", 1)[0]
     assert documented == markdown_reference(cls), (
-        f"docs/training.md's reference is stale: paste agentgrad.config.markdown_reference({name}) between the markers")
+        f"docs/training.md's reference is stale: paste agentgrad.config.markdown_reference({name}) between the markers"
+    )

@@ -31,6 +31,7 @@ def spans_of(context: RolloutContext) -> list[Span]:
 
 # ---- rewards ---------------------------------------------------------------------------------------
 
+
 def test_emit_reward_scalar(ctx):
     span = emit_reward(0.5)
     assert span.name == semconv.SPAN_REWARD and span.sequence_id == 1
@@ -77,6 +78,7 @@ def test_emit_reward_refuses_bad_values(ctx, value, primary, error, needle):
 
 # ---- messages, objects, exceptions -----------------------------------------------------------------
 
+
 def test_emit_message_object_exception(ctx):
     message = emit_message("hello", step=3)
     assert message.name == semconv.SPAN_MESSAGE
@@ -105,6 +107,7 @@ def test_emit_message_object_exception(ctx):
 
 # ---- operation -------------------------------------------------------------------------------------
 
+
 @operation
 def add(a, b):
     return a + b
@@ -129,7 +132,7 @@ class Calculator:
 
     @operation("cube")
     async def cube(self, x):
-        return x ** 3
+        return x**3
 
 
 def test_operation_decorators(ctx):
@@ -160,8 +163,9 @@ def test_operation_context_manager_and_nesting(ctx):
             emit_reward(1.0)
             inner.set_output({"found": [1, 2]})
         outer.set_output(object())  # not JSON: kept as its repr
-    spans = {s.name if s.name != semconv.SPAN_OPERATION else s.attributes[semconv.OPERATION_NAME]: s
-             for s in spans_of(ctx)}
+    spans = {
+        s.name if s.name != semconv.SPAN_OPERATION else s.attributes[semconv.OPERATION_NAME]: s for s in spans_of(ctx)
+    }
     assert spans["outer"].parent_id is None
     assert spans["inner"].parent_id == spans["outer"].span_id
     assert spans[semconv.SPAN_REWARD].parent_id == spans["inner"].span_id
@@ -190,6 +194,7 @@ def test_operation_records_errors(ctx):
 
 
 # ---- agent scopes ----------------------------------------------------------------------------------
+
 
 def test_agent_scope_tags_spans(ctx):
     emit_message("untagged")
@@ -230,6 +235,7 @@ def test_agent_scope_errors_are_recorded(ctx):
 
 # ---- outside a rollout -----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("what", "call"),
     [
@@ -265,6 +271,7 @@ def test_agent_scope_outside_a_rollout_is_a_no_op(caplog):
 
 
 # ---- through a real runner -------------------------------------------------------------------------
+
 
 def test_emitters_inside_a_runner(local_store):
     def agent_fn(task, resources):

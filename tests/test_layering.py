@@ -33,8 +33,15 @@ SRC = Path(__file__).resolve().parents[1] / "src" / PACKAGE
 #: ``agentgrad.store``). The entry ``agentgrad`` names the package's own ``__init__`` only.
 LAYERS: tuple[tuple[str, ...], ...] = (
     # foundations: the data model, span names, errors, the reward rule, the version
-    ("agentgrad._version", "agentgrad._lazy", "agentgrad.config", "agentgrad.errors", "agentgrad.semconv",
-     "agentgrad.types", "agentgrad.rewards"),
+    (
+        "agentgrad._version",
+        "agentgrad._lazy",
+        "agentgrad.config",
+        "agentgrad.errors",
+        "agentgrad.semconv",
+        "agentgrad.types",
+        "agentgrad.rewards",
+    ),
     # the agent interface and task files
     ("agentgrad.agents", "agentgrad.tasks"),
     # HTTP plumbing shared by every service and client
@@ -230,16 +237,20 @@ def rule_breaks(
     """Modules LAYERS does not place, and imports that go upward or that FORBIDDEN rules out."""
     floors = _floors(layers)
     packages = set(package_names)
-    problems = [f"{module}: not on any floor of LAYERS (place it in the table)"
-                for module in sorted(modules) if unit_of(module, layers) is None]
+    problems = [
+        f"{module}: not on any floor of LAYERS (place it in the table)"
+        for module in sorted(modules)
+        if unit_of(module, layers) is None
+    ]
     for edge in edges:
         source_unit, target_unit = unit_of(edge.source, layers), unit_of(edge.target, layers)
         if source_unit is None or target_unit is None:
             continue
         source_floor, target_floor = floors[source_unit], floors[target_unit]
         if target_floor > source_floor:
-            problems.append(f"{edge}  (upward: floor {source_floor} {source_unit} imports floor "
-                            f"{target_floor} {target_unit})")
+            problems.append(
+                f"{edge}  (upward: floor {source_floor} {source_unit} imports floor {target_floor} {target_unit})"
+            )
         elif source_unit == target_unit and edge.target in packages and edge.source.startswith(edge.target + "."):
             problems.append(f"{edge}  (imports its own package's __init__)")
         for importer, imported, why in forbidden:
@@ -297,8 +308,12 @@ def cycles(edges: Sequence[Edge], layers: Sequence[Sequence[str]] = LAYERS) -> l
             named[source, target].append(edge)
         for component in _strongly_connected(graph):
             members = set(component)
-            inside = [str(edge) for pair, found in sorted(named.items())
-                      if pair[0] in members and pair[1] in members for edge in found]
+            inside = [
+                str(edge)
+                for pair, found in sorted(named.items())
+                if pair[0] in members and pair[1] in members
+                for edge in found
+            ]
             problems.append(f"cycle between {level} {', '.join(component)}:\n      " + "\n      ".join(inside))
     return problems
 
@@ -355,8 +370,12 @@ def test_the_reader_sees_every_kind_of_import(tmp_path: Path) -> None:
     found = {(edge.source, edge.target, edge.where.rpartition(":")[2]) for edge in edges}
     assert found == {
         ("pkg", "pkg.low", "1"),
-        ("pkg.low", "pkg.sub.high", "3"), ("pkg.low", "pkg.sub.high", "5"), ("pkg.low", "pkg.sub", "6"),
-        ("pkg.low", "pkg.sub", "7"), ("pkg.low", "pkg.sub", "8"), ("pkg.low", "pkg.sub.high", "8"),
+        ("pkg.low", "pkg.sub.high", "3"),
+        ("pkg.low", "pkg.sub.high", "5"),
+        ("pkg.low", "pkg.sub", "6"),
+        ("pkg.low", "pkg.sub", "7"),
+        ("pkg.low", "pkg.sub", "8"),
+        ("pkg.low", "pkg.sub.high", "8"),
         ("pkg.sub.high", "pkg.low", "1"),
     }
     assert missing_imports(modules, "pkg", tmp_path) == [
@@ -372,13 +391,13 @@ def test_the_checker_catches_an_upward_import_a_forbidden_one_and_a_cycle() -> N
     layers = (("p.low",), ("p.mid", "p.side"), ("p",), ("p.high",))
     forbidden = (("p.side", "p.low", "side stays apart"),)
     edges = [
-        Edge("p.low.a", "p.high", "low/a.py:3"),     # upward
-        Edge("p.high", "p.low.a", "high.py:1"),      # downward: fine, but closes a cycle with the one above
-        Edge("p.mid", "p.low.b", "mid.py:2"),        # downward: fine
-        Edge("p.side", "p.low.b", "side.py:4"),      # downward, but forbidden
-        Edge("p.mid.x", "p.mid", "mid/x.py:5"),      # a submodule importing its package's face
-        Edge("p.mid", "p.side", "mid.py:7"),         # same floor: fine, no cycle
-        Edge("p.high", "p", "high.py:9"),            # the top package's face, from a floor above it: fine
+        Edge("p.low.a", "p.high", "low/a.py:3"),  # upward
+        Edge("p.high", "p.low.a", "high.py:1"),  # downward: fine, but closes a cycle with the one above
+        Edge("p.mid", "p.low.b", "mid.py:2"),  # downward: fine
+        Edge("p.side", "p.low.b", "side.py:4"),  # downward, but forbidden
+        Edge("p.mid.x", "p.mid", "mid/x.py:5"),  # a submodule importing its package's face
+        Edge("p.mid", "p.side", "mid.py:7"),  # same floor: fine, no cycle
+        Edge("p.high", "p", "high.py:9"),  # the top package's face, from a floor above it: fine
     ]
     modules = ["p", "p.low.a", "p.low.b", "p.mid", "p.mid.x", "p.side", "p.high", "p.elsewhere"]
     problems = rule_breaks(edges, modules, layers, forbidden, package_names=["p", "p.mid"])

@@ -20,14 +20,36 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "agentgrad"
 
 #: Packages whose ``__init__`` re-exports names; a new one is found by ``_faces`` and must be added.
 FACES = (
-    "agentgrad", "agentgrad.adapters", "agentgrad.algorithms", "agentgrad.compat", "agentgrad.dashboard",
-    "agentgrad.demo", "agentgrad.inference", "agentgrad.proxy", "agentgrad.scenarios.rag", "agentgrad.scenarios.sql",
-    "agentgrad.store", "agentgrad.tracing", "agentgrad.training",
+    "agentgrad",
+    "agentgrad.adapters",
+    "agentgrad.algorithms",
+    "agentgrad.compat",
+    "agentgrad.dashboard",
+    "agentgrad.demo",
+    "agentgrad.inference",
+    "agentgrad.proxy",
+    "agentgrad.scenarios.rag",
+    "agentgrad.scenarios.sql",
+    "agentgrad.store",
+    "agentgrad.tracing",
+    "agentgrad.training",
 )
 
 #: What ``import agentgrad`` (and importing each face) must not load.
-HEAVY = ("torch", "transformers", "peft", "fastapi", "starlette", "uvicorn", "jinja2", "httpx", "pydantic",
-         "psycopg", "openai", "opentelemetry")
+HEAVY = (
+    "torch",
+    "transformers",
+    "peft",
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "jinja2",
+    "httpx",
+    "pydantic",
+    "psycopg",
+    "openai",
+    "opentelemetry",
+)
 
 
 def _init_of(package: str) -> Path:
@@ -39,8 +61,13 @@ def _faces() -> list[str]:
     found = []
     for init in sorted(SRC.rglob("__init__.py")):
         tree = ast.parse(init.read_text(encoding="utf-8"))
-        bound = {target.id for node in tree.body if isinstance(node, ast.Assign) for target in ast.walk(node)
-                 if isinstance(target, ast.Name) and isinstance(target.ctx, ast.Store)}
+        bound = {
+            target.id
+            for node in tree.body
+            if isinstance(node, ast.Assign)
+            for target in ast.walk(node)
+            if isinstance(target, ast.Name) and isinstance(target.ctx, ast.Store)
+        }
         bound |= {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
         if bound & {"__all__", "_EXPORTS", "__getattr__"}:
             found.append(".".join(("agentgrad", *init.parent.relative_to(SRC).parts)))
@@ -92,14 +119,21 @@ def test_face_uses_the_one_idiom(package: str) -> None:
     only_mirror = {name: module for name, module in mirror.items() if table.get(name) != module}
     assert only_table == only_mirror == {}, (
         f"{package}: _EXPORTS and the TYPE_CHECKING block differ\n"
-        f"  in _EXPORTS only (or another module): {only_table}\n  in TYPE_CHECKING only: {only_mirror}")
+        f"  in _EXPORTS only (or another module): {only_table}\n  in TYPE_CHECKING only: {only_mirror}"
+    )
 
-    hooks = [ast.unparse(node) for node in tree.body
-             if isinstance(node, ast.Assign) and "lazy_exports" in ast.unparse(node)]
+    hooks = [
+        ast.unparse(node) for node in tree.body if isinstance(node, ast.Assign) and "lazy_exports" in ast.unparse(node)
+    ]
     assert hooks == ["__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)"]
     assert not [node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "__getattr__"]
-    runtime = [ast.unparse(node) for node in tree.body if isinstance(node, ast.ImportFrom)
-               and (node.module or "").startswith("agentgrad") and node.module != "agentgrad._lazy"]
+    runtime = [
+        ast.unparse(node)
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom)
+        and (node.module or "").startswith("agentgrad")
+        and node.module != "agentgrad._lazy"
+    ]
     assert runtime == [], f"{package}: eager re-exports; put them in _EXPORTS"
 
 
@@ -130,8 +164,21 @@ def test_unknown_names_raise_attribute_error() -> None:
 def test_the_training_surface_is_exported_from_the_top() -> None:
     import agentgrad
 
-    wanted = {"GRPO", "APO", "SFT", "Evaluate", "TrainConfig", "LLMProxy", "Engine", "ModelServer",
-              "AgentGradError", "load_agent", "read_tasks", "instrument", "__version__"}
+    wanted = {
+        "GRPO",
+        "APO",
+        "SFT",
+        "Evaluate",
+        "TrainConfig",
+        "LLMProxy",
+        "Engine",
+        "ModelServer",
+        "AgentGradError",
+        "load_agent",
+        "read_tasks",
+        "instrument",
+        "__version__",
+    }
     assert wanted <= set(agentgrad.__all__)
 
 
@@ -141,16 +188,22 @@ def _run(code: str) -> str:
 
 def test_importing_the_package_and_its_faces_stays_light() -> None:
     faces = ", ".join(FACES)
-    out = _run(f"import sys, {faces}; "
-                f"print(sorted(m.partition('.')[0] for m in sys.modules if m.partition('.')[0] in {HEAVY!r}))")
+    out = _run(
+        f"import sys, {faces}; "
+        f"print(sorted(m.partition('.')[0] for m in sys.modules if m.partition('.')[0] in {HEAVY!r}))"
+    )
     assert out == "[]"
-    assert _run("import sys, agentgrad; print(sorted(m for m in sys.modules if m.startswith('agentgrad')))") \
+    assert (
+        _run("import sys, agentgrad; print(sorted(m for m in sys.modules if m.startswith('agentgrad')))")
         == "['agentgrad', 'agentgrad._lazy']"
+    )
 
 
 def test_a_name_shared_with_its_module_stays_the_exported_object() -> None:
     # Importing the submodule first used to rebind the package attribute to the module.
-    code = ("import sys, agentgrad.tracing.instrument, agentgrad.tracing as t, agentgrad; "
-            "m = sys.modules['agentgrad.tracing.instrument']; "
-            "print(t.instrument is m.instrument is agentgrad.instrument)")
+    code = (
+        "import sys, agentgrad.tracing.instrument, agentgrad.tracing as t, agentgrad; "
+        "m = sys.modules['agentgrad.tracing.instrument']; "
+        "print(t.instrument is m.instrument is agentgrad.instrument)"
+    )
     assert _run(code) == "True"

@@ -122,6 +122,7 @@ def error(*args: Any, **kwargs: Any) -> str:
 
 # ---- files ---------------------------------------------------------------------------------------
 
+
 def test_defaults_alone():
     assert resolve(Run) == Run()
 
@@ -140,7 +141,9 @@ def test_an_empty_yaml_file_is_the_defaults(tmp_path):
 
 
 def test_values_converted_where_the_intent_is_plain(tmp_path):
-    path = write(tmp_path / "run.yaml", """\
+    path = write(
+        tmp_path / "run.yaml",
+        """\
 steps: 10.0          # an integral float is an integer
 name: "7"
 resume: "off"        # a string naming a boolean
@@ -151,10 +154,16 @@ optim:
   betas: [0.8, 1]    # a list is a tuple, an integer a float
   warmup: "12"
 lora: {}             # a section that may be None: present, with its defaults
-""")
+""",
+    )
     config = resolve(Run, file=path)
     assert (config.steps, config.name, config.resume, config.output_dir, config.color) == (
-        10, "7", False, "out/a", Color.BLUE)
+        10,
+        "7",
+        False,
+        "out/a",
+        Color.BLUE,
+    )
     assert config.optim == Optim(lr=5e-4, betas=(0.8, 1.0), warmup=12)
     assert isinstance(config.optim.betas[1], float) and config.lora == Lora()
 
@@ -239,10 +248,15 @@ def test_from_dict_checks_like_a_file():
 
 def test_load_file_returns_the_raw_mapping(tmp_path):
     assert load_file(write(tmp_path / "run.toml", RUN_TOML)) == {
-        "steps": 5, "name": "first", "tags": ["a", "b"], "optim": {"warmup": 10}}
+        "steps": 5,
+        "name": "first",
+        "tags": ["a", "b"],
+        "optim": {"warmup": 10},
+    }
 
 
 # ---- flags ---------------------------------------------------------------------------------------
+
 
 def test_flags_over_the_file_over_the_defaults(tmp_path):
     path = write(tmp_path / "run.yaml", RUN_YAML)
@@ -266,15 +280,40 @@ def test_a_flag_replaces_a_mapping_setting_whole(tmp_path):
 
 
 def test_every_kind_of_flag():
-    args = parse(Run, [
-        "--name", "b", "--tags", "x,y", "--output_dir", "out",  # the underscore spelling works too
-        "--sampling", "{temperature: 0.5, top_p: 0.9}", "--color", "blue", "--resume",
-        "--optim.betas", "[0.8, 0.95]", "--optim.schedule", "cosine", "--optim.warmup", "none",
-        "--lora.r", "8", "--lora.targets", "k",
-    ])
+    args = parse(
+        Run,
+        [
+            "--name",
+            "b",
+            "--tags",
+            "x,y",
+            "--output_dir",
+            "out",  # the underscore spelling works too
+            "--sampling",
+            "{temperature: 0.5, top_p: 0.9}",
+            "--color",
+            "blue",
+            "--resume",
+            "--optim.betas",
+            "[0.8, 0.95]",
+            "--optim.schedule",
+            "cosine",
+            "--optim.warmup",
+            "none",
+            "--lora.r",
+            "8",
+            "--lora.targets",
+            "k",
+        ],
+    )
     config = resolve(Run, args=args)
     assert (config.name, config.tags, config.output_dir, config.color, config.resume) == (
-        "b", ("x", "y"), "out", Color.BLUE, True)
+        "b",
+        ("x", "y"),
+        "out",
+        Color.BLUE,
+        True,
+    )
     assert config.sampling == {"temperature": 0.5, "top_p": 0.9}
     assert config.optim == Optim(lr=5e-4, betas=(0.8, 0.95), schedule="cosine", warmup=None)
     assert config.lora == Lora(r=8, targets=["k"])  # a section that was None, made from its defaults
@@ -346,8 +385,14 @@ def test_a_mapping_of_overrides():
 
 def test_config_fields_flatten_sections():
     paths = [(f.path, f.section) for f in config_fields(Run)]
-    assert paths[:6] == [("steps", False), ("name", False), ("resume", False), ("tags", False),
-                         ("output_dir", False), ("sampling", False)]
+    assert paths[:6] == [
+        ("steps", False),
+        ("name", False),
+        ("resume", False),
+        ("tags", False),
+        ("output_dir", False),
+        ("sampling", False),
+    ]
     assert ("optim.lr", False) in paths and ("lora", True) in paths and ("lora.targets", False) in paths
     lr = next(f for f in config_fields(Run) if f.path == "optim.lr")
     assert (lr.type, lr.default, lr.doc) == (float, 5e-4, "Learning rate.")
@@ -359,10 +404,18 @@ def test_field_docs_reads_attribute_docstrings():
 
 # ---- dump ----------------------------------------------------------------------------------------
 
+
 def test_dump_writes_what_resolve_reads_back(tmp_path):
-    config = Run(steps=3, name="yes", tags=("a b", "c"), output_dir=Path("out/x"), color=Color.BLUE,
-                 sampling={"temperature": 0.7, "stop": ["\n"]},
-                 optim=Optim(lr=1e-5, betas=(0.8, 0.9), warmup=2), lora=Lora(r=4))
+    config = Run(
+        steps=3,
+        name="yes",
+        tags=("a b", "c"),
+        output_dir=Path("out/x"),
+        color=Color.BLUE,
+        sampling={"temperature": 0.7, "stop": ["\n"]},
+        optim=Optim(lr=1e-5, betas=(0.8, 0.9), warmup=2),
+        lora=Lora(r=4),
+    )
     path = dump(config, tmp_path / "run" / "config.yaml")
     text = path.read_text()
     assert "# Optimizer steps.\nsteps: 3\n" in text and "  # Learning rate.\n  lr: 1.0e-05\n" in text
@@ -370,9 +423,16 @@ def test_dump_writes_what_resolve_reads_back(tmp_path):
     raw = yaml.safe_load(text)  # plain YAML, readable by anyone: a float is a float, "yes" a string
     assert raw["optim"]["lr"] == 1e-5 and raw["name"] == "yes" and raw["output_dir"] == "out/x"
     back = resolve(Run, file=path)
-    assert back == Run(steps=3, name="yes", tags=("a b", "c"), output_dir="out/x", color=Color.BLUE,
-                       sampling={"temperature": 0.7, "stop": ["\n"]},
-                       optim=Optim(lr=1e-5, betas=(0.8, 0.9), warmup=2), lora=Lora(r=4))
+    assert back == Run(
+        steps=3,
+        name="yes",
+        tags=("a b", "c"),
+        output_dir="out/x",
+        color=Color.BLUE,
+        sampling={"temperature": 0.7, "stop": ["\n"]},
+        optim=Optim(lr=1e-5, betas=(0.8, 0.9), warmup=2),
+        lora=Lora(r=4),
+    )
 
 
 def test_dump_of_a_multiline_string(tmp_path):
@@ -382,19 +442,24 @@ def test_dump_of_a_multiline_string(tmp_path):
 
 # ---- GRPOConfig ----------------------------------------------------------------------------------
 
+
 def test_grpo_config_from_a_yaml_file_and_flags(tmp_path):
     grpo = pytest.importorskip("agentgrad.algorithms.grpo")
     GRPOConfig = grpo.GRPOConfig
-    path = write(tmp_path / "run.yaml", """\
+    path = write(
+        tmp_path / "run.yaml",
+        """\
 steps: 30
 group_size: 4
 estimator: reinforce++
 train:
   lr: 5e-4
   betas: [0.9, 0.95]
-""")
-    args = parse(GRPOConfig, ["--config", str(path), "--batch-size", "2", "--train.kl-coef", "0.01",
-                              "--train.lora", "{r: 8}"])
+""",
+    )
+    args = parse(
+        GRPOConfig, ["--config", str(path), "--batch-size", "2", "--train.kl-coef", "0.01", "--train.lora", "{r: 8}"]
+    )
     config = resolve(GRPOConfig, file=args.config, args=args)
     assert (config.steps, config.group_size, config.batch_size, config.estimator) == (30, 4, 2, "reinforce++")
     assert (config.train.lr, config.train.betas, config.train.kl_coef) == (5e-4, (0.9, 0.95), 0.01)

@@ -52,6 +52,7 @@ def max_overlap(intervals: list[tuple[float, float]]) -> int:
 
 # ---- basics ----------------------------------------------------------------------------------------
 
+
 def test_runner_runs_all_tasks(local_store):
     ids = [local_store.enqueue_rollout({"x": x}).rollout_id for x in range(5)]
     stats = Runner(agents_for_tests.reward_agent, local_store, max_rollouts=5, poll_timeout=0.05).run()
@@ -113,6 +114,7 @@ def test_heartbeats_advance_for_a_slow_agent(local_store):
 
 # ---- failures --------------------------------------------------------------------------------------
 
+
 def test_agent_exception_fails_the_attempt_with_details(local_store):
     bad = local_store.enqueue_rollout({"x": 7, "fail": True})
     good = local_store.enqueue_rollout({"x": 1})
@@ -151,8 +153,9 @@ def test_non_numeric_reward_fails_that_rollout_only(local_store):
 
 def test_worker_records_show_busy_and_idle(local_store):
     local_store.enqueue_rollout({"sleep": 0.6})
-    runner = Runner(agents_for_tests.slow_async_agent, local_store, worker_id="w-test", poll_timeout=0.05,
-                    heartbeat_interval=0.1)
+    runner = Runner(
+        agents_for_tests.slow_async_agent, local_store, worker_id="w-test", poll_timeout=0.05, heartbeat_interval=0.1
+    )
     with running(runner):
         busy = wait_for(lambda: [w for w in local_store.query_workers() if w.status == "busy"])
         assert busy[0].worker_id == "w-test" and busy[0].current_rollout_id is not None
@@ -211,6 +214,7 @@ def test_invalid_options():
 
 # ---- store outages --------------------------------------------------------------------------------
 
+
 class Unplugged:
     """``store`` behind a plug: while :attr:`down` is set, every call fails the way a store service
     that cannot be reached does once the client's own retries are spent."""
@@ -218,8 +222,10 @@ class Unplugged:
     def __init__(self, store: MemoryStore, error: Exception | None = None) -> None:
         self.store = store
         self.down = threading.Event()
-        self.error = error or StoreUnavailableError("store service http://127.0.0.1:9 failed 6 time(s) on POST "
-                                                    "/v1/rollouts/dequeue: ConnectionRefusedError: refused")
+        self.error = error or StoreUnavailableError(
+            "store service http://127.0.0.1:9 failed 6 time(s) on POST "
+            "/v1/rollouts/dequeue: ConnectionRefusedError: refused"
+        )
         self.failures = 0
         self.failed_calls: list[str] = []
 
@@ -272,8 +278,13 @@ def test_the_attempt_in_flight_is_reported_after_an_outage(concurrency):
         return task["x"] / 10
 
     ids = [store.enqueue_rollout({"x": x}).rollout_id for x in range(4)]
-    runner = Runner(agent, plug, concurrency=concurrency, poll_timeout=0.05,  # type: ignore[arg-type]
-                    heartbeat_interval=0.05)
+    runner = Runner(
+        agent,
+        plug,
+        concurrency=concurrency,
+        poll_timeout=0.05,  # type: ignore[arg-type]
+        heartbeat_interval=0.05,
+    )
     with running(runner):
         wait_for(lambda: store.count_rollouts() and store.get_rollout(ids[0]).status == RolloutStatus.RUNNING)
         plug.down.set()
@@ -295,8 +306,13 @@ def test_a_runner_told_to_stop_during_an_outage_stops():
     store = MemoryStore(watchdog_interval=None)
     plug = Unplugged(store)
     rollout = store.enqueue_rollout({"sleep": 30})
-    runner = Runner(agents_for_tests.slow_async_agent, plug, grace_seconds=0.3, poll_timeout=0.05,  # type: ignore[arg-type]
-                    heartbeat_interval=0.05)
+    runner = Runner(
+        agents_for_tests.slow_async_agent,
+        plug,
+        grace_seconds=0.3,
+        poll_timeout=0.05,  # type: ignore[arg-type]
+        heartbeat_interval=0.05,
+    )
     with running(runner):  # it asserts the runner's thread ends once stopped
         wait_for(lambda: store.get_rollout(rollout.rollout_id).status == RolloutStatus.RUNNING)
         plug.down.set()
@@ -372,6 +388,7 @@ def test_a_late_report_of_an_attempt_the_store_ended_is_dropped(caplog):
 
 # ---- processes -------------------------------------------------------------------------------------
 
+
 def test_runner_pool_processes_all_tasks(tmp_path):
     path = tmp_path / "pool.db"
     store = SqliteStore(path, watchdog_interval=None)
@@ -394,8 +411,15 @@ def test_sigterm_hands_back_or_finishes(tmp_path):
     store = SqliteStore(path, watchdog_interval=None)
     long = store.enqueue_rollout({"sleep": 30})
     short = store.enqueue_rollout({"sleep": 0.1})
-    pool = RunnerPool(agents_for_tests.slow_async_agent, f"sqlite://{path}", n_runners=1,
-                      concurrency=2, grace_seconds=0.5, poll_timeout=0.1, heartbeat_interval=0.2).start()
+    pool = RunnerPool(
+        agents_for_tests.slow_async_agent,
+        f"sqlite://{path}",
+        n_runners=1,
+        concurrency=2,
+        grace_seconds=0.5,
+        poll_timeout=0.1,
+        heartbeat_interval=0.2,
+    ).start()
     try:
         wait_for(lambda: store.get_rollout(short.rollout_id).status == RolloutStatus.SUCCEEDED, timeout=20)
         wait_for(lambda: store.get_rollout(long.rollout_id).status == RolloutStatus.RUNNING)
@@ -426,7 +450,9 @@ def test_a_runner_process_that_fails_reports_its_exception():
         pool.stop(timeout=5)
     message = str(caught.value)
     assert message.startswith("runner process agentgrad-runner-0") and "exited with code 1: " in message
-    assert "ValueError: unknown store URL 'nosuch://nowhere'" in message and "Traceback" in message  # its exception, with the child's traceback
+    assert (
+        "ValueError: unknown store URL 'nosuch://nowhere'" in message and "Traceback" in message
+    )  # its exception, with the child's traceback
     assert "while starting" not in message
 
 
@@ -435,8 +461,9 @@ def test_sigkill_is_caught_by_the_watchdog_and_retried(tmp_path):
     store = SqliteStore(path, watchdog_interval=0.2)
     config = RolloutConfig(unresponsive_seconds=1, max_attempts=2)
     rollout = store.enqueue_rollout({"task": "hang"}, config=config)
-    pool = RunnerPool(agents_for_tests.hang_first_attempt, f"sqlite://{path}", n_runners=1,
-                      poll_timeout=0.1, heartbeat_interval=0.2).start()
+    pool = RunnerPool(
+        agents_for_tests.hang_first_attempt, f"sqlite://{path}", n_runners=1, poll_timeout=0.1, heartbeat_interval=0.2
+    ).start()
     try:
         wait_for(lambda: store.query_spans(rollout.rollout_id), timeout=20)  # the agent is in its hang
         (process,) = pool.processes
@@ -451,17 +478,21 @@ def test_sigkill_is_caught_by_the_watchdog_and_retried(tmp_path):
     wait_for(lambda: store.get_rollout(rollout.rollout_id).status == RolloutStatus.REQUEUING, timeout=10)
     first = store.get_attempts(rollout.rollout_id)[0]
     assert first.status == AttemptStatus.UNRESPONSIVE and first.error.type == "Unresponsive"
-    second_runner = Runner(agents_for_tests.hang_first_attempt, store, max_rollouts=1, poll_timeout=0.1,
-                           heartbeat_interval=0.2)
+    second_runner = Runner(
+        agents_for_tests.hang_first_attempt, store, max_rollouts=1, poll_timeout=0.1, heartbeat_interval=0.2
+    )
     assert second_runner.run().succeeded == 1
     final = store.get_rollout(rollout.rollout_id)
     assert final.status == RolloutStatus.SUCCEEDED and final.reward == 0.5 and final.num_attempts == 2
-    assert [a.status for a in store.get_attempts(rollout.rollout_id)] == [AttemptStatus.UNRESPONSIVE,
-                                                                           AttemptStatus.SUCCEEDED]
+    assert [a.status for a in store.get_attempts(rollout.rollout_id)] == [
+        AttemptStatus.UNRESPONSIVE,
+        AttemptStatus.SUCCEEDED,
+    ]
     store.close()
 
 
 # ---- the hot path: what a rollout costs the runner (issue 24) ---------------------------------------
+
 
 class Counting:
     """``store`` with a count of the calls made to it, by method name."""
@@ -486,8 +517,9 @@ def test_worker_records_are_written_on_changes_not_per_rollout(local_store):
     counting = Counting(local_store)
     for x in range(20):
         local_store.enqueue_rollout({"x": x})
-    stats = Runner(agents_for_tests.reward_agent, counting, max_rollouts=20, poll_timeout=0.05,
-                   heartbeat_interval=60).run()
+    stats = Runner(
+        agents_for_tests.reward_agent, counting, max_rollouts=20, poll_timeout=0.05, heartbeat_interval=60
+    ).run()
     assert stats.succeeded == 20
     # idle at the start, busy once, stopped at the end: not busy and idle around each rollout
     assert counting.calls["update_worker"] <= 4, counting.calls
@@ -595,9 +627,11 @@ def test_instrument_imports_no_openai_and_patches_it_once_imported():
     import subprocess
     import sys
 
-    code = ("import sys; from agentgrad.tracing import instrument; instrument(); "
-            "print('openai' in sys.modules); import openai; "
-            "print(getattr(openai._base_client.BaseClient._build_headers, '_agentgrad_patched', False))")
+    code = (
+        "import sys; from agentgrad.tracing import instrument; instrument(); "
+        "print('openai' in sys.modules); import openai; "
+        "print(getattr(openai._base_client.BaseClient._build_headers, '_agentgrad_patched', False))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "True"]
 
@@ -620,9 +654,12 @@ def test_pool_runners_stop_when_the_process_that_started_them_is_killed(tmp_path
         f"    pool = RunnerPool(agents_for_tests.reward_agent, 'sqlite://{tmp_path / 's.db'}', n_runners=2,\n"
         "                      poll_timeout=0.1).start()\n"
         "    print(' '.join(str(p.pid) for p in pool.processes), flush=True)\n"
-        "    time.sleep(600)\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent / "support"),
-                                                        os.environ.get("PYTHONPATH", "")])}
+        "    time.sleep(600)\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent / "support"), os.environ.get("PYTHONPATH", "")]),
+    }
     owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
     try:
         children = [int(pid) for pid in owner.stdout.readline().split()]  # type: ignore[union-attr]

@@ -30,6 +30,7 @@ def refused(source, *needles: str) -> str:
 
 # ---- formats -------------------------------------------------------------------------------------
 
+
 def test_jsonl(tmp_path):
     path = write(tmp_path / "t.jsonl", "".join(json.dumps(t) + "\n" for t in TASKS) + "\n  \n")
     assert read_tasks(path) == TASKS
@@ -82,10 +83,16 @@ def test_parquet(tmp_path):
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
     path = tmp_path / "t.parquet"
-    pq.write_table(pa.Table.from_pylist([{"question": "1+1", "answer": 2, "tags": ["add"]},
-                                         {"question": "2*3", "answer": 6, "tags": []}]), path)
-    assert read_tasks(str(path)) == [{"question": "1+1", "answer": 2, "tags": ["add"]},
-                                     {"question": "2*3", "answer": 6, "tags": []}]
+    pq.write_table(
+        pa.Table.from_pylist(
+            [{"question": "1+1", "answer": 2, "tags": ["add"]}, {"question": "2*3", "answer": 6, "tags": []}]
+        ),
+        path,
+    )
+    assert read_tasks(str(path)) == [
+        {"question": "1+1", "answer": 2, "tags": ["add"]},
+        {"question": "2*3", "answer": 6, "tags": []},
+    ]
 
 
 def test_tasks_in_memory_pass_through():
@@ -110,6 +117,7 @@ def test_a_dataframe_gives_one_dict_per_row():
 
 
 # ---- errors --------------------------------------------------------------------------------------
+
 
 def test_bad_jsonl_line_names_file_and_line(tmp_path):
     path = write(tmp_path / "t.jsonl", '{"a": 1}\n\n{"a": \n')
@@ -167,8 +175,15 @@ def test_empty_parquet_file(tmp_path):
         ("q,,a\n1,2,3\n", 1, "empty column name (column 2)"),
         ("q,a,q\n1,2,3\n", 1, "names q twice"),
     ],
-    ids=["too-many-cells", "too-few-cells", "after-a-multiline-cell", "unterminated-quote", "stray-quote",
-         "empty-header-name", "duplicate-header-name"],
+    ids=[
+        "too-many-cells",
+        "too-few-cells",
+        "after-a-multiline-cell",
+        "unterminated-quote",
+        "stray-quote",
+        "empty-header-name",
+        "duplicate-header-name",
+    ],
 )
 def test_bad_csv_row_names_file_and_line(tmp_path, text, line, needle):
     path = write(tmp_path / "t.csv", text)

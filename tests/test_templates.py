@@ -7,14 +7,23 @@ from agentgrad.store.memory import MemoryStore
 from agentgrad.types import PromptTemplate
 
 
-@pytest.mark.parametrize("engine,text", [("f-string", "Solve {question} using {hint}"),
-                                         ("jinja", "Solve {{ question }} using {{ hint }}")])
+@pytest.mark.parametrize(
+    "engine,text", [("f-string", "Solve {question} using {hint}"), ("jinja", "Solve {{ question }} using {{ hint }}")]
+)
 def test_publishing_a_template_with_unsupplied_variables_is_refused(engine: str, text: str) -> None:
     store = MemoryStore(watchdog_interval=None)
     good = store.add_resources({"prompt": PromptTemplate(template="Solve {question}", variables=["question"])})
     with pytest.raises(ValidationError, match=r"\['hint'\].*available: \['question'\]"):
-        store.add_resources({"prompt": {"resource_type": "prompt_template", "template": text, "engine": engine,
-                                        "variables": ["question"]}})
+        store.add_resources(
+            {
+                "prompt": {
+                    "resource_type": "prompt_template",
+                    "template": text,
+                    "engine": engine,
+                    "variables": ["question"],
+                }
+            }
+        )
     assert [r.resources_id for r in store.query_resources()] == [good.resources_id]
 
 

@@ -84,7 +84,9 @@ def test_dev_with_two_runner_processes_over_sqlite(tmp_path):
     workers = store.query_workers()
     # a runner still starting when the work ran out may be stopped before it ever reported
     assert 1 <= len(workers) <= 2 and all(w.status == "stopped" for w in workers)
-    pids = {s.attributes["pid"] for r in report.rollouts for s in store.query_spans(r.rollout_id, name="agentgrad.message")}
+    pids = {
+        s.attributes["pid"] for r in report.rollouts for s in store.query_spans(r.rollout_id, name="agentgrad.message")
+    }
     assert 1 <= len(pids) <= 2
     store.close()
 
@@ -149,8 +151,9 @@ class TwoRounds(Algorithm):
         means = []
         for round_ in range(2):
             resources = store.add_resources({"round": round_})
-            ids = [store.enqueue_rollout(t, resources_id=resources.resources_id).rollout_id
-                   for t in context.train_tasks]
+            ids = [
+                store.enqueue_rollout(t, resources_id=resources.resources_id).rollout_id for t in context.train_tasks
+            ]
             done = store.wait_for_rollouts(ids, timeout=20)
             means.append(sum(r.reward for r in done) / len(done))
         return {"means": means, "policy": context.policy, "initial": context.initial_resources}
@@ -171,15 +174,24 @@ def test_fit_runs_a_custom_algorithm():
 
 # ---- wrong calls fail with what to do instead --------------------------------------------------------
 
-@pytest.mark.parametrize(("keyword", "hint"), [("train_dataset", "use train_tasks="), ("val_dataset", "use val_tasks="),
-                                               ("engine", "Trainer(policy=LocalPolicy(model_dir))")])
+
+@pytest.mark.parametrize(
+    ("keyword", "hint"),
+    [
+        ("train_dataset", "use train_tasks="),
+        ("val_dataset", "use val_tasks="),
+        ("engine", "Trainer(policy=LocalPolicy(model_dir))"),
+    ],
+)
 def test_fit_refuses_unknown_keywords_and_says_what_to_use(keyword, hint):
     """Once, ``fit(agent, train_dataset=…)`` silently ran with 0 tasks."""
     store = MemoryStore(watchdog_interval=None)
     trainer = Trainer(store, algorithm=TwoRounds(), runner_options=FAST, console=console())
     with pytest.raises(TypeError, match=re.escape(hint)) as caught:
         trainer.fit(agents_for_tests.reward_agent, **{keyword: [{"x": 1}]})
-    assert repr(keyword) in str(caught.value) and "fit(agent, train_tasks=(), val_tasks=(), resources=None)" in str(caught.value)
+    assert repr(keyword) in str(caught.value) and "fit(agent, train_tasks=(), val_tasks=(), resources=None)" in str(
+        caught.value
+    )
     assert store.count_rollouts() == 0  # refused before anything ran
     with pytest.raises(TypeError, match="read_tasks"):
         trainer.fit(agents_for_tests.reward_agent, "train.jsonl")
@@ -195,6 +207,7 @@ def test_invalid_trainer_options():
 
 # ---- dead runners end the wait, with the reason ---------------------------------------------------------
 
+
 def test_runner_processes_that_die_at_start_fail_dev_fast_with_the_reason():
     """The pool's processes die while unpickling the agent (its module refuses to import there):
     ``dev()`` without a timeout used to wait forever; now it fails within seconds, naming the exit
@@ -208,7 +221,7 @@ def test_runner_processes_that_die_at_start_fail_dev_fast_with_the_reason():
         trainer.dev(agent_dies_in_runner.agent, [{"x": 1}, {"x": 2}], print_summary=False)
     assert time.monotonic() - started < 30
     message = str(caught.value)
-    assert "exited with code 1 while starting" in message and "if __name__ == \"__main__\":" in message
+    assert "exited with code 1 while starting" in message and 'if __name__ == "__main__":' in message
     assert "spawn" in message
     store.close()
 
@@ -221,20 +234,23 @@ def test_a_script_without_a_main_guard_fails_with_the_hint_instead_of_hanging(tm
         "import agents_for_tests\n"
         "from agentgrad.trainer import Trainer\n"
         "Trainer(n_runners=2).dev(agents_for_tests.reward_agent, [{'x': 1}, {'x': 2}], print_summary=False)\n"
-        "print('finished')\n")
+        "print('finished')\n"
+    )
     support = Path(__file__).parent / "support"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(support), os.environ.get("PYTHONPATH")]))}
     started = time.monotonic()
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env,
-                            cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path
+    )
     assert time.monotonic() - started < 90
     assert result.returncode != 0 and "finished" not in result.stdout
     assert "RunnerDiedError" in result.stderr and "exited with code 1 while starting" in result.stderr
     assert "Trainer.dev() was called while a runner process imported the main script" in result.stderr  # a child's
-    assert "if __name__ == \"__main__\":" in result.stderr
+    assert 'if __name__ == "__main__":' in result.stderr
 
 
 # ---- n_runners=0: runners are started elsewhere ---------------------------------------------------------
+
 
 def test_fit_with_no_runners_of_its_own_uses_runners_started_elsewhere():
     store = MemoryStore(watchdog_interval=None)

@@ -31,18 +31,31 @@ class LitMathAgent(agl.LitAgent[dict[str, Any]]):
         super().__init__()
         self.max_turns = max_turns
 
-    async def rollout_async(self, task: dict[str, Any], resources: agl.NamedResources,
-                            rollout: agl.Rollout) -> float:
+    async def rollout_async(self, task: dict[str, Any], resources: agl.NamedResources, rollout: agl.Rollout) -> float:
         llm = resources["main_llm"]
-        client = AsyncOpenAI(base_url=llm.get_base_url(rollout.rollout_id, rollout.attempt.attempt_id),
-                             api_key=os.environ.get("OPENAI_API_KEY", "dummy"), max_retries=0)
+        client = AsyncOpenAI(
+            base_url=llm.get_base_url(rollout.rollout_id, rollout.attempt.attempt_id),
+            api_key=os.environ.get("OPENAI_API_KEY", "dummy"),
+            max_retries=0,
+        )
         model = OpenAIChatCompletionsModel(model=llm.model, openai_client=client)
-        settings = ModelSettings(temperature=llm.sampling_parameters.get("temperature"),
-                                 max_tokens=llm.sampling_parameters.get("max_tokens", 32))
-        math = Agent(name="math", instructions="Solve the arithmetic question. Reply with the number.",
-                     model=model, model_settings=settings)
-        triage = Agent(name="triage", instructions="Hand arithmetic questions to the math agent.",
-                       handoffs=[math], model=model, model_settings=settings)
+        settings = ModelSettings(
+            temperature=llm.sampling_parameters.get("temperature"),
+            max_tokens=llm.sampling_parameters.get("max_tokens", 32),
+        )
+        math = Agent(
+            name="math",
+            instructions="Solve the arithmetic question. Reply with the number.",
+            model=model,
+            model_settings=settings,
+        )
+        triage = Agent(
+            name="triage",
+            instructions="Hand arithmetic questions to the math agent.",
+            handoffs=[math],
+            model=model,
+            model_settings=settings,
+        )
         try:
             result = await Runner.run(triage, task["question"], max_turns=self.max_turns)
         except AgentsException:  # too many turns, or a malformed reply

@@ -36,14 +36,20 @@ def calculator(expression: str) -> str:
         return f"error: {exc}"
 
 
-def autogen_assistant_agent(model: str, openai_base_url: str, temperature: float, max_tokens: int) -> tuple[
-        AssistantAgent, OpenAIChatCompletionClient]:
+def autogen_assistant_agent(
+    model: str, openai_base_url: str, temperature: float, max_tokens: int
+) -> tuple[AssistantAgent, OpenAIChatCompletionClient]:
     model_client = OpenAIChatCompletionClient(
         model=model,
         base_url=openai_base_url,
         api_key=os.environ.get("OPENAI_API_KEY", "token-abc123"),
-        model_info={"vision": False, "function_calling": True, "json_output": False,
-                    "family": ModelFamily.UNKNOWN, "structured_output": False},
+        model_info={
+            "vision": False,
+            "function_calling": True,
+            "json_output": False,
+            "family": ModelFamily.UNKNOWN,
+            "structured_output": False,
+        },
         temperature=temperature,
         max_tokens=max_tokens,
     )
@@ -61,8 +67,12 @@ def evaluate(answer: str, ground_truth: str) -> float:
 @agl.rollout
 async def calc_agent(task: MathProblem, llm: agl.LLM) -> None:
     """Answer the question; emit the reward (and return None), as the reference does."""
-    calc, client = autogen_assistant_agent(llm.model, llm.endpoint, llm.sampling_parameters.get("temperature", 0.7),
-                                           llm.sampling_parameters.get("max_tokens", 48))
+    calc, client = autogen_assistant_agent(
+        llm.model,
+        llm.endpoint,
+        llm.sampling_parameters.get("temperature", 0.7),
+        llm.sampling_parameters.get("max_tokens", 48),
+    )
     try:
         prompt = task["question"] + " Output the answer as ### ANSWER: <answer> ###."
         result = await asyncio.wait_for(calc.run(task=prompt), timeout=300.0)

@@ -23,19 +23,22 @@ ROOMS = [
     {"id": "Nova", "capacity": 12, "equipment": ["whiteboard"], "booked": []},
 ]
 
-TOOL_DEFINITIONS: list[Any] = [{
-    "type": "function",
-    "function": {
-        "name": "get_rooms_and_availability",
-        "description": "Return meeting rooms with capacity, equipment and booked slots.",
-        "parameters": {"type": "object", "properties": {"time": {"type": "string"}}, "required": ["time"]},
-    },
-}]
+TOOL_DEFINITIONS: list[Any] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_rooms_and_availability",
+            "description": "Return meeting rooms with capacity, equipment and booked slots.",
+            "parameters": {"type": "object", "properties": {"time": {"type": "string"}}, "required": ["time"]},
+        },
+    }
+]
 
 
 def prompt_template_baseline() -> agl.PromptTemplate:
-    return agl.PromptTemplate(template="Find a room at {time} for {attendees} people. Needs: {needs}.",
-                              engine="f-string")
+    return agl.PromptTemplate(
+        template="Find a room at {time} for {attendees} people. Needs: {needs}.", engine="f-string"
+    )
 
 
 def get_rooms_and_availability(time: str) -> dict[str, Any]:
@@ -50,16 +53,30 @@ def grade(final_message: str | None, expected_choice: str) -> float:
 def room_selector(task: dict[str, Any], prompt_template: agl.PromptTemplate) -> float:
     client = OpenAI()
     model = "gpt-4.1-nano"
-    messages: list[Any] = [{"role": "system", "content": "You are a scheduling assistant."},
-                           {"role": "user", "content": prompt_template.format(**task["task_input"])}]
-    resp = client.chat.completions.create(model=model, messages=messages, tools=TOOL_DEFINITIONS,
-                                          tool_choice="auto", temperature=0.0, max_tokens=32)
+    messages: list[Any] = [
+        {"role": "system", "content": "You are a scheduling assistant."},
+        {"role": "user", "content": prompt_template.format(**task["task_input"])},
+    ]
+    resp = client.chat.completions.create(
+        model=model, messages=messages, tools=TOOL_DEFINITIONS, tool_choice="auto", temperature=0.0, max_tokens=32
+    )
     tool_calls = resp.choices[0].message.tool_calls
     final_message = resp.choices[0].message.content
     if tool_calls:
-        messages.append({"role": "assistant", "content": final_message,
-                         "tool_calls": [{"id": tc.id, "type": "function", "function": {
-                             "name": tc.function.name, "arguments": tc.function.arguments}} for tc in tool_calls]})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": final_message,
+                "tool_calls": [
+                    {
+                        "id": tc.id,
+                        "type": "function",
+                        "function": {"name": tc.function.name, "arguments": tc.function.arguments},
+                    }
+                    for tc in tool_calls
+                ],
+            }
+        )
         for tc in tool_calls:
             try:
                 output: Any = get_rooms_and_availability(**json.loads(tc.function.arguments))

@@ -34,12 +34,13 @@ from agentgrad.compat import agentlightning as agl
 agl.setup_logging(apply_to=[__name__])
 logger = logging.getLogger(__name__)
 
-WRITE_QUERY_PROMPT = ("Write one {dialect} query that answers the question. Tables:\n{table_info}\n"
-                      "Reply as:\n```sql\nQUERY\n```")
-CHECK_QUERY_PROMPT = ("Check the {dialect} query. Tables:\n{table_info}\nEnd with THE QUERY IS CORRECT. "
-                      "or THE QUERY IS INCORRECT.")
-REWRITE_QUERY_PROMPT = ("Rewrite the {dialect} query to fix it. Tables:\n{table_info}\n"
-                        "Reply as:\n```sql\nQUERY\n```")
+WRITE_QUERY_PROMPT = (
+    "Write one {dialect} query that answers the question. Tables:\n{table_info}\nReply as:\n```sql\nQUERY\n```"
+)
+CHECK_QUERY_PROMPT = (
+    "Check the {dialect} query. Tables:\n{table_info}\nEnd with THE QUERY IS CORRECT. or THE QUERY IS INCORRECT."
+)
+REWRITE_QUERY_PROMPT = "Rewrite the {dialect} query to fix it. Tables:\n{table_info}\nReply as:\n```sql\nQUERY\n```"
 
 
 class State(TypedDict, total=False):
@@ -54,13 +55,28 @@ class State(TypedDict, total=False):
 class SQLAgent:
     """The LangGraph agent itself: no Agent Lightning in it."""
 
-    def __init__(self, db_path: str, *, endpoint: str, model: str, temperature: float, max_tokens: int,
-                 max_turns: int = 3, truncate: int = 200) -> None:
+    def __init__(
+        self,
+        db_path: str,
+        *,
+        endpoint: str,
+        model: str,
+        temperature: float,
+        max_tokens: int,
+        max_turns: int = 3,
+        truncate: int = 200,
+    ) -> None:
         self.db_path = db_path
         self.max_turns = max_turns
         self.truncate = truncate
-        self.llm = ChatOpenAI(model=model, base_url=endpoint, api_key=os.environ.get("OPENAI_API_KEY", "dummy"),
-                              temperature=temperature, max_tokens=max_tokens, max_retries=0)
+        self.llm = ChatOpenAI(
+            model=model,
+            base_url=endpoint,
+            api_key=os.environ.get("OPENAI_API_KEY", "dummy"),
+            temperature=temperature,
+            max_tokens=max_tokens,
+            max_retries=0,
+        )
 
     def table_info(self) -> str:
         with sqlite3.connect(self.db_path) as db:
@@ -91,22 +107,29 @@ class SQLAgent:
 
     def check_query(self, state: State) -> State:
         system = CHECK_QUERY_PROMPT.format(dialect="sqlite", table_info=self.table_info())
-        user = f"Question: {state['question']}\nQuery: {state['query'][:self.truncate]}\nResult: {state['execution']}"
+        user = f"Question: {state['question']}\nQuery: {state['query'][: self.truncate]}\nResult: {state['execution']}"
         result = self.invoke_prompt(system, user)
         return {**state, "feedback": str(result.content), "messages": [*state.get("messages", []), result]}
 
     def rewrite_query(self, state: State) -> State:
         system = REWRITE_QUERY_PROMPT.format(dialect="sqlite", table_info=self.table_info())
-        user = (f"Question: {state['question']}\nQuery: {state['query'][:self.truncate]}\n"
-                f"Feedback: {state['feedback'][:self.truncate]}")
+        user = (
+            f"Question: {state['question']}\nQuery: {state['query'][: self.truncate]}\n"
+            f"Feedback: {state['feedback'][: self.truncate]}"
+        )
         result = self.invoke_prompt(system, user)
-        return {**state, "query": self.parse_query(result) or state["query"],
-                "num_turns": state.get("num_turns", 0) + 1, "messages": [result]}
+        return {
+            **state,
+            "query": self.parse_query(result) or state["query"],
+            "num_turns": state.get("num_turns", 0) + 1,
+            "messages": [result],
+        }
 
     def should_continue(self, state: State) -> Literal["__end__", "rewrite_query"]:
         last = state["messages"][-1] if state.get("messages") else None
-        if isinstance(last, BaseMessage) and str(last.content).rfind("THE QUERY IS CORRECT") > \
-                str(last.content).rfind("THE QUERY IS INCORRECT"):
+        if isinstance(last, BaseMessage) and str(last.content).rfind("THE QUERY IS CORRECT") > str(last.content).rfind(
+            "THE QUERY IS INCORRECT"
+        ):
             return END
         if state.get("num_turns", 0) >= self.max_turns:
             return END
@@ -138,8 +161,13 @@ def evaluate_query(query: str, ground_truth: str, db_path: str) -> float:
 
 
 class LitSQLAgent(agl.LitAgent[dict[str, Any]]):
-    def __init__(self, trained_agents: str | None = None, val_temperature: float | None = None,
-                 max_turns: int = 3, max_tokens: int = 48) -> None:
+    def __init__(
+        self,
+        trained_agents: str | None = None,
+        val_temperature: float | None = None,
+        max_turns: int = 3,
+        max_tokens: int = 48,
+    ) -> None:
         super().__init__(trained_agents=trained_agents)
         self.val_temperature = val_temperature
         self.data_dir = os.environ.get("SQL_AGENT_DATA_DIR", "data")
@@ -152,19 +180,29 @@ class LitSQLAgent(agl.LitAgent[dict[str, Any]]):
         if not os.path.exists(original_db_path):
             logger.error("Database %s does not exist. Skipping.", original_db_path)
             return None
-        temperature = (llm.sampling_parameters.get("temperature", 1.0) if rollout.mode == "train"
-                       else self.val_temperature if self.val_temperature is not None
-                       else llm.sampling_parameters.get("temperature", 0.0))
+        temperature = (
+            llm.sampling_parameters.get("temperature", 1.0)
+            if rollout.mode == "train"
+            else self.val_temperature
+            if self.val_temperature is not None
+            else llm.sampling_parameters.get("temperature", 0.0)
+        )
         with tempfile.TemporaryDirectory() as temp_dir:
             db_path = os.path.join(temp_dir, os.path.basename(original_db_path))
             shutil.copyfile(original_db_path, db_path)
-            agent = SQLAgent(db_path, endpoint=llm.get_base_url(rollout.rollout_id, rollout.attempt.attempt_id),
-                             model=llm.model, temperature=temperature,
-                             max_tokens=llm.sampling_parameters.get("max_tokens", self.max_tokens),
-                             max_turns=self.max_turns).graph()
+            agent = SQLAgent(
+                db_path,
+                endpoint=llm.get_base_url(rollout.rollout_id, rollout.attempt.attempt_id),
+                model=llm.model,
+                temperature=temperature,
+                max_tokens=llm.sampling_parameters.get("max_tokens", self.max_tokens),
+                max_turns=self.max_turns,
+            ).graph()
             handler = self.tracer.get_langchain_handler()  # required by Agent Lightning; harmless here
-            result = agent.invoke({"question": task["question"]},  # type: ignore[arg-type]
-                                  {"callbacks": [handler] if handler else [], "recursion_limit": 100})
+            result = agent.invoke(
+                {"question": task["question"]},  # type: ignore[arg-type]
+                {"callbacks": [handler] if handler else [], "recursion_limit": 100},
+            )
             reward = evaluate_query(result["query"], task["query"], db_path)
         logger.info("[Rollout %s] query %r reward %s", rollout.rollout_id, result["query"], reward)
         return reward
@@ -179,11 +217,17 @@ def make_database(path: str) -> None:
 
 TASKS = [
     {"db_id": "shop", "question": "How many items are there?", "query": "SELECT count(*) FROM items"},
-    {"db_id": "shop", "question": "What is the price of the book?",
-     "query": "SELECT price FROM items WHERE name = 'book'"},
+    {
+        "db_id": "shop",
+        "question": "What is the price of the book?",
+        "query": "SELECT price FROM items WHERE name = 'book'",
+    },
     {"db_id": "shop", "question": "Which items cost more than 10?", "query": "SELECT name FROM items WHERE price > 10"},
-    {"db_id": "shop", "question": "What is the cheapest item?",
-     "query": "SELECT name FROM items ORDER BY price LIMIT 1"},
+    {
+        "db_id": "shop",
+        "question": "What is the cheapest item?",
+        "query": "SELECT name FROM items ORDER BY price LIMIT 1",
+    },
 ]
 
 
@@ -191,8 +235,11 @@ def debug_sql_agent() -> None:
     """Agent Lightning's debug entry: ``Trainer(n_workers=1, initial_resources=...).dev(...)``."""
     trainer = agl.Trainer(
         n_workers=1,
-        initial_resources={"main_llm": agl.LLM(endpoint=os.environ["OPENAI_API_BASE"], model="gpt-4.1-nano",
-                                               sampling_parameters={"temperature": 0.7})},
+        initial_resources={
+            "main_llm": agl.LLM(
+                endpoint=os.environ["OPENAI_API_BASE"], model="gpt-4.1-nano", sampling_parameters={"temperature": 0.7}
+            )
+        },
     )
     trainer.dev(LitSQLAgent(), TASKS)
 

@@ -27,8 +27,10 @@ def review_agent(task: dict[str, Any], resources: Resources) -> float:
     assert isinstance(template, PromptTemplate) and isinstance(llm, LLM)
     client = OpenAI(base_url=llm.endpoint, api_key=llm.api_key or "not-needed", max_retries=2, timeout=60)
     response = client.chat.completions.create(
-        model=llm.model, messages=[{"role": "user", "content": template.format(review=task["review"])}],
-        temperature=llm.sampling.get("temperature", 0.0), max_tokens=llm.sampling.get("max_tokens", 16),
+        model=llm.model,
+        messages=[{"role": "user", "content": template.format(review=task["review"])}],
+        temperature=llm.sampling.get("temperature", 0.0),
+        max_tokens=llm.sampling.get("max_tokens", 16),
     )
     answer = (response.choices[0].message.content or "").strip().strip(".").lower()
     agentgrad.emit_message(f"answer: {answer!r} (expected {task['label']!r})")

@@ -40,14 +40,27 @@ def main() -> None:
     tasks = read_tasks(str(HERE / "tasks.jsonl"))
     critic_key = os.environ.get("AGENTGRAD_CRITIC_API_KEY") or os.environ.get("OPENAI_API_KEY")
     critic = ChatEndpoint(base_url=args.critic_base_url, model=args.critic_model, api_key=critic_key, temperature=0.7)
-    editor = ChatEndpoint(base_url=args.critic_base_url, model=args.editor_model or args.critic_model,
-                          api_key=critic_key, temperature=1.0)
-    apo = APO(critic, editor, rounds=args.rounds, beam_width=2, branch_factor=2,
-              train_batch_size=8, val_batch_size=16, run_id="reviews")
+    editor = ChatEndpoint(
+        base_url=args.critic_base_url, model=args.editor_model or args.critic_model, api_key=critic_key, temperature=1.0
+    )
+    apo = APO(
+        critic,
+        editor,
+        rounds=args.rounds,
+        beam_width=2,
+        branch_factor=2,
+        train_batch_size=8,
+        val_batch_size=16,
+        run_id="reviews",
+    )
     resources = {
         "prompt_template": PromptTemplate(template=SEED_PROMPT),
-        "llm": LLM(endpoint=args.agent_base_url, model=args.agent_model, api_key=os.environ.get("OPENAI_API_KEY"),
-                   sampling={"temperature": 0.0}),
+        "llm": LLM(
+            endpoint=args.agent_base_url,
+            model=args.agent_model,
+            api_key=os.environ.get("OPENAI_API_KEY"),
+            sampling={"temperature": 0.0},
+        ),
     }
     trainer = Trainer(args.store, concurrency=4, algorithm=apo)
     result = trainer.fit(review_agent, tasks[::2], tasks[1::2] + tasks[::2], resources=resources)

@@ -23,21 +23,27 @@ from agentgrad.types import LLM
 
 MAX_TOKENS = 64
 #: What AutoGen needs to know of a model that is not one of OpenAI's.
-MODEL_INFO = ModelInfo(vision=False, function_calling=True, json_output=False, family=ModelFamily.UNKNOWN,
-                       structured_output=False)
-calculator = FunctionTool(run_calculator, name="calculator",
-                          description=CALCULATOR_TOOL["function"]["description"])
+MODEL_INFO = ModelInfo(
+    vision=False, function_calling=True, json_output=False, family=ModelFamily.UNKNOWN, structured_output=False
+)
+calculator = FunctionTool(run_calculator, name="calculator", description=CALCULATOR_TOOL["function"]["description"])
 
 
 @agentgrad.rollout
 async def math_agent(task: dict[str, Any], llm: LLM) -> float:
     """Solve one arithmetic question with the calculator; 1.0 when the final answer is right."""
     client = OpenAIChatCompletionClient(
-        model=llm.model, base_url=llm.base_url, api_key=llm.api_key or "not-needed", model_info=MODEL_INFO,
-        temperature=llm.sampling.get("temperature", 1.0), max_tokens=llm.sampling.get("max_tokens", MAX_TOKENS),
-        max_retries=0)
-    agent = AssistantAgent("calc", model_client=client, tools=[calculator], system_message=SYSTEM_PROMPT,
-                           reflect_on_tool_use=True)
+        model=llm.model,
+        base_url=llm.base_url,
+        api_key=llm.api_key or "not-needed",
+        model_info=MODEL_INFO,
+        temperature=llm.sampling.get("temperature", 1.0),
+        max_tokens=llm.sampling.get("max_tokens", MAX_TOKENS),
+        max_retries=0,
+    )
+    agent = AssistantAgent(
+        "calc", model_client=client, tools=[calculator], system_message=SYSTEM_PROMPT, reflect_on_tool_use=True
+    )
     try:
         result = await agent.run(task=task["question"])
     finally:

@@ -52,8 +52,9 @@ def build_agent(llm: LLM, corpus: str) -> Agent:
         instructions=INSTRUCTIONS,
         tools=[function_tool(search, description_override=SEARCH_DESCRIPTION)],
         model=OpenAIChatCompletionsModel(model=llm.model, openai_client=client),
-        model_settings=ModelSettings(temperature=llm.sampling.get("temperature"),
-                                     max_tokens=llm.sampling.get("max_tokens", MAX_TOKENS)),
+        model_settings=ModelSettings(
+            temperature=llm.sampling.get("temperature"), max_tokens=llm.sampling.get("max_tokens", MAX_TOKENS)
+        ),
     )
 
 

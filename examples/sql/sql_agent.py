@@ -39,13 +39,19 @@ MAX_TOKENS = 96
 #: Characters of a query result shown to the checker (small models have small contexts).
 RESULT_CHARS = 200
 
-WRITE_PROMPT = ("You write one SQLite query that answers the question. Tables:\n{schema}\n"
-                "Reply with the query only, as:\n```sql\nSELECT ...\n```")
-CHECK_PROMPT = ("You check a SQLite query written for a question. Tables:\n{schema}\n"
-                "Look for a wrong table or column, a missing join or filter, a wrong aggregate. "
-                "End with THE QUERY IS CORRECT. or THE QUERY IS INCORRECT.")
-REWRITE_PROMPT = ("You fix a SQLite query so that it answers the question. Tables:\n{schema}\n"
-                  "Reply with the fixed query only, as:\n```sql\nSELECT ...\n```")
+WRITE_PROMPT = (
+    "You write one SQLite query that answers the question. Tables:\n{schema}\n"
+    "Reply with the query only, as:\n```sql\nSELECT ...\n```"
+)
+CHECK_PROMPT = (
+    "You check a SQLite query written for a question. Tables:\n{schema}\n"
+    "Look for a wrong table or column, a missing join or filter, a wrong aggregate. "
+    "End with THE QUERY IS CORRECT. or THE QUERY IS INCORRECT."
+)
+REWRITE_PROMPT = (
+    "You fix a SQLite query so that it answers the question. Tables:\n{schema}\n"
+    "Reply with the fixed query only, as:\n```sql\nSELECT ...\n```"
+)
 
 
 class State(TypedDict, total=False):
@@ -86,8 +92,10 @@ def build_graph(model: ChatOpenAI, db_path: str, max_turns: int = MAX_TURNS) -> 
         return {"feedback": ask(CHECK_PROMPT.format(schema=state["schema"]), user)}
 
     def rewrite_query(state: State) -> State:
-        user = (f"Question: {state['question']}\nQuery: {state['query']}\nResult: {state['result']}\n"
-                f"Feedback: {state['feedback'][:RESULT_CHARS]}")
+        user = (
+            f"Question: {state['question']}\nQuery: {state['query']}\nResult: {state['result']}\n"
+            f"Feedback: {state['feedback'][:RESULT_CHARS]}"
+        )
         reply = ask(REWRITE_PROMPT.format(schema=state["schema"]), user)
         return {"query": extract_query(reply) or state["query"], "turns": state["turns"] + 1}
 
@@ -113,9 +121,14 @@ def build_graph(model: ChatOpenAI, db_path: str, max_turns: int = MAX_TURNS) -> 
 @agentgrad.rollout
 def sql_agent(task: dict[str, Any], llm: agentgrad.LLM) -> float:
     """Answer one task of the SQL world; the reward is execution match of the final query."""
-    model = ChatOpenAI(model=llm.model, base_url=llm.endpoint, api_key=llm.api_key or "none", max_retries=0,
-                       temperature=llm.sampling.get("temperature", 1.0),
-                       max_tokens=llm.sampling.get("max_tokens", MAX_TOKENS))
+    model = ChatOpenAI(
+        model=llm.model,
+        base_url=llm.endpoint,
+        api_key=llm.api_key or "none",
+        max_retries=0,
+        temperature=llm.sampling.get("temperature", 1.0),
+        max_tokens=llm.sampling.get("max_tokens", MAX_TOKENS),
+    )
     graph = build_graph(model, task["db_path"], task.get("max_turns", MAX_TURNS))
     final = graph.invoke({"question": task["question"], "schema": task["schema"]}, {"recursion_limit": 50})
     score = execution_match(final["query"], task["query"], task["db_path"], ordered=task.get("ordered"))

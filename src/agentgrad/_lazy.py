@@ -43,6 +43,7 @@ def lazy_exports(package: str, exports: Mapping[str, str]) -> tuple[Callable[[st
     first import of that submodule, from anywhere, sets the package's attribute of that name to
     the module, and a lazy lookup would never run.
     """
+
     def __getattr__(name: str) -> Any:
         module_name = exports.get(name)
         if module_name is None:

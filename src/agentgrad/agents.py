@@ -165,8 +165,9 @@ def as_agent(agent: Agent | type[Agent] | Callable[..., Any]) -> Agent:
         return agent
     if isinstance(agent, type):
         if not issubclass(agent, Agent):
-            raise NotAnAgentError(f"{agent.__qualname__} is a class that does not subclass agentgrad.Agent; "
-                                  f"expected {EXPECTED_AGENT}")
+            raise NotAnAgentError(
+                f"{agent.__qualname__} is a class that does not subclass agentgrad.Agent; expected {EXPECTED_AGENT}"
+            )
         return _instantiate(agent)
     if callable(agent):
         try:
@@ -176,8 +177,9 @@ def as_agent(agent: Agent | type[Agent] | Callable[..., Any]) -> Agent:
         except TypeError as exc:  # a function of an unsupported shape: FunctionAgent names it
             raise NotAnAgentError(str(exc)) from None
         except (AttributeError, ValueError) as exc:  # a callable without a signature or a name
-            raise NotAnAgentError(f"{_a(type(agent).__name__)} that cannot be read as a function ({exc}); "
-                                  f"expected {EXPECTED_AGENT}") from None
+            raise NotAnAgentError(
+                f"{_a(type(agent).__name__)} that cannot be read as a function ({exc}); expected {EXPECTED_AGENT}"
+            ) from None
     raise NotAnAgentError(f"got {_a(type(agent).__name__)}; expected {EXPECTED_AGENT}")
 
 
@@ -191,13 +193,17 @@ def _instantiate(cls: type[Agent]) -> Agent:
         signature = inspect.signature(cls)
     except (TypeError, ValueError):  # no signature to read (a C-level __init__): just try it
         return cls()
-    needed = [name for name, p in signature.parameters.items()
-              if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    needed = [
+        name
+        for name, p in signature.parameters.items()
+        if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
     if needed:
         raise NotAnAgentError(
             f"the Agent subclass {cls.__qualname__} needs constructor argument(s) {', '.join(needed)}, "
             "and an agent named by its class is created with no arguments: give them defaults, or "
-            f"create the agent in the module (my_agent = {cls.__qualname__}(...)) and name that instead")
+            f"create the agent in the module (my_agent = {cls.__qualname__}(...)) and name that instead"
+        )
     return cls()  # errors raised by the user's own constructor keep their traceback
 
 

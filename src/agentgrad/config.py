@@ -48,8 +48,19 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 from agentgrad.errors import InvalidInputError
 
-__all__ = ["ConfigError", "ConfigField", "add_dataclass_arguments", "config_fields", "dump", "field_docs",
-           "from_dict", "load_file", "markdown_reference", "resolve", "to_dict"]
+__all__ = [
+    "ConfigError",
+    "ConfigField",
+    "add_dataclass_arguments",
+    "config_fields",
+    "dump",
+    "field_docs",
+    "from_dict",
+    "load_file",
+    "markdown_reference",
+    "resolve",
+    "to_dict",
+]
 
 T = TypeVar("T")
 
@@ -89,6 +100,7 @@ class ConfigField:
 
 
 # ---- reading a class -------------------------------------------------------------------------------
+
 
 def _check_class(cls: Any) -> None:
     if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
@@ -163,6 +175,7 @@ def _field_type(cls: type, path: Sequence[str]) -> Any:
 
 
 # ---- values --------------------------------------------------------------------------------------
+
 
 class _Mismatch(Exception):
     """A value that does not fit a type (the caller names the key and the source)."""
@@ -383,11 +396,13 @@ def _coerce(value: Any, tp: Any, *, source: str, key: str, text: bool) -> Any:
         wants_text = _is_texty(tp) or (_is_union(tp) and all(_is_texty(a) or a is type(None) for a in get_args(tp)))
         if wants_text and isinstance(value, (int, float, bool)) and not text:
             hint = " (quote it to make it a string)"
-        raise ConfigError(f"{source}: {key}: expected {describe(tp)}, got {value!r}{why}{hint}",
-                          source=source, key=key) from None
+        raise ConfigError(
+            f"{source}: {key}: expected {describe(tp)}, got {value!r}{why}{hint}", source=source, key=key
+        ) from None
 
 
 # ---- mappings → instances --------------------------------------------------------------------------
+
 
 def _unknown_key(cls: type, path: tuple[str, ...], key: Any, source: str, flag: bool) -> ConfigError:
     names = [f.name for f in _fields(cls)]
@@ -396,19 +411,24 @@ def _unknown_key(cls: type, path: tuple[str, ...], key: Any, source: str, flag: 
     close = difflib.get_close_matches(str(key), names, n=1)
     where = f" under {'.'.join(path)}" if path else ""
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    return ConfigError(f"{source}: unknown key {shown!r}{hint} (valid keys{where}: {', '.join(names)})",
-                       source=source, key=dotted)
+    return ConfigError(
+        f"{source}: unknown key {shown!r}{hint} (valid keys{where}: {', '.join(names)})", source=source, key=dotted
+    )
 
 
-def _validate(cls: type, data: Any, *, source: str, path: tuple[str, ...] = (), text: bool = False,
-              flag: bool = False) -> dict[str, Any]:
+def _validate(
+    cls: type, data: Any, *, source: str, path: tuple[str, ...] = (), text: bool = False, flag: bool = False
+) -> dict[str, Any]:
     """Check and convert a (nested) mapping against ``cls``: a mapping of converted values, with
     sections still mappings (so that a later source can set single keys inside them)."""
     dotted = ".".join(path)
     if not isinstance(data, Mapping):
         where = f"{dotted}: " if path else ""
-        raise ConfigError(f"{source}: {where}expected a mapping of {cls.__name__} settings, got {data!r}",
-                          source=source, key=dotted or None)
+        raise ConfigError(
+            f"{source}: {where}expected a mapping of {cls.__name__} settings, got {data!r}",
+            source=source,
+            key=dotted or None,
+        )
     hints = _hints(cls)
     names = {f.name for f in _fields(cls)}
     out: dict[str, Any] = {}
@@ -421,8 +441,9 @@ def _validate(cls: type, data: Any, *, source: str, path: tuple[str, ...] = (), 
             out[key] = _validate(section, value, source=source, path=(*path, key), text=text, flag=flag)
         else:
             key_path = ".".join((*path, key))
-            out[key] = _coerce(value, tp, source=source, key="--" + _flag_name(key_path) if flag else key_path,
-                               text=text)
+            out[key] = _coerce(
+                value, tp, source=source, key="--" + _flag_name(key_path) if flag else key_path, text=text
+            )
     return out
 
 
@@ -451,15 +472,21 @@ def _build(cls: type[T], values: Mapping[str, Any], base: Any, source: str, path
         section = _section(hints[f.name])
         if section is not None and isinstance(value, dict):
             sub_base = getattr(base, f.name) if base is not None else _default_of(f)
-            value = _build(section, value, sub_base if isinstance(sub_base, section) else None, source,
-                           (*path, f.name))
+            value = _build(section, value, sub_base if isinstance(sub_base, section) else None, source, (*path, f.name))
         kwargs[f.name] = value
-    missing = [f.name for f in _fields(cls) if f.name not in kwargs and base is None
-               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [
+        f.name
+        for f in _fields(cls)
+        if f.name not in kwargs
+        and base is None
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
     if missing:
         shown = ", ".join(".".join((*path, name)) for name in missing)
-        raise ConfigError(f"{source}: missing required setting(s) {shown}", source=source,
-                          key=".".join((*path, missing[0])))
+        raise ConfigError(
+            f"{source}: missing required setting(s) {shown}", source=source, key=".".join((*path, missing[0]))
+        )
     try:
         return dataclasses.replace(base, **kwargs) if base is not None else cls(**kwargs)
     except ValueError as exc:  # the class's own checks (__post_init__)
@@ -475,6 +502,7 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, source: str = "settings"
 
 # ---- files ---------------------------------------------------------------------------------------
 
+
 def _yaml_loader() -> Any:
     import yaml
 
@@ -486,8 +514,7 @@ def _yaml_loader() -> Any:
         for key_node, _ in node.value:
             key = loader.construct_object(key_node, deep=deep)
             if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} given twice", key_node.start_mark)
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} given twice", key_node.start_mark)
             seen.add(key)
         return loader.construct_mapping(node, deep=deep)
 
@@ -514,8 +541,9 @@ def load_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         try:
             import yaml
         except ImportError:
-            raise ConfigError(f"reading {shown} needs PyYAML: pip install pyyaml (or use a .toml file)",
-                              source=shown) from None
+            raise ConfigError(
+                f"reading {shown} needs PyYAML: pip install pyyaml (or use a .toml file)", source=shown
+            ) from None
         try:
             data = yaml.load(text, Loader=_yaml_loader())  # a SafeLoader subclass: safe
         except yaml.YAMLError as exc:
@@ -538,12 +566,14 @@ def load_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{shown}: a config file holds a mapping of settings, got {type(data).__name__}",
-                          source=shown)
+        raise ConfigError(
+            f"{shown}: a config file holds a mapping of settings, got {type(data).__name__}", source=shown
+        )
     return data
 
 
 # ---- flags ---------------------------------------------------------------------------------------
+
 
 def _flag_name(dotted: str) -> str:
     return dotted.replace("_", "-")
@@ -600,8 +630,9 @@ def _help(doc: str, default: Any) -> str:
     return f"{text} ({shown})".replace("%", "%%") if text else f"({shown})".replace("%", "%%")
 
 
-def add_dataclass_arguments(parser: argparse.ArgumentParser | Any, cls: type, prefix: str = "",
-                            skip: Collection[str] = ()) -> None:
+def add_dataclass_arguments(
+    parser: argparse.ArgumentParser | Any, cls: type, prefix: str = "", skip: Collection[str] = ()
+) -> None:
     """One ``--flag`` per setting of ``cls``: ``--steps``, ``--train.lr`` (sections), with the
     field's docstring and default as help. ``prefix`` (e.g. ``"grpo."``) goes before every flag.
     ``skip`` names top-level fields whose flags another class of the same parser already added
@@ -673,8 +704,7 @@ def _flag_values(cls: type, args: argparse.Namespace | Mapping[str, Any], prefix
         paths = {prefix + s.path: s.path for s in config_fields(cls)}
         flat = {paths[key]: value for key, value in given.items() if key in paths}
     else:
-        flat = {key[len(prefix):] if prefix and key.startswith(prefix) else key: value
-                for key, value in args.items()}
+        flat = {key[len(prefix) :] if prefix and key.startswith(prefix) else key: value for key, value in args.items()}
     nested: dict[str, Any] = {}
     # a section set whole first (--train.lora '{r: 8}'), then the keys inside it (--train.lora.alpha 16)
     for dotted, value in sorted(flat.items(), key=lambda item: item[0].count(".")):
@@ -686,21 +716,32 @@ def _flag_values(cls: type, args: argparse.Namespace | Mapping[str, Any], prefix
             owner = _section(_field_type(cls, parts[:depth]))
             if owner is None:
                 shown = "--" + _flag_name(".".join(parts[:depth]))
-                raise ConfigError(f"flags: {shown} is a setting, not a section: --{_flag_name(dotted)} names "
-                                  "nothing", source="flags", key=dotted) from None
+                raise ConfigError(
+                    f"flags: {shown} is a setting, not a section: --{_flag_name(dotted)} names nothing",
+                    source="flags",
+                    key=dotted,
+                ) from None
             raise _unknown_key(owner, tuple(parts[:depth]), parts[depth], "flags", True) from None
         node = nested
         for part in parts[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):  # --train.lora none, then --train.lora.r 8
-                raise ConfigError(f"flags: --{_flag_name(dotted)} sets a key inside {part}, which was set whole",
-                                  source="flags", key=dotted)
+                raise ConfigError(
+                    f"flags: --{_flag_name(dotted)} sets a key inside {part}, which was set whole",
+                    source="flags",
+                    key=dotted,
+                )
         node[parts[-1]] = value
     return nested
 
 
-def resolve(cls: type[T], file: str | os.PathLike[str] | None = None,
-            args: argparse.Namespace | Mapping[str, Any] | None = None, *, prefix: str = "") -> T:
+def resolve(
+    cls: type[T],
+    file: str | os.PathLike[str] | None = None,
+    args: argparse.Namespace | Mapping[str, Any] | None = None,
+    *,
+    prefix: str = "",
+) -> T:
     """The settings of a run: ``cls``'s defaults, then the config ``file``, then the flags ``args``.
 
     ``args`` is the namespace of a parser that :func:`add_dataclass_arguments` filled (with the same
@@ -716,11 +757,22 @@ def resolve(cls: type[T], file: str | os.PathLike[str] | None = None,
     if args is not None:
         flags = _flag_values(cls, args, prefix)
         values = _merge(cls, values, _validate(cls, flags, source="flags", text=True, flag=True))
-    return _build(cls, values, None, str(file) if file is not None and args is None else
-                  f"{file} + flags" if file is not None else "flags" if args is not None else cls.__name__)
+    return _build(
+        cls,
+        values,
+        None,
+        str(file)
+        if file is not None and args is None
+        else f"{file} + flags"
+        if file is not None
+        else "flags"
+        if args is not None
+        else cls.__name__,
+    )
 
 
 # ---- writing -------------------------------------------------------------------------------------
+
 
 def markdown_reference(cls: type) -> str:
     """Every setting of ``cls`` as a Markdown table (key, flag, default, help): the config reference
@@ -791,6 +843,7 @@ def dump(instance: Any, path: str | os.PathLike[str]) -> Path:
 
 # ---- field docs: each field's help, read from the source ----------------------------------------
 
+
 def field_docs(cls: type) -> dict[str, str]:
     """Each annotated field of ``cls`` (and of its bases, the closest definition winning) → its
     help text, in definition order; a field without a docstring or ``#:`` comment maps to ``""``.
@@ -828,8 +881,11 @@ def _class_field_docs(lines: list[str]) -> dict[str, str]:
         if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
             continue
         following = body[i + 1] if i + 1 < len(body) else None
-        if (isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
-                and isinstance(following.value.value, str)):
+        if (
+            isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+            and isinstance(following.value.value, str)
+        ):
             docs[node.target.id] = inspect.cleandoc(following.value.value)
         else:
             docs[node.target.id] = _comment_above(source_lines, node.lineno - 1)

@@ -49,15 +49,19 @@ def _reward_number(value: Any, what: str) -> float:
     """The rule is :func:`agentgrad.rewards.reward_number`; an emitter raises on a refused value."""
     number = reward_number(value)
     if number is None:
-        raise TypeError(f"{what} must be a finite number (an int or float, not a bool), "
-                        f"got {value!r} ({type(value).__name__})")
+        raise TypeError(
+            f"{what} must be a finite number (an int or float, not a bool), got {value!r} ({type(value).__name__})"
+        )
     return number
 
 
 #: Dimension names whose attribute keys would collide with the reward value / primary keys.
-_RESERVED_DIMENSIONS = frozenset({
-    semconv.REWARD_VALUE[len(semconv.REWARD_PREFIX):], semconv.REWARD_PRIMARY[len(semconv.REWARD_PREFIX):],
-})
+_RESERVED_DIMENSIONS = frozenset(
+    {
+        semconv.REWARD_VALUE[len(semconv.REWARD_PREFIX) :],
+        semconv.REWARD_PRIMARY[len(semconv.REWARD_PREFIX) :],
+    }
+)
 
 
 def emit_reward(value: float | Mapping[str, float], *, primary: str | None = None) -> Span:
@@ -75,8 +79,10 @@ def emit_reward(value: float | Mapping[str, float], *, primary: str | None = Non
             raise ValueError("emit_reward() got no reward dimensions")
         reserved = sorted(set(dims) & _RESERVED_DIMENSIONS)
         if reserved:
-            raise ValueError(f"reward dimension name(s) {reserved} are reserved (they would overwrite "
-                             f"{semconv.REWARD_VALUE} / {semconv.REWARD_PRIMARY}): rename them")
+            raise ValueError(
+                f"reward dimension name(s) {reserved} are reserved (they would overwrite "
+                f"{semconv.REWARD_VALUE} / {semconv.REWARD_PRIMARY}): rename them"
+            )
         if primary is None:
             if len(dims) > 1:
                 raise ValueError(f"emit_reward() got dimensions {sorted(dims)}: say which is primary=")
@@ -160,7 +166,9 @@ class _Scope:
             if self._has_output:
                 attributes[semconv.OPERATION_OUTPUT] = _jsonable(self._output)
             inner = dataclasses.replace(context, **self._changes)
-            _write(context, _span(inner, self._span_name, attributes, span_id=span_id, start_time=started, status=status))
+            _write(
+                context, _span(inner, self._span_name, attributes, span_id=span_id, start_time=started, status=status)
+            )
 
 
 class operation:  # noqa: N801 - used like a function: @operation / with operation("name")

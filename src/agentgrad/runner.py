@@ -102,10 +102,11 @@ def reward_of(result: Any) -> float | None:
         return None
     reward = reward_number(result)
     if reward is None:
-        raise RewardError(f"the agent returned a non-numeric reward {result!r} ({type(result).__name__}): "
-                          "a reward is a finite int or float, not a bool")
+        raise RewardError(
+            f"the agent returned a non-numeric reward {result!r} ({type(result).__name__}): "
+            "a reward is a finite int or float, not a bool"
+        )
     return reward
-
 
 
 class Runner:
@@ -153,7 +154,8 @@ class Runner:
         # up only once the runner was told to stop and its grace period is over.
         # (mypy cannot see PatientStore's Store methods: store/outage.py installs them below the class.)
         self.store = PatientStore(  # type: ignore[abstract]
-            store, who=f"runner {self.worker_id}", give_up=self._out_of_grace)
+            store, who=f"runner {self.worker_id}", give_up=self._out_of_grace
+        )
         self.concurrency = concurrency
         self.max_rollouts = max_rollouts
         self.poll_timeout = poll_timeout
@@ -203,7 +205,8 @@ class Runner:
         # dequeue or a heartbeat. The loop's default executor (min(32, cpus + 4) threads) would
         # cap concurrency and could starve heartbeats behind busy sync agents.
         self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=2 * self.concurrency + 2, thread_name_prefix=f"agentgrad-runner-{self.worker_id}")
+            max_workers=2 * self.concurrency + 2, thread_name_prefix=f"agentgrad-runner-{self.worker_id}"
+        )
         self._report_worker("idle", force=True)
         slots = [asyncio.create_task(self._slot()) for _ in range(self.concurrency)]
         try:
@@ -267,8 +270,13 @@ class Runner:
         not left claimed by nobody."""
         key = new_id("claim")
         try:
-            return self.store.call(self.store.inner.dequeue_rollout, self.worker_id, self.poll_timeout,
-                                   idempotency_key=key, give_up=self._stopping.is_set)
+            return self.store.call(
+                self.store.inner.dequeue_rollout,
+                self.worker_id,
+                self.poll_timeout,
+                idempotency_key=key,
+                give_up=self._stopping.is_set,
+            )
         except OUTAGE_ERRORS:
             return None
 
@@ -284,7 +292,10 @@ class Runner:
                 raise prepared
             resources = prepared
             context = RolloutContext(
-                store=self.store, rollout=rollout, attempt=attempt, agent_name=self.agent.name,
+                store=self.store,
+                rollout=rollout,
+                attempt=attempt,
+                agent_name=self.agent.name,
                 trace_id=attempt.attempt_id.replace("-", "").ljust(32, "0")[:32],
             )
             with use_context(context):
@@ -302,8 +313,14 @@ class Runner:
                 await self._store_back(claimed)
             self._finish(claimed, outcome)
         except InvalidTransitionError as exc:  # the store ended the attempt first: a watchdog, a cancel
-            log.warning("runner %s: rollout %s attempt %s was ended in the store before the runner could report "
-                        "it (%s); its result is dropped", self.worker_id, rollout.rollout_id, attempt.attempt_id, exc)
+            log.warning(
+                "runner %s: rollout %s attempt %s was ended in the store before the runner could report "
+                "it (%s); its result is dropped",
+                self.worker_id,
+                rollout.rollout_id,
+                attempt.attempt_id,
+                exc,
+            )
             self.stats.errors.append(f"{rollout.rollout_id}: {type(exc).__name__}: {exc}")
         except Exception as exc:  # a store error while reporting: log, keep the runner alive
             log.exception("runner %s could not report rollout %s", self.worker_id, rollout.rollout_id)
@@ -315,8 +332,9 @@ class Runner:
         """Wait until the store answers again (a heartbeat of the attempt) in a thread, so the
         report that follows does not wait out the outage on the loop the other slots share."""
         try:
-            await self._to_thread(self.store.call, self.store.inner.heartbeat, claimed.rollout.rollout_id,
-                                  claimed.attempt.attempt_id)
+            await self._to_thread(
+                self.store.call, self.store.inner.heartbeat, claimed.rollout.rollout_id, claimed.attempt.attempt_id
+            )
         except OUTAGE_ERRORS:
             pass  # stopping, out of grace: the report makes its one try
 
@@ -354,8 +372,9 @@ class Runner:
             self._store_reward(claimed, reward)
         return reward
 
-    async def _supervise(self, work: asyncio.Future, claimed: AttemptedRollout,
-                         abandoned: threading.Event) -> BaseException | None:
+    async def _supervise(
+        self, work: asyncio.Future, claimed: AttemptedRollout, abandoned: threading.Event
+    ) -> BaseException | None:
         """Await the agent while heartbeating; returns its exception (None on success)."""
         rollout_id, attempt_id = claimed.rollout.rollout_id, claimed.attempt.attempt_id
         last_beat = now()
@@ -377,8 +396,12 @@ class Runner:
             # One try: during an outage a heartbeat is skipped (the next is due soon), not waited for.
             state = await self._to_thread(self.store.try_once, self.store.inner.heartbeat, rollout_id, attempt_id)
             if state is not None and state.status.is_terminal:
-                log.warning("attempt %s of %s ended in the store (%s); cancelling the agent",
-                            attempt_id, rollout_id, state.status.value)
+                log.warning(
+                    "attempt %s of %s ended in the store (%s); cancelling the agent",
+                    attempt_id,
+                    rollout_id,
+                    state.status.value,
+                )
                 abandoned.set()
                 work.cancel()
                 return _Superseded(state.status.value)
@@ -399,8 +422,14 @@ class Runner:
             else:
                 self._flush_over_http(rollout_id, attempt_id)
         except Exception as exc:
-            log.warning("rollout %s attempt %s: the LLM proxy could not confirm its calls are stored (%s: %s); "
-                        "reporting the attempt anyway", rollout_id, attempt_id, type(exc).__name__, exc)
+            log.warning(
+                "rollout %s attempt %s: the LLM proxy could not confirm its calls are stored (%s: %s); "
+                "reporting the attempt anyway",
+                rollout_id,
+                attempt_id,
+                type(exc).__name__,
+                exc,
+            )
             self.stats.errors.append(f"{rollout_id}: flush: {type(exc).__name__}: {exc}")
 
     def _flush_over_http(self, rollout_id: str, attempt_id: str) -> None:
@@ -452,14 +481,16 @@ class Runner:
             log.warning(
                 "rollout %s finished with no captured LLM call (%d so far on this runner): it yields no "
                 "training data — is the agent using the LLM endpoint it was given?",
-                rollout_id, self.stats.no_llm_calls,
+                rollout_id,
+                self.stats.no_llm_calls,
             )
 
     def _hand_back(self, claimed: AttemptedRollout) -> None:
         error = AttemptError(type="RunnerStopped", message=f"runner {self.worker_id} stopped before finishing")
         try:
-            self.store.update_attempt(claimed.rollout.rollout_id, claimed.attempt.attempt_id,
-                                      AttemptStatus.FAILED, error)
+            self.store.update_attempt(
+                claimed.rollout.rollout_id, claimed.attempt.attempt_id, AttemptStatus.FAILED, error
+            )
         except Exception:
             log.exception("could not hand back rollout %s", claimed.rollout.rollout_id)
         self.stats.handed_back += 1
@@ -495,14 +526,22 @@ class Runner:
         if self.store.outage.down:  # a record for the dashboard is not worth a wait
             return
         try:
-            self.store.try_once(self.store.inner.update_worker, Worker(
-                worker_id=self.worker_id,
-                status=status,  # type: ignore[arg-type]
-                current_rollout_id=claimed.rollout.rollout_id if claimed else None,
-                current_attempt_id=claimed.attempt.attempt_id if claimed else None,
-                metadata={"pid": os.getpid(), "concurrency": self.concurrency, "in_flight": len(self._in_flight),
-                          "succeeded": self.stats.succeeded, "failed": self.stats.failed},
-            ))
+            self.store.try_once(
+                self.store.inner.update_worker,
+                Worker(
+                    worker_id=self.worker_id,
+                    status=status,  # type: ignore[arg-type]
+                    current_rollout_id=claimed.rollout.rollout_id if claimed else None,
+                    current_attempt_id=claimed.attempt.attempt_id if claimed else None,
+                    metadata={
+                        "pid": os.getpid(),
+                        "concurrency": self.concurrency,
+                        "in_flight": len(self._in_flight),
+                        "succeeded": self.stats.succeeded,
+                        "failed": self.stats.failed,
+                    },
+                ),
+            )
         except Exception:  # worker records are diagnostics; never fail a rollout over them
             log.debug("could not update worker record", exc_info=True)
 
@@ -528,9 +567,14 @@ def _returns_coroutine(agent: Agent) -> bool:
     if isinstance(agent, FunctionAgent):
         return inspect.iscoroutinefunction(agent.func)
     cls = type(agent)
-    return (cls.rollout_async is not Agent.rollout_async and inspect.iscoroutinefunction(cls.rollout_async)
-            and all(getattr(cls, name) is getattr(Agent, name)
-                    for name in ("run_for", "training_rollout", "validation_rollout", "_dispatch")))
+    return (
+        cls.rollout_async is not Agent.rollout_async
+        and inspect.iscoroutinefunction(cls.rollout_async)
+        and all(
+            getattr(cls, name) is getattr(Agent, name)
+            for name in ("run_for", "training_rollout", "validation_rollout", "_dispatch")
+        )
+    )
 
 
 class _Superseded(Exception):
@@ -543,7 +587,7 @@ class _Superseded(Exception):
 MAIN_GUARD_HINT = (
     "runner processes start as fresh interpreters (the 'forkserver' start method, or 'spawn'): each "
     "imports the main script again (as __mp_main__) and unpickles the agent by reference. If your script "
-    "starts the Trainer at module level, put that code under `if __name__ == \"__main__\":`; and define the agent "
+    'starts the Trainer at module level, put that code under `if __name__ == "__main__":`; and define the agent '
     "at module level of a module the new process can import."
 )
 
@@ -572,9 +616,16 @@ def check_not_bootstrapping(what: str) -> None:
         raise RuntimeError(f"{what} was called while a runner process imported the main script: {MAIN_GUARD_HINT}")
 
 
-def _runner_process(agent: Agent, store_url: str, options: dict[str, Any], store_token: str | None,
-                    reports: Any = None, index: int = 0, environ: dict[str, str] | None = None,
-                    parent_pid: int | None = None) -> None:
+def _runner_process(
+    agent: Agent,
+    store_url: str,
+    options: dict[str, Any],
+    store_token: str | None,
+    reports: Any = None,
+    index: int = 0,
+    environ: dict[str, str] | None = None,
+    parent_pid: int | None = None,
+) -> None:
     from agentgrad.store import TOKEN_ENV, open_store
 
     if environ is not None:  # a fork server's child has the server's environment: make it the parent's
@@ -592,8 +643,9 @@ def _runner_process(agent: Agent, store_url: str, options: dict[str, Any], store
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: runner.stop())
         if parent_pid is not None:
-            threading.Thread(target=_stop_when_orphaned, args=(runner, parent_pid), daemon=True,
-                             name="agentgrad-parent-watch").start()
+            threading.Thread(
+                target=_stop_when_orphaned, args=(runner, parent_pid), daemon=True, name="agentgrad-parent-watch"
+            ).start()
         try:
             runner.run()
         finally:
@@ -614,8 +666,9 @@ def _stop_when_orphaned(runner: Runner, parent_pid: int, every: float = 1.0) -> 
         try:
             os.kill(parent_pid, 0)
         except ProcessLookupError:
-            log.warning("runner %s: the process that started it (pid %d) is gone; stopping", runner.worker_id,
-                        parent_pid)
+            log.warning(
+                "runner %s: the process that started it (pid %d) is gone; stopping", runner.worker_id, parent_pid
+            )
             runner.stop()
             return
         except PermissionError:  # alive, owned by someone else
@@ -625,8 +678,13 @@ def _stop_when_orphaned(runner: Runner, parent_pid: int, every: float = 1.0) -> 
 #: What a runner process needs of AgentGrad, imported once by the fork server (not the agent's
 #: modules, nor the main script: the server never runs user code, so a fork of it is as clean as a
 #: spawned interpreter).
-PRELOADED = ("agentgrad.runner", "agentgrad.store.sqlite", "agentgrad.store.client", "agentgrad.proxy.hooks",
-             "agentgrad.tracing.instrument")
+PRELOADED = (
+    "agentgrad.runner",
+    "agentgrad.store.sqlite",
+    "agentgrad.store.client",
+    "agentgrad.proxy.hooks",
+    "agentgrad.tracing.instrument",
+)
 
 
 def start_context() -> multiprocessing.context.SpawnContext | multiprocessing.context.ForkServerContext:
@@ -685,8 +743,15 @@ class RunnerPool:
     slices of every wait for rollouts), so a dead pool fails in seconds instead of never.
     """
 
-    def __init__(self, agent: Agent | Callable[..., Any], store_url: str, *, n_runners: int = 1,
-                 store_token: str | None = None, **runner_options: Any) -> None:
+    def __init__(
+        self,
+        agent: Agent | Callable[..., Any],
+        store_url: str,
+        *,
+        n_runners: int = 1,
+        store_token: str | None = None,
+        **runner_options: Any,
+    ) -> None:
         if n_runners < 1:
             raise ValueError(f"n_runners must be ≥ 1, got {n_runners}")
         self.agent = as_agent(agent)
@@ -707,10 +772,21 @@ class RunnerPool:
         for index in range(self.n_runners):
             options = {**self.runner_options}
             options.setdefault("worker_id", f"runner-{index}-{new_id('w')[2:8]}")
-            process = ctx.Process(target=_runner_process,
-                                  args=(self.agent, self.store_url, options, self.store_token, self._reports, index,
-                                        environ, os.getpid()),
-                                  name=f"agentgrad-runner-{index}", daemon=True)
+            process = ctx.Process(
+                target=_runner_process,
+                args=(
+                    self.agent,
+                    self.store_url,
+                    options,
+                    self.store_token,
+                    self._reports,
+                    index,
+                    environ,
+                    os.getpid(),
+                ),
+                name=f"agentgrad-runner-{index}",
+                daemon=True,
+            )
             process.start()
             self.processes.append(process)
         return self
@@ -750,8 +826,10 @@ class RunnerPool:
             last = self._errors[index].splitlines()[-1]
             return f"{who} exited with code {code}: {last}\n{self._errors[index]}"
         if index not in self._started:
-            return (f"{who} exited with code {code} while starting, before it could run the agent (its "
-                    f"traceback is on stderr): {MAIN_GUARD_HINT}")
+            return (
+                f"{who} exited with code {code} while starting, before it could run the agent (its "
+                f"traceback is on stderr): {MAIN_GUARD_HINT}"
+            )
         return f"{who} exited with code {code} (its traceback, if any, is on stderr)"
 
     def stop(self, timeout: float = 30.0) -> None:

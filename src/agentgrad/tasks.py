@@ -34,8 +34,13 @@ from agentgrad.errors import InvalidInputError
 
 #: Extensions :func:`read_tasks` knows, and the reader each one gets.
 FORMATS: dict[str, str] = {
-    ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv",
-    ".parquet": "parquet", ".pq": "parquet",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "json",
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
 }
 
 
@@ -50,8 +55,7 @@ def read_tasks(source: str | os.PathLike[str] | Iterable[Any]) -> list[Any]:
     if isinstance(source, (str, os.PathLike)):
         return _read_file(Path(source), str(source))
     if isinstance(source, (bytes, bytearray, Mapping)):
-        raise InvalidInputError(
-            f"tasks must be a file path or a list of tasks, got a {type(source).__name__}")
+        raise InvalidInputError(f"tasks must be a file path or a list of tasks, got a {type(source).__name__}")
     if hasattr(source, "columns") and hasattr(source, "to_dict"):  # a pandas DataFrame: its rows
         return list(source.to_dict(orient="records"))
     if isinstance(source, Iterable):
@@ -106,12 +110,12 @@ def _read_json(text: str, shown: str, *, strict: bool) -> list[Any]:
     if strict:
         raise InvalidInputError(
             f"{shown}: a .json tasks file holds a JSON array of tasks (or one task per line), "
-            f"got a JSON {_JSON_KINDS.get(type(value), type(value).__name__)}")
+            f"got a JSON {_JSON_KINDS.get(type(value), type(value).__name__)}"
+        )
     return [value]  # a one-line JSONL file
 
 
-_JSON_KINDS = {dict: "object", str: "string", int: "number", float: "number", bool: "boolean",
-               type(None): "null"}
+_JSON_KINDS = {dict: "object", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 
 
 def _read_csv(text: str, shown: str, *, delimiter: str) -> list[dict[str, str]]:
@@ -133,7 +137,8 @@ def _read_csv(text: str, shown: str, *, delimiter: str) -> list[dict[str, str]]:
             names = [name.strip() for name in row]
             if "" in names:
                 raise InvalidInputError(
-                    f"{shown}:{start}: the header row has an empty column name (column {names.index('') + 1})")
+                    f"{shown}:{start}: the header row has an empty column name (column {names.index('') + 1})"
+                )
             twice = sorted({name for name in names if names.count(name) > 1})
             if twice:
                 raise InvalidInputError(f"{shown}:{start}: the header row names {', '.join(twice)} twice")
@@ -141,8 +146,8 @@ def _read_csv(text: str, shown: str, *, delimiter: str) -> list[dict[str, str]]:
             continue
         if len(row) != len(header):
             raise InvalidInputError(
-                f"{shown}:{start}: the row has {len(row)} cell(s), the header has {len(header)} "
-                f"({', '.join(header)})")
+                f"{shown}:{start}: the row has {len(row)} cell(s), the header has {len(header)} ({', '.join(header)})"
+            )
         tasks.append(dict(zip(header, row, strict=True)))
     return tasks
 
@@ -153,10 +158,12 @@ def _read_parquet(path: Path, shown: str) -> list[Any]:
         import pyarrow.parquet as pq
     except ImportError:
         raise InvalidInputError(
-            f"reading Parquet tasks ({shown}) needs pyarrow: pip install 'agentgrad[export]'") from None
+            f"reading Parquet tasks ({shown}) needs pyarrow: pip install 'agentgrad[export]'"
+        ) from None
     if not path.is_file():
-        raise InvalidInputError(f"cannot read tasks file {shown}: "
-                                f"{'Is a directory' if path.is_dir() else 'No such file or directory'}")
+        raise InvalidInputError(
+            f"cannot read tasks file {shown}: {'Is a directory' if path.is_dir() else 'No such file or directory'}"
+        )
     try:
         rows = pq.read_table(path).to_pylist()
     except (OSError, ValueError, pa.ArrowException) as exc:  # ArrowInvalid is a ValueError
@@ -165,11 +172,14 @@ def _read_parquet(path: Path, shown: str) -> list[Any]:
         try:
             json.dumps(row)
         except (TypeError, ValueError):
-            bad = next((f"column {key!r} holds a {type(value).__name__}" for key, value in row.items()
-                        if not _is_json(value)), "a value is not JSON")
+            bad = next(
+                (f"column {key!r} holds a {type(value).__name__}" for key, value in row.items() if not _is_json(value)),
+                "a value is not JSON",
+            )
             raise InvalidInputError(
                 f"{shown}: row {number}: {bad}, which is not JSON (tasks are stored as JSON; "
-                "cast the column to a string or a number)") from None
+                "cast the column to a string or a number)"
+            ) from None
     return rows
 
 

@@ -45,16 +45,30 @@ log = logging.getLogger(__name__)
 
 #: Keyword arguments people pass to ``fit()`` from other libraries, and what to use instead.
 _FIT_HINTS = {
-    "train_dataset": "train_tasks=", "train_data": "train_tasks=", "dataset": "train_tasks=",
-    "tasks": "train_tasks=", "train": "train_tasks=",
-    "val_dataset": "val_tasks=", "val_data": "val_tasks=", "eval_dataset": "val_tasks=", "eval_tasks": "val_tasks=",
-    "validation_tasks": "val_tasks=", "test_tasks": "val_tasks=", "val": "val_tasks=",
+    "train_dataset": "train_tasks=",
+    "train_data": "train_tasks=",
+    "dataset": "train_tasks=",
+    "tasks": "train_tasks=",
+    "train": "train_tasks=",
+    "val_dataset": "val_tasks=",
+    "val_data": "val_tasks=",
+    "eval_dataset": "val_tasks=",
+    "eval_tasks": "val_tasks=",
+    "validation_tasks": "val_tasks=",
+    "test_tasks": "val_tasks=",
+    "val": "val_tasks=",
     "engine": "Trainer(policy=LocalPolicy(model_dir)): the algorithm gets the policy (and its engine) as "
-              "context.policy",
-    "model": "Trainer(policy=LocalPolicy(model_dir))", "model_dir": "Trainer(policy=LocalPolicy(model_dir))",
-    "policy": "Trainer(policy=…)", "algorithm": "Trainer(algorithm=…)", "n_runners": "Trainer(n_runners=…)",
-    "concurrency": "Trainer(concurrency=…)", "proxy": "Trainer(proxy=…)", "store": "Trainer(store)",
-    "llm": "resources={'llm': LLM(...)}", "llm_resource": "Trainer(llm_resource=…)",
+    "context.policy",
+    "model": "Trainer(policy=LocalPolicy(model_dir))",
+    "model_dir": "Trainer(policy=LocalPolicy(model_dir))",
+    "policy": "Trainer(policy=…)",
+    "algorithm": "Trainer(algorithm=…)",
+    "n_runners": "Trainer(n_runners=…)",
+    "concurrency": "Trainer(concurrency=…)",
+    "proxy": "Trainer(proxy=…)",
+    "store": "Trainer(store)",
+    "llm": "resources={'llm': LLM(...)}",
+    "llm_resource": "Trainer(llm_resource=…)",
 }
 
 #: How often a wait for rollouts looks at the runners (seconds).
@@ -137,11 +151,13 @@ class Trainer:
         with self._policy_running():
             resources = self._resources(resources)
             published = self.store.add_resources(resources) if resources is not None else None
-            evaluate = Evaluate(mode=mode, timeout=timeout, config=config,
-                                resources_id=published.resources_id if published else None)
+            evaluate = Evaluate(
+                mode=mode, timeout=timeout, config=config, resources_id=published.resources_id if published else None
+            )
             with self.running(agent) as store:
-                context = AlgorithmContext(store=store, train_tasks=tasks, val_tasks=tasks, console=self.console,
-                                           policy=self.policy)
+                context = AlgorithmContext(
+                    store=store, train_tasks=tasks, val_tasks=tasks, console=self.console, policy=self.policy
+                )
                 report = evaluate.run(context)
         if print_summary:
             report.print(self.console)
@@ -172,17 +188,25 @@ class Trainer:
             if resources is not None:
                 self.store.add_resources(resources)
             with self.running(agent) as store:
-                context = AlgorithmContext(store=store, train_tasks=train_tasks, val_tasks=val_tasks,
-                                           initial_resources=resources, console=self.console, policy=self.policy)
+                context = AlgorithmContext(
+                    store=store,
+                    train_tasks=train_tasks,
+                    val_tasks=val_tasks,
+                    initial_resources=resources,
+                    console=self.console,
+                    policy=self.policy,
+                )
                 return self.algorithm.run(context)
 
     # ---- the policy -------------------------------------------------------------------------------
     def _check_policy_store(self) -> None:
         policy = self.policy
         if policy is not None and policy.started and policy.store is not self.store:
-            raise ValueError("the policy is started on another store than the Trainer's: its proxy would record "
-                             "the LLM calls where the Trainer cannot see them; give the Trainer the policy's store "
-                             "(Trainer(policy.store, …) or no store at all)")
+            raise ValueError(
+                "the policy is started on another store than the Trainer's: its proxy would record "
+                "the LLM calls where the Trainer cannot see them; give the Trainer the policy's store "
+                "(Trainer(policy.store, …) or no store at all)"
+            )
 
     @contextlib.contextmanager
     def _policy_running(self) -> Iterator[None]:
@@ -237,8 +261,10 @@ class Trainer:
             with _thread_runner(agent, self.store, options) as runner:
                 yield _WatchedStore(self.store, runner.check)
             return
-        with self._shared_store_url() as url, RunnerPool(agent, url, n_runners=self.n_runners,
-                                                         store_token=self._store_token(), **options) as pool:
+        with (
+            self._shared_store_url() as url,
+            RunnerPool(agent, url, n_runners=self.n_runners, store_token=self._store_token(), **options) as pool,
+        ):
             yield _WatchedStore(self.store, pool.check)
 
     def _announce_external_runners(self, agent: Agent, proxy_url: str | None) -> None:
@@ -246,8 +272,10 @@ class Trainer:
         command = f"agentgrad runner MODULE:AGENT --store {url}" + (f" --proxy {proxy_url}" if proxy_url else "")
         if proxy_url and self.llm_resource != "llm":
             command += f" --llm-resource {self.llm_resource}"
-        self.console.print(f"[dim]n_runners=0: no runner started here; runners started elsewhere serve the agent "
-                           f"{agent.name!r} ({command})[/]")
+        self.console.print(
+            f"[dim]n_runners=0: no runner started here; runners started elsewhere serve the agent "
+            f"{agent.name!r} ({command})[/]"
+        )
 
     def _store_token(self) -> str | None:
         """The bearer token runner processes need to reach a protected store service."""
@@ -287,8 +315,9 @@ class _ThreadRunner:
 
     def check(self) -> None:
         if self.error is not None:
-            raise RunnerDiedError(f"the in-process runner {self.runner.worker_id} stopped on "
-                                  f"{type(self.error).__name__}: {self.error}") from self.error
+            raise RunnerDiedError(
+                f"the in-process runner {self.runner.worker_id} stopped on {type(self.error).__name__}: {self.error}"
+            ) from self.error
 
 
 @contextlib.contextmanager
@@ -362,11 +391,15 @@ def _unexpected_keywords(given: dict[str, Any]) -> str:
     for name in given:
         hint = _FIT_HINTS.get(name)
         parts.append(f"{name!r} (use {hint} instead)" if hint else repr(name))
-    return (f"Trainer.fit() got unexpected keyword argument(s) {', '.join(parts)}; it takes "
-            "fit(agent, train_tasks=(), val_tasks=(), resources=None)")
+    return (
+        f"Trainer.fit() got unexpected keyword argument(s) {', '.join(parts)}; it takes "
+        "fit(agent, train_tasks=(), val_tasks=(), resources=None)"
+    )
 
 
 def _check_tasks(name: str, tasks: Any) -> None:
     if isinstance(tasks, (str, bytes, Path)):
-        raise TypeError(f"{name} is {type(tasks).__name__} {str(tasks)[:80]!r}, not a sequence of tasks: read a "
-                        "task file with agentgrad.read_tasks(path)")
+        raise TypeError(
+            f"{name} is {type(tasks).__name__} {str(tasks)[:80]!r}, not a sequence of tasks: read a "
+            "task file with agentgrad.read_tasks(path)"
+        )

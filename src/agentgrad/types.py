@@ -262,8 +262,10 @@ class LLM(BaseModel):
             data = dict(data)
             given = data.pop("sampling_parameters")
             if "sampling" in data and data["sampling"] != given:
-                raise ValueError(f"LLM got both sampling={data['sampling']!r} and sampling_parameters={given!r}; "
-                                 "they are one setting under two names: give one")
+                raise ValueError(
+                    f"LLM got both sampling={data['sampling']!r} and sampling_parameters={given!r}; "
+                    "they are one setting under two names: give one"
+                )
             data["sampling"] = given
         return data
 
@@ -297,7 +299,9 @@ class PromptTemplate(BaseModel):
             if missing:
                 raise TemplateError(
                     f"template references variable(s) {sorted(missing)} that the agent does not supply "
-                    f"(available: {sorted(self.variables)})", missing)
+                    f"(available: {sorted(self.variables)})",
+                    missing,
+                )
         return self
 
     def referenced_variables(self) -> set[str]:
@@ -319,14 +323,17 @@ class PromptTemplate(BaseModel):
             fields = list(string.Formatter().parse(self.template))
         except ValueError as exc:
             raise TemplateError(
-                f"f-string template does not parse: {exc} (write literal braces as {{{{ }}}})") from None
+                f"f-string template does not parse: {exc} (write literal braces as {{{{ }}}})"
+            ) from None
         for _, field_name, _, _ in fields:
             if field_name is None:
                 continue
             root = re.match(r"^[^.\[]*", field_name).group(0)  # type: ignore[union-attr]
             if not root or root.isdigit():
-                raise TemplateError(f"f-string template has a positional field {{{field_name}}}; name every "
-                                    "variable (e.g. {question})")
+                raise TemplateError(
+                    f"f-string template has a positional field {{{field_name}}}; name every "
+                    "variable (e.g. {question})"
+                )
             names.add(root)
         return names
 
@@ -365,7 +372,8 @@ class Resources(BaseModel):
         # Accept plain JSON values next to typed resources: ``{"temperature": 0.7}``.
         if isinstance(value, dict):
             return {
-                k: v if isinstance(v, BaseModel) or (isinstance(v, dict) and "resource_type" in v)
+                k: v
+                if isinstance(v, BaseModel) or (isinstance(v, dict) and "resource_type" in v)
                 else {"resource_type": "json", "value": v}
                 for k, v in value.items()
             }
@@ -375,8 +383,9 @@ class Resources(BaseModel):
         try:
             return self.items[name]
         except KeyError:
-            raise KeyError(f"resources {self.resources_id!r} have no item named {name!r} "
-                           f"(have: {sorted(self.items)})") from None
+            raise KeyError(
+                f"resources {self.resources_id!r} have no item named {name!r} (have: {sorted(self.items)})"
+            ) from None
 
     __getitem__ = get  # ``resources["llm"]``: what an agent's author writes first
 

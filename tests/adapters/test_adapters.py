@@ -20,8 +20,21 @@ from agentgrad.adapters import (
 from agentgrad.types import AttemptStatus, Span, Transition
 
 
-def llm_span(rid, aid, prompt, completion, *, text="", tool_calls=None, messages=None, agent=None,
-             parent=None, version="v0", ids=True, span_id=None):
+def llm_span(
+    rid,
+    aid,
+    prompt,
+    completion,
+    *,
+    text="",
+    tool_calls=None,
+    messages=None,
+    agent=None,
+    parent=None,
+    version="v0",
+    ids=True,
+    span_id=None,
+):
     attrs = {
         semconv.LLM_REQUEST: {"messages": messages or []},
         semconv.LLM_RESPONSE: {"choices": [{"message": {"content": text, "tool_calls": tool_calls}}]},
@@ -34,7 +47,9 @@ def llm_span(rid, aid, prompt, completion, *, text="", tool_calls=None, messages
     if agent:
         attrs[semconv.AGENT_NAME] = agent
     kwargs = {"span_id": span_id} if span_id else {}
-    return Span(rollout_id=rid, attempt_id=aid, name=semconv.SPAN_LLM_CALL, parent_id=parent, attributes=attrs, **kwargs)
+    return Span(
+        rollout_id=rid, attempt_id=aid, name=semconv.SPAN_LLM_CALL, parent_id=parent, attributes=attrs, **kwargs
+    )
 
 
 def reward_span(rid, aid, value):
@@ -54,10 +69,12 @@ def run_rollout(store, spans_of, group_id=None, succeed=True):
 
 def two_turns(reward, *, extend=True):
     """A tool-calling exchange: call 2's prompt extends call 1's prompt + completion (or not)."""
+
     def spans(rid, aid):
         p1, c1 = [1, 2, 3], [10, 11]
         p2 = p1 + c1 + [20, 21] if extend else [1, 2, 99]
         return [llm_span(rid, aid, p1, c1), llm_span(rid, aid, p2, [30, 31, 32]), reward_span(rid, aid, reward)]
+
     return spans
 
 
@@ -97,8 +114,14 @@ def test_discounted_credit_and_merge_split_on_different_rewards(memory_store):
 
 def test_emitted_rewards_follow_their_call_and_fall_back_to_final(memory_store):
     def spans(rid, aid):
-        return [llm_span(rid, aid, [1], [2]), reward_span(rid, aid, 0.25),
-                llm_span(rid, aid, [5], [6]), llm_span(rid, aid, [7], [8]), reward_span(rid, aid, 1.0)]
+        return [
+            llm_span(rid, aid, [1], [2]),
+            reward_span(rid, aid, 0.25),
+            llm_span(rid, aid, [5], [6]),
+            llm_span(rid, aid, [7], [8]),
+            reward_span(rid, aid, 1.0),
+        ]
+
     rollout = run_rollout(memory_store, spans)
     transitions, _ = TransitionAdapter("emitted").adapt(memory_store, [rollout])
     assert [t.reward for t in transitions] == [0.25, 0.0, 1.0]
@@ -112,14 +135,18 @@ def test_air_penalties_from_system_signals(memory_store):
     call = {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "1/0"}'}}
 
     def spans(rid, aid):
-        history = [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [call]},
-                   {"role": "tool", "tool_call_id": "c1", "content": "Error: division by zero"}]
+        history = [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "Error: division by zero"},
+        ]
         return [
-            llm_span(rid, aid, [1], [2, 3], text=bad_json),                      # unparsable tool call
-            llm_span(rid, aid, [4], [5], tool_calls=[call]),                      # its tool errors …
-            llm_span(rid, aid, [6], [5], messages=history, tool_calls=[call]),    # … seen here; repeat of call 1
+            llm_span(rid, aid, [1], [2, 3], text=bad_json),  # unparsable tool call
+            llm_span(rid, aid, [4], [5], tool_calls=[call]),  # its tool errors …
+            llm_span(rid, aid, [6], [5], messages=history, tool_calls=[call]),  # … seen here; repeat of call 1
             reward_span(rid, aid, 1.0),
         ]
+
     rollout = run_rollout(memory_store, spans)
     rule = AIR(unparsable_tool_call=-0.5, tool_error=-0.25, repeated_call=-0.1)
     calls = extract_calls(memory_store.query_spans(rollout.rollout_id, "latest"))
@@ -132,15 +159,23 @@ def test_air_penalties_from_system_signals(memory_store):
 
 def test_agent_match_from_attribute_and_from_ancestor_scope(memory_store):
     def spans(rid, aid):
-        scope = Span(rollout_id=rid, attempt_id=aid, span_id="scope1", name=semconv.SPAN_AGENT,
-                     attributes={semconv.AGENT_NAME: "writer"})
+        scope = Span(
+            rollout_id=rid,
+            attempt_id=aid,
+            span_id="scope1",
+            name=semconv.SPAN_AGENT,
+            attributes={semconv.AGENT_NAME: "writer"},
+        )
         op = Span(rollout_id=rid, attempt_id=aid, span_id="op1", parent_id="scope1", name=semconv.SPAN_OPERATION)
         return [
             llm_span(rid, aid, [1], [2], agent="checker"),
-            llm_span(rid, aid, [3], [4], parent="op1"),   # nested under the writer scope
-            llm_span(rid, aid, [5], [6]),                  # no name anywhere
-            op, scope, reward_span(rid, aid, 1.0),
+            llm_span(rid, aid, [3], [4], parent="op1"),  # nested under the writer scope
+            llm_span(rid, aid, [5], [6]),  # no name anywhere
+            op,
+            scope,
+            reward_span(rid, aid, 1.0),
         ]
+
     rollout = run_rollout(memory_store, spans)
     writer, stats = TransitionAdapter(agent_match="^writ").adapt(memory_store, [rollout])
     assert [(t.agent_name, t.prompt_ids) for t in writer] == [("writer", [3])]
@@ -152,6 +187,7 @@ def test_agent_match_from_attribute_and_from_ancestor_scope(memory_store):
 def test_call_without_token_ids_is_reported_and_excluded(memory_store):
     def spans(rid, aid):
         return [llm_span(rid, aid, [1], [2]), llm_span(rid, aid, [3], [4], ids=False), reward_span(rid, aid, 1.0)]
+
     rollout = run_rollout(memory_store, spans)
     transitions, stats = TransitionAdapter().adapt(memory_store, [rollout])
     assert stats.calls_without_token_ids == [(rollout.rollout_id, 1)]
@@ -167,8 +203,15 @@ def test_failed_and_empty_rollouts_give_nothing_and_are_counted(memory_store):
 
 
 def _t(group, reward):
-    return Transition(rollout_id=f"r{reward}", attempt_id="a", group_id=group, index=0, prompt_ids=[1],
-                      response_ids=[2], reward=reward)
+    return Transition(
+        rollout_id=f"r{reward}",
+        attempt_id="a",
+        group_id=group,
+        index=0,
+        prompt_ids=[1],
+        response_ids=[2],
+        reward=reward,
+    )
 
 
 def test_group_advantages_grpo_dr_grpo_and_zero_variance_dropped():

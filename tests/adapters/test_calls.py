@@ -13,14 +13,28 @@ from agentgrad.types import Span
 
 
 def call_span(**attributes: object) -> Span:
-    return Span(rollout_id="ro-1", attempt_id="at-1", span_id="s1", name=semconv.SPAN_LLM_CALL, sequence_id=1,
-                attributes={semconv.LLM_PROMPT_TOKEN_IDS: [1, 2], semconv.LLM_COMPLETION_TOKEN_IDS: [3],
-                            **{getattr(semconv, k): v for k, v in attributes.items()}})
+    return Span(
+        rollout_id="ro-1",
+        attempt_id="at-1",
+        span_id="s1",
+        name=semconv.SPAN_LLM_CALL,
+        sequence_id=1,
+        attributes={
+            semconv.LLM_PROMPT_TOKEN_IDS: [1, 2],
+            semconv.LLM_COMPLETION_TOKEN_IDS: [3],
+            **{getattr(semconv, k): v for k, v in attributes.items()},
+        },
+    )
 
 
 def test_a_well_formed_call() -> None:
-    (call,) = extract_calls([call_span(LLM_LOGPROBS=[-0.5], GEN_AI_REQUEST_MODEL="m", LLM_FINISH_REASON="stop",
-                                       GEN_AI_USAGE_INPUT_TOKENS=9)])
+    (call,) = extract_calls(
+        [
+            call_span(
+                LLM_LOGPROBS=[-0.5], GEN_AI_REQUEST_MODEL="m", LLM_FINISH_REASON="stop", GEN_AI_USAGE_INPUT_TOKENS=9
+            )
+        ]
+    )
     assert call.has_token_ids and call.problems == []
     assert (call.prompt_ids, call.completion_ids, call.logprobs) == ([1, 2], [3], [-0.5])
     assert (call.model, call.finish_reason, call.prompt_tokens, call.completion_tokens) == ("m", "stop", 2, 1)
@@ -31,8 +45,9 @@ def test_token_ids_as_json_text_are_read() -> None:
     assert (call.prompt_ids, call.completion_ids) == ([1, 2, 3], []) and call.has_token_ids
 
 
-@pytest.mark.parametrize("bad", [[1, True], [1, 2.0], [1, 2.7], ["1"], [1, None], "[1, 2", "12", 7, {"ids": [1]}],
-                         ids=repr)
+@pytest.mark.parametrize(
+    "bad", [[1, True], [1, 2.0], [1, 2.7], ["1"], [1, None], "[1, 2", "12", 7, {"ids": [1]}], ids=repr
+)
 def test_malformed_token_ids_are_refused_whole_and_named(bad: object) -> None:
     (call,) = extract_calls([call_span(LLM_COMPLETION_TOKEN_IDS=bad)])
     assert call.completion_ids is None and not call.has_token_ids  # never coerced: not trainable

@@ -52,8 +52,10 @@ class SlowSpanWrites:
 @pytest.fixture
 def slow_proxy(memory_store: Store) -> Iterator[LLMProxy]:
     """A write-behind proxy (the default ``record_mode``) whose span writes are slow."""
-    with StubUpstream(["first answer", "second answer"]) as stub, \
-            LLMProxy(SlowSpanWrites(memory_store, WRITE_DELAY), f"http://127.0.0.1:{stub.port}/v1") as proxy:
+    with (
+        StubUpstream(["first answer", "second answer"]) as stub,
+        LLMProxy(SlowSpanWrites(memory_store, WRITE_DELAY), f"http://127.0.0.1:{stub.port}/v1") as proxy,
+    ):
         yield proxy
 
 
@@ -79,8 +81,15 @@ def emits_then_returns(task: dict, llm: LLM) -> float:
 def _run(store: Store, proxy: LLMProxy, agent: Any, *, over_http: bool) -> None:
     for i in range(ROLLOUTS):
         store.enqueue_rollout({"i": i})
-    runner = Runner(agent, store, concurrency=4, max_rollouts=ROLLOUTS, poll_timeout=0.1,
-                    llm_proxy_url=proxy.url, llm_proxy=None if over_http else proxy)
+    runner = Runner(
+        agent,
+        store,
+        concurrency=4,
+        max_rollouts=ROLLOUTS,
+        poll_timeout=0.1,
+        llm_proxy_url=proxy.url,
+        llm_proxy=None if over_http else proxy,
+    )
     stats = runner.run()
     assert stats.succeeded == ROLLOUTS, stats.errors
 
@@ -103,8 +112,9 @@ def _credits(store: Store) -> tuple[list[list[float]], int]:
 
 
 @pytest.mark.parametrize("over_http", [False, True], ids=["in-process flush", "flush over HTTP"])
-def test_emitted_rewards_credit_the_call_they_follow_with_slow_write_behind(memory_store, slow_proxy,
-                                                                           over_http) -> None:
+def test_emitted_rewards_credit_the_call_they_follow_with_slow_write_behind(
+    memory_store, slow_proxy, over_http
+) -> None:
     _run(memory_store, slow_proxy, emits_two_rewards, over_http=over_http)
     credits, misordered = _credits(memory_store)
     assert misordered > 0, "the slow writer never stored a call after its reward: this test tests nothing"
@@ -128,15 +138,30 @@ def test_returned_reward_is_stored_after_every_call(memory_store, slow_proxy, ov
 
 # ---- hand-made spans: sequence ids that disagree with the clocks -------------------------------
 
+
 def _call(seq: int, start: float, end: float, span_id: str) -> Span:
-    return Span(rollout_id="r", attempt_id="a", span_id=span_id, name=semconv.SPAN_LLM_CALL, sequence_id=seq,
-                start_time=start, end_time=end,
-                attributes={semconv.LLM_PROMPT_TOKEN_IDS: [seq], semconv.LLM_COMPLETION_TOKEN_IDS: [seq]})
+    return Span(
+        rollout_id="r",
+        attempt_id="a",
+        span_id=span_id,
+        name=semconv.SPAN_LLM_CALL,
+        sequence_id=seq,
+        start_time=start,
+        end_time=end,
+        attributes={semconv.LLM_PROMPT_TOKEN_IDS: [seq], semconv.LLM_COMPLETION_TOKEN_IDS: [seq]},
+    )
 
 
 def _reward(seq: int, at: float, value: float) -> Span:
-    return Span(rollout_id="r", attempt_id="a", name=semconv.SPAN_REWARD, sequence_id=seq, start_time=at,
-                end_time=at, attributes={semconv.REWARD_VALUE: value})
+    return Span(
+        rollout_id="r",
+        attempt_id="a",
+        name=semconv.SPAN_REWARD,
+        sequence_id=seq,
+        start_time=at,
+        end_time=at,
+        attributes={semconv.REWARD_VALUE: value},
+    )
 
 
 def test_calls_are_ordered_by_when_they_started_not_when_they_were_stored() -> None:
@@ -151,8 +176,14 @@ def test_emitted_links_each_reward_to_the_last_call_that_finished_before_it() ->
     # What the store holds after a slow write-behind: every reward has a smaller sequence id than
     # the call it follows. By the clocks: call A 0–1 s, reward 0.25 at 1.5 s, call B 2–3 s, reward
     # 1.0 at 3.5 s, call C 4–5 s (nothing follows it), reward -1 at 0.5 s (before any call ended).
-    spans = [_reward(1, 0.5, -1.0), _reward(2, 1.5, 0.25), _reward(3, 3.5, 1.0),
-             _call(4, 0.0, 1.0, "A"), _call(5, 4.0, 5.0, "C"), _call(6, 2.0, 3.0, "B")]
+    spans = [
+        _reward(1, 0.5, -1.0),
+        _reward(2, 1.5, 0.25),
+        _reward(3, 3.5, 1.0),
+        _call(4, 0.0, 1.0, "A"),
+        _call(5, 4.0, 5.0, "C"),
+        _call(6, 2.0, 3.0, "B"),
+    ]
     calls = extract_calls(spans)
     assert [c.span_id for c in calls] == ["A", "B", "C"]
     rewards = [s for s in spans if s.name == semconv.SPAN_REWARD]
@@ -170,6 +201,7 @@ def test_emitted_with_overlapping_calls_credits_the_one_that_finished_last() -> 
 
 def test_apo_trace_lists_what_happened_in_the_order_it_happened(memory_store, slow_proxy) -> None:
     """The critic's trace of an agent that logs between its calls, recorded write-behind."""
+
     def narrates(task: dict, llm: LLM) -> float:
         _ask(llm, "first")
         emit_message("between the calls")
@@ -178,9 +210,16 @@ def test_apo_trace_lists_what_happened_in_the_order_it_happened(memory_store, sl
         return 1.0
 
     memory_store.enqueue_rollout({"i": 0})
-    Runner(narrates, memory_store, max_rollouts=1, poll_timeout=0.1, llm_proxy_url=slow_proxy.url,
-           llm_proxy=slow_proxy).run()
+    Runner(
+        narrates, memory_store, max_rollouts=1, poll_timeout=0.1, llm_proxy_url=slow_proxy.url, llm_proxy=slow_proxy
+    ).run()
     (rollout,) = memory_store.query_rollouts()
     lines = render_trace(memory_store, rollout, max_chars=10_000).splitlines()
-    assert lines == ["[llm] user: first", "[llm] assistant: first answer", "[message] between the calls",
-                     "[llm] user: second", "[llm] assistant: second answer", "[message] after the calls"]
+    assert lines == [
+        "[llm] user: first",
+        "[llm] assistant: first answer",
+        "[message] between the calls",
+        "[llm] user: second",
+        "[llm] assistant: second answer",
+        "[message] after the calls",
+    ]

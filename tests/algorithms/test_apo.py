@@ -26,8 +26,10 @@ from agentgrad.types import PromptTemplate
 
 from stand_in_llm import StandInChatServer
 
-INSTRUCTIONS = {"upper": "For upper tasks, answer in uppercase.",
-                "reverse": "For reverse tasks, spell the word backwards."}
+INSTRUCTIONS = {
+    "upper": "For upper tasks, answer in uppercase.",
+    "reverse": "For reverse tasks, spell the word backwards.",
+}
 SEED = "Task ({kind}): {word}"
 WORDS = ["apple", "river", "stone", "cloud", "maple", "tiger", "piano", "lemon"]
 TASKS = [{"word": w, "kind": k} for w in WORDS for k in ("upper", "reverse")]
@@ -81,8 +83,15 @@ def endpoint(server: StandInChatServer, model: str) -> ChatEndpoint:
 
 
 def make_apo(server: StandInChatServer, **options: Any) -> APO:
-    defaults = dict(prompt_name="prompt_template", beam_width=2, branch_factor=2, rounds=2,
-                    train_batch_size=6, val_batch_size=8, wait_timeout=60)
+    defaults = dict(
+        prompt_name="prompt_template",
+        beam_width=2,
+        branch_factor=2,
+        rounds=2,
+        train_batch_size=6,
+        val_batch_size=8,
+        wait_timeout=60,
+    )
     return APO(endpoint(server, "critic"), endpoint(server, "editor"), **{**defaults, **options})
 
 
@@ -116,7 +125,8 @@ def test_apo_works_with_jinja_templates() -> None:
     with StandInChatServer({"critic": critic_script, "editor": EditorScript()}) as server:
         store = MemoryStore()
         result = Trainer(store, algorithm=make_apo(server)).fit(
-            word_agent, TASKS, TASKS, resources={"prompt_template": seed})
+            word_agent, TASKS, TASKS, resources={"prompt_template": seed}
+        )
         assert result.best.score == 1.0
         assert result.best.template.engine == "jinja"
         store.close()
@@ -158,17 +168,22 @@ def test_apo_resumes_after_a_crash(tmp_path) -> None:
 def test_bad_critic_and_editor_replies_are_skipped_not_adopted() -> None:
     useful = "Runs of kind 'upper' fail. Add: " + INSTRUCTIONS["upper"]
     critic_replies = iter(["   ", useful, useful])
-    editor_replies = iter([
-        "I would rather not.",                                              # no <prompt> block
-        "<prompt>\nTask ({kind}): {word} {secret}\n</prompt>",               # unknown variable
-        "<prompt>\nJust answer.\n</prompt>",                                 # drops {word}, {kind}
-        f"<prompt>\n{SEED}\n{INSTRUCTIONS['upper']}\n</prompt>",            # usable
-    ])
-    with StandInChatServer({"critic": lambda m: next(critic_replies), "editor": lambda m: next(editor_replies)}) as server:
+    editor_replies = iter(
+        [
+            "I would rather not.",  # no <prompt> block
+            "<prompt>\nTask ({kind}): {word} {secret}\n</prompt>",  # unknown variable
+            "<prompt>\nJust answer.\n</prompt>",  # drops {word}, {kind}
+            f"<prompt>\n{SEED}\n{INSTRUCTIONS['upper']}\n</prompt>",  # usable
+        ]
+    )
+    with StandInChatServer(
+        {"critic": lambda m: next(critic_replies), "editor": lambda m: next(editor_replies)}
+    ) as server:
         store = MemoryStore()
         apo = make_apo(server, beam_width=1, rounds=3)
-        result = Trainer(store, algorithm=apo).fit(word_agent, TASKS, TASKS,
-                                                   resources={"prompt_template": PromptTemplate(template=SEED)})
+        result = Trainer(store, algorithm=apo).fit(
+            word_agent, TASKS, TASKS, resources={"prompt_template": PromptTemplate(template=SEED)}
+        )
     templates = [c.template.template for c in result.candidates]
     assert templates == [SEED, f"{SEED}\n{INSTRUCTIONS['upper']}"]
     assert 0.0 < result.best.score < 1.0  # the upper-case tasks of the validation batch now pass
@@ -189,7 +204,9 @@ def test_templates_with_missing_variables_are_refused_naming_them() -> None:
     assert info.value.missing == ["answer", "hint"]
     with pytest.raises(TemplateError, match=r"\['hint'\]"):
         validate_template(PromptTemplate(template="{{ word }} {{ hint }}", engine="jinja"), {"word"})
-    assert PromptTemplate(template="{% for x in items %}{{ x }}{% endfor %}", engine="jinja").referenced_variables() == {"items"}
+    assert PromptTemplate(
+        template="{% for x in items %}{{ x }}{% endfor %}", engine="jinja"
+    ).referenced_variables() == {"items"}
     with pytest.raises(TemplateError, match="positional"):
         PromptTemplate(template="{} and {0}").referenced_variables()
     with pytest.raises(TemplateError, match="does not parse"):
@@ -199,7 +216,8 @@ def test_templates_with_missing_variables_are_refused_naming_them() -> None:
         store = MemoryStore()
         apo = make_apo(server, variables={"word", "kind"})
         with pytest.raises(TemplateError, match=r"\['difficulty'\]"):
-            Trainer(store, algorithm=apo).fit(word_agent, TASKS, TASKS,
-                                              resources={"prompt_template": PromptTemplate(template=SEED + " {difficulty}")})
+            Trainer(store, algorithm=apo).fit(
+                word_agent, TASKS, TASKS, resources={"prompt_template": PromptTemplate(template=SEED + " {difficulty}")}
+            )
         assert not any("apo" in r.items for r in store.query_resources())
         store.close()

@@ -26,8 +26,14 @@ DEADLINE = 3.0
 def store(memory_store: MemoryStore) -> Iterator[MemoryStore]:
     """The root ``memory_store``, served by a real runner in a thread."""
     store = memory_store
-    runner = Runner(agents_for_tests.slow_async_agent, store, concurrency=4, poll_timeout=0.05,
-                    heartbeat_interval=0.1, grace_seconds=0.1)
+    runner = Runner(
+        agents_for_tests.slow_async_agent,
+        store,
+        concurrency=4,
+        poll_timeout=0.05,
+        heartbeat_interval=0.1,
+        grace_seconds=0.1,
+    )
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()
     try:
@@ -46,10 +52,12 @@ def requests(*tasks: dict) -> list[RolloutRequest]:
 
 def test_cancel_cancels_counts_and_logs_the_stragglers(store: MemoryStore, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="agentgrad.algorithms.batch"):
-        batch = run_batch(store, requests(QUICK, QUICK, STUCK), timeout=DEADLINE, on_straggler="cancel",
-                          label="step 7")
-    assert [r.status for r in batch.rollouts] == [RolloutStatus.SUCCEEDED, RolloutStatus.SUCCEEDED,
-                                                  RolloutStatus.CANCELLED]
+        batch = run_batch(store, requests(QUICK, QUICK, STUCK), timeout=DEADLINE, on_straggler="cancel", label="step 7")
+    assert [r.status for r in batch.rollouts] == [
+        RolloutStatus.SUCCEEDED,
+        RolloutStatus.SUCCEEDED,
+        RolloutStatus.CANCELLED,
+    ]
     assert (batch.finished, batch.cancelled) == (2, 1)
     assert "step 7: cancelled 1 of 3 rollout(s)" in caplog.text
 

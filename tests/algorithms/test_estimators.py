@@ -12,14 +12,30 @@ from agentgrad.types import Transition
 
 
 def _t(group: str | None, reward: float, rollout: str | None = None, index: int = 0) -> Transition:
-    return Transition(rollout_id=rollout or f"{group}-{reward}-{index}", attempt_id="a", group_id=group, index=index,
-                      prompt_ids=[1], response_ids=[2], reward=reward)
+    return Transition(
+        rollout_id=rollout or f"{group}-{reward}-{index}",
+        attempt_id="a",
+        group_id=group,
+        index=index,
+        prompt_ids=[1],
+        response_ids=[2],
+        reward=reward,
+    )
 
 
 def _batch() -> list[Transition]:
     """Group a: rewards 1, 0, 0, 1; group b: 2, 0, 1; group c: 1, 1 (all agree)."""
-    return [_t("a", 1.0, "a0"), _t("a", 0.0, "a1"), _t("a", 0.0, "a2"), _t("a", 1.0, "a3"),
-            _t("b", 2.0, "b0"), _t("b", 0.0, "b1"), _t("b", 1.0, "b2"), _t("c", 1.0, "c0"), _t("c", 1.0, "c1")]
+    return [
+        _t("a", 1.0, "a0"),
+        _t("a", 0.0, "a1"),
+        _t("a", 0.0, "a2"),
+        _t("a", 1.0, "a3"),
+        _t("b", 2.0, "b0"),
+        _t("b", 0.0, "b1"),
+        _t("b", 1.0, "b2"),
+        _t("c", 1.0, "c0"),
+        _t("c", 1.0, "c1"),
+    ]
 
 
 def _advantages(estimator: str) -> list[float]:

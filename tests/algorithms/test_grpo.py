@@ -53,10 +53,19 @@ def coin_agent(task, resources):
     context = require_context("coin_agent")
     good = _coin(context.rollout.mode, task["k"])
     version = resources.items["agentgrad_policy"].value["model_version"]
-    context.store.add_span(Span(
-        rollout_id=context.rollout_id, attempt_id=context.attempt_id, name=semconv.SPAN_LLM_CALL,
-        attributes={semconv.LLM_PROMPT_TOKEN_IDS: PROMPT + [task["k"]], semconv.LLM_COMPLETION_TOKEN_IDS: GOOD if good else BAD,
-                    semconv.LLM_LOGPROBS: [-6.0, -6.0, -6.0], semconv.MODEL_VERSION: version}))
+    context.store.add_span(
+        Span(
+            rollout_id=context.rollout_id,
+            attempt_id=context.attempt_id,
+            name=semconv.SPAN_LLM_CALL,
+            attributes={
+                semconv.LLM_PROMPT_TOKEN_IDS: PROMPT + [task["k"]],
+                semconv.LLM_COMPLETION_TOKEN_IDS: GOOD if good else BAD,
+                semconv.LLM_LOGPROBS: [-6.0, -6.0, -6.0],
+                semconv.MODEL_VERSION: version,
+            },
+        )
+    )
     return 1.0 if good else 0.0
 
 
@@ -65,10 +74,19 @@ def always_good_agent(task, resources):
     """Every completion earns the same reward: each GRPO group has zero variance."""
     context = require_context("always_good_agent")
     version = resources.items["agentgrad_policy"].value["model_version"]
-    context.store.add_span(Span(
-        rollout_id=context.rollout_id, attempt_id=context.attempt_id, name=semconv.SPAN_LLM_CALL,
-        attributes={semconv.LLM_PROMPT_TOKEN_IDS: PROMPT + [task["k"]], semconv.LLM_COMPLETION_TOKEN_IDS: GOOD,
-                    semconv.LLM_LOGPROBS: [-6.0, -6.0, -6.0], semconv.MODEL_VERSION: version}))
+    context.store.add_span(
+        Span(
+            rollout_id=context.rollout_id,
+            attempt_id=context.attempt_id,
+            name=semconv.SPAN_LLM_CALL,
+            attributes={
+                semconv.LLM_PROMPT_TOKEN_IDS: PROMPT + [task["k"]],
+                semconv.LLM_COMPLETION_TOKEN_IDS: GOOD,
+                semconv.LLM_LOGPROBS: [-6.0, -6.0, -6.0],
+                semconv.MODEL_VERSION: version,
+            },
+        )
+    )
     return 1.0
 
 
@@ -80,12 +98,23 @@ def bad_reward_agent(task, llm):
 def test_grpo_trains_logs_checkpoints_and_resumes(tiny_model_dir, tmp_path):
     store = MemoryStore()
     publisher = RecordingPublisher()
-    grpo = GRPO(tiny_model_dir, steps=3, batch_size=2, group_size=4, train=TrainConfig(lr=3e-3), val_every=0,
-                output_dir=tmp_path, checkpoint_every=2, publisher=publisher, run_id="t",
-                rollout_timeout_seconds=60)
+    grpo = GRPO(
+        tiny_model_dir,
+        steps=3,
+        batch_size=2,
+        group_size=4,
+        train=TrainConfig(lr=3e-3),
+        val_every=0,
+        output_dir=tmp_path,
+        checkpoint_every=2,
+        publisher=publisher,
+        run_id="t",
+        rollout_timeout_seconds=60,
+    )
     tasks = [{"k": 40 + i} for i in range(5)]
     result = Trainer(store, concurrency=4, algorithm=grpo).fit(
-        coin_agent, tasks, tasks[:2], resources={"llm": LLM(endpoint="http://unused/v1", model="m")})
+        coin_agent, tasks, tasks[:2], resources={"llm": LLM(endpoint="http://unused/v1", model="m")}
+    )
     # A step whose groups all drew the same coin is skipped without publishing (1 in 64 steps).
     trained_steps = [h["step"] for h in result.history if "loss" in h]
     assert result.steps == 3 and trained_steps and publisher.versions == [f"v{s}" for s in trained_steps]
@@ -98,8 +127,16 @@ def test_grpo_trains_logs_checkpoints_and_resumes(tiny_model_dir, tmp_path):
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     trained = [m for m in lines if "loss" in m]
     assert trained and all(m["stale_transitions"] == 0 and m["unknown_version_transitions"] == 0 for m in trained)
-    assert {"reward/mean", "entropy", "kl", "clip_fraction", "tokens_per_second", "rollouts_per_second",
-            "trainer_idle_fraction", "runner_idle_fraction"} <= set(trained[0])
+    assert {
+        "reward/mean",
+        "entropy",
+        "kl",
+        "clip_fraction",
+        "tokens_per_second",
+        "rollouts_per_second",
+        "trainer_idle_fraction",
+        "runner_idle_fraction",
+    } <= set(trained[0])
     assert any(r.run_id == "t" for r in store.query_metrics())
     # The policy moved toward the rewarded completion.
     fresh = PolicyTrainer(tiny_model_dir, TrainConfig())
@@ -108,23 +145,42 @@ def test_grpo_trains_logs_checkpoints_and_resumes(tiny_model_dir, tmp_path):
     assert state["step"] == 3 and state["cursor"] == 6
     assert fresh.sequence_logprob([Sample(PROMPT + [40], GOOD)])[0] > before
     # Resuming continues from the checkpoint's step (and republishes its weights first).
-    grpo2 = GRPO(tiny_model_dir, steps=4, batch_size=2, group_size=4, val_every=0, output_dir=tmp_path,
-                 publisher=publisher, rollout_timeout_seconds=60)
+    grpo2 = GRPO(
+        tiny_model_dir,
+        steps=4,
+        batch_size=2,
+        group_size=4,
+        val_every=0,
+        output_dir=tmp_path,
+        publisher=publisher,
+        rollout_timeout_seconds=60,
+    )
     result2 = Trainer(store, concurrency=4, algorithm=grpo2).fit(
-        coin_agent, tasks, resources={"llm": LLM(endpoint="http://unused/v1", model="m")})
+        coin_agent, tasks, resources={"llm": LLM(endpoint="http://unused/v1", model="m")}
+    )
     resumed_steps = [h["step"] for h in result2.history if "loss" in h]
     assert result2.steps == 4
-    assert publisher.versions[len(trained_steps):] == ["v3"] + [f"v{s}" for s in resumed_steps]
+    assert publisher.versions[len(trained_steps) :] == ["v3"] + [f"v{s}" for s in resumed_steps]
     store.close()
 
 
 def test_non_numeric_rewards_fail_rollouts_and_empty_batches_are_retried_not_trained(tiny_model_dir, tmp_path):
     store = MemoryStore()
-    grpo = GRPO(tiny_model_dir, steps=2, batch_size=1, group_size=2, val_every=0, output_dir=tmp_path,
-                publisher=RecordingPublisher(), max_empty_retries=1, rollout_timeout_seconds=30)
+    grpo = GRPO(
+        tiny_model_dir,
+        steps=2,
+        batch_size=1,
+        group_size=2,
+        val_every=0,
+        output_dir=tmp_path,
+        publisher=RecordingPublisher(),
+        max_empty_retries=1,
+        rollout_timeout_seconds=30,
+    )
     with pytest.raises(RuntimeError, match="empty batches in a row"):
         Trainer(store, concurrency=2, algorithm=grpo).fit(
-            bad_reward_agent, [{"k": 1}], resources={"llm": LLM(endpoint="http://unused/v1", model="m")})
+            bad_reward_agent, [{"k": 1}], resources={"llm": LLM(endpoint="http://unused/v1", model="m")}
+        )
     failed = store.query_rollouts()
     assert len(failed) == 4 and all(r.status.value == "failed" for r in failed)
     attempt = store.get_latest_attempt(failed[0].rollout_id)
@@ -138,11 +194,20 @@ def test_non_numeric_rewards_fail_rollouts_and_empty_batches_are_retried_not_tra
 def test_a_step_whose_groups_all_agree_is_skipped_without_an_update(tiny_model_dir, tmp_path, capsys):
     store = MemoryStore()
     publisher = RecordingPublisher()
-    grpo = GRPO(tiny_model_dir, steps=2, batch_size=2, group_size=3, val_every=0, output_dir=tmp_path,
-                publisher=publisher, rollout_timeout_seconds=60)
+    grpo = GRPO(
+        tiny_model_dir,
+        steps=2,
+        batch_size=2,
+        group_size=3,
+        val_every=0,
+        output_dir=tmp_path,
+        publisher=publisher,
+        rollout_timeout_seconds=60,
+    )
     tasks = [{"k": 40 + i} for i in range(4)]
     result = Trainer(store, concurrency=3, algorithm=grpo).fit(
-        always_good_agent, tasks, resources={"llm": LLM(endpoint="http://unused/v1", model="m")})
+        always_good_agent, tasks, resources={"llm": LLM(endpoint="http://unused/v1", model="m")}
+    )
     assert result.steps == 2
     assert publisher.versions == [], "nothing to learn: no weights published"
     assert all("loss" not in step and step["grpo/zero_variance_groups"] == 2 for step in result.history)

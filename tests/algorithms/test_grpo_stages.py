@@ -46,11 +46,17 @@ def test_rollout_settings_and_sampling_defaults(tmp_path):
     assert grpo.sampling == {"temperature": 1.0, "top_p": 0.9}
 
 
-@pytest.mark.parametrize(("setting", "message"), [
-    ({"group_size": 1}, "group_size must be ≥ 2"), ({"batch_size": 0}, "batch_size must be ≥ 1"),
-    ({"epochs": 0}, "epochs must be ≥ 1"), ({"checkpoint_every": 0}, "checkpoint_every must be ≥ 1"),
-    ({"normalize": "max"}, "normalize must be 'std' or 'mean'"), ({"val_every": -1}, "val_every must be ≥ 0"),
-])
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"group_size": 1}, "group_size must be ≥ 2"),
+        ({"batch_size": 0}, "batch_size must be ≥ 1"),
+        ({"epochs": 0}, "epochs must be ≥ 1"),
+        ({"checkpoint_every": 0}, "checkpoint_every must be ≥ 1"),
+        ({"normalize": "max"}, "normalize must be 'std' or 'mean'"),
+        ({"val_every": -1}, "val_every must be ≥ 0"),
+    ],
+)
 def test_bad_settings_are_refused_naming_the_field(tmp_path, setting, message):
     with pytest.raises(ValueError, match=message):
         GRPO(tmp_path, **setting)
@@ -84,11 +90,22 @@ def _finished_rollout(store, group, version, reward):
     store.enqueue_rollout({"q": group}, metadata={"group_id": group})
     claimed = store.dequeue_rollout("w")
     rid, aid = claimed.rollout.rollout_id, claimed.attempt.attempt_id
-    store.add_span(Span(rollout_id=rid, attempt_id=aid, name=semconv.SPAN_LLM_CALL, attributes={
-        semconv.LLM_PROMPT_TOKEN_IDS: [1, 2, 3], semconv.LLM_COMPLETION_TOKEN_IDS: [7, 8],
-        semconv.LLM_LOGPROBS: [-0.5, -0.5], semconv.MODEL_VERSION: version}))
-    store.add_span(Span(rollout_id=rid, attempt_id=aid, name=semconv.SPAN_REWARD,
-                        attributes={semconv.REWARD_VALUE: reward}))
+    store.add_span(
+        Span(
+            rollout_id=rid,
+            attempt_id=aid,
+            name=semconv.SPAN_LLM_CALL,
+            attributes={
+                semconv.LLM_PROMPT_TOKEN_IDS: [1, 2, 3],
+                semconv.LLM_COMPLETION_TOKEN_IDS: [7, 8],
+                semconv.LLM_LOGPROBS: [-0.5, -0.5],
+                semconv.MODEL_VERSION: version,
+            },
+        )
+    )
+    store.add_span(
+        Span(rollout_id=rid, attempt_id=aid, name=semconv.SPAN_REWARD, attributes={semconv.REWARD_VALUE: reward})
+    )
     store.update_attempt(rid, aid, AttemptStatus.SUCCEEDED)
     return store.get_rollout(rid)
 
@@ -109,8 +126,15 @@ def test_transitions_drop_stale_versions_and_count_unknown_ones(tmp_path):
 
 
 def _transition(group, reward):
-    return Transition(rollout_id=f"{group}-{reward}", attempt_id="a", group_id=group, index=0, prompt_ids=[1],
-                      response_ids=[2], reward=reward)
+    return Transition(
+        rollout_id=f"{group}-{reward}",
+        attempt_id="a",
+        group_id=group,
+        index=0,
+        prompt_ids=[1],
+        response_ids=[2],
+        reward=reward,
+    )
 
 
 @pytest.mark.parametrize(("normalize", "expected"), [("std", [1.0, -1.0]), ("mean", [0.5, -0.5])])
@@ -120,9 +144,13 @@ def test_advantages_normalize_within_groups_and_drop_groups_that_agree(tmp_path,
     kept, metrics = grpo.advantages(batch)
     assert [t.group_id for t in kept] == ["g1", "g1"]
     assert [t.advantage for t in kept] == pytest.approx(expected, abs=1e-5)
-    assert metrics == {"grpo/groups": 2, "grpo/zero_variance_groups": 1, "grpo/dropped_transitions": 2,
-                       "grpo/zero_advantage_token_share": 0.5,
-                       "grpo/advantage_abs_max": pytest.approx(expected[0], abs=1e-5)}
+    assert metrics == {
+        "grpo/groups": 2,
+        "grpo/zero_variance_groups": 1,
+        "grpo/dropped_transitions": 2,
+        "grpo/zero_advantage_token_share": 0.5,
+        "grpo/advantage_abs_max": pytest.approx(expected[0], abs=1e-5),
+    }
 
 
 def test_agreeing_groups_regularize_keeps_them_with_zero_advantage(tmp_path):
@@ -130,15 +158,22 @@ def test_agreeing_groups_regularize_keeps_them_with_zero_advantage(tmp_path):
     batch = [_transition("g1", 1.0), _transition("g1", 0.0), _transition("g2", 0.0), _transition("g2", 0.0)]
     batch[2].advantage = 5.0  # whatever it held before is overwritten
     kept, metrics = grpo.advantages(batch)
-    assert [(t.group_id, t.advantage) for t in kept] == [("g1", pytest.approx(1.0, abs=1e-5)),
-                                                        ("g1", pytest.approx(-1.0, abs=1e-5)), ("g2", 0.0), ("g2", 0.0)]
+    assert [(t.group_id, t.advantage) for t in kept] == [
+        ("g1", pytest.approx(1.0, abs=1e-5)),
+        ("g1", pytest.approx(-1.0, abs=1e-5)),
+        ("g2", 0.0),
+        ("g2", 0.0),
+    ]
     assert metrics["grpo/zero_variance_groups"] == 1 and metrics["grpo/zero_advantage_token_share"] == 0.5
 
 
-@pytest.mark.parametrize(("setting", "message"), [
-    ({"agreeing_groups": "keep"}, "agreeing_groups must be 'drop' or 'regularize'"),
-    ({"agreeing_groups": "regularize"}, "needs a regulariser"),  # with neither KL nor entropy it would do nothing
-])
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"agreeing_groups": "keep"}, "agreeing_groups must be 'drop' or 'regularize'"),
+        ({"agreeing_groups": "regularize"}, "needs a regulariser"),  # with neither KL nor entropy it would do nothing
+    ],
+)
 def test_bad_agreeing_groups_settings_are_refused(tmp_path, setting, message):
     with pytest.raises(ValueError, match=message):
         GRPO(tmp_path, **setting)
@@ -153,8 +188,10 @@ def test_signal_share_counts_the_tokens_of_groups_that_agree():
         t.response_ids, t.response_mask = [2, 3, 4], [1, 1, 0]  # two trained tokens each
     g1[0].advantage, g1[1].advantage = 1.0, -1.5
     # 2 of 6 trained tokens are in the group that disagrees: 4 / 6 carry no signal
-    assert signal_share(g1 + g2, g1) == {"grpo/zero_advantage_token_share": pytest.approx(4 / 6),
-                                         "grpo/advantage_abs_max": 1.5}
+    assert signal_share(g1 + g2, g1) == {
+        "grpo/zero_advantage_token_share": pytest.approx(4 / 6),
+        "grpo/advantage_abs_max": 1.5,
+    }
     assert signal_share([], []) == {"grpo/zero_advantage_token_share": 0.0, "grpo/advantage_abs_max": 0.0}
 
 
@@ -236,5 +273,6 @@ def test_an_empty_batch_names_what_agent_match_left_out() -> None:
     grpo = GRPO("unused-model-dir", agent_match="write|rewrite")
     assert grpo._filtered_out() == ""
     grpo.adapt_stats = AdaptStats(calls_other_agents=3, other_agents={"check_query", "(no name)"})
-    assert grpo._filtered_out() == ("; agent_match 'write|rewrite' left out 3 call(s) of agents "
-                                    "['(no name)', 'check_query']")
+    assert grpo._filtered_out() == (
+        "; agent_match 'write|rewrite' left out 3 call(s) of agents ['(no name)', 'check_query']"
+    )

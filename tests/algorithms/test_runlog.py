@@ -36,8 +36,10 @@ def test_each_step_goes_to_the_file_the_store_and_every_tracker(tmp_path):
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [(m["step"], m["loss"]) for m in lines] == [(1, 0.5), (2, 0.25)]
     assert lines[0]["tokens"] == 12.0 and "kl" not in lines[1] and "x" not in lines[1] and "time" in lines[0]
-    assert [(m.step, m.values) for m in store.query_metrics("r1")] == [(1, {"loss": 0.5, "tokens": 12.0}),
-                                                                      (2, {"loss": 0.25})]
+    assert [(m.step, m.values) for m in store.query_metrics("r1")] == [
+        (1, {"loss": 0.5, "tokens": 12.0}),
+        (2, {"loss": 0.25}),
+    ]
     for tracker in trackers:
         assert tracker.logged == [(1, {"loss": 0.5, "tokens": 12.0}), (2, {"loss": 0.25})] and tracker.closed == 1
     # A second run log appends (a resumed run continues the file).

@@ -28,8 +28,11 @@ from agentgrad.trainer import Trainer
 from agentgrad.types import LLM
 
 # The stub always computes 2 + 3 and answers 5: right for the first two tasks, wrong for the third.
-TASKS = [{"question": "What is 2 + 3?", "answer": 5}, {"question": "What is 2 + 3?", "answer": 5},
-         {"question": "What is 2 + 4?", "answer": 6}]
+TASKS = [
+    {"question": "What is 2 + 3?", "answer": 5},
+    {"question": "What is 2 + 3?", "answer": 5},
+    {"question": "What is 2 + 4?", "answer": 6},
+]
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +43,9 @@ def captured(tmp_path_factory) -> Iterator[SqliteStore]:
     with StubUpstream([tool_reply("calculator", {"expression": "2 + 3"}), "The answer is 5."]) as upstream:
         with LLMProxy(store, f"http://127.0.0.1:{upstream.port}/v1") as proxy:
             trainer = Trainer(store, runner_options={"resources_hook": ProxyResourcesHook(proxy.base_url)})
-            report = trainer.dev(calc_agent, TASKS, {"llm": LLM(endpoint="unused", model="stub-model")},
-                                 print_summary=False)
+            report = trainer.dev(
+                calc_agent, TASKS, {"llm": LLM(endpoint="unused", model="stub-model")}, print_summary=False
+            )
     assert report.rewards == [1.0, 1.0, 0.0] and report.no_llm_calls == 0
     yield store
     store.close()
@@ -67,12 +71,15 @@ def test_chat_samples_fold_turns_and_filter_agents(captured) -> None:
     assert {s["metadata"]["reward"] for s in samples} == {0.0, 1.0}
 
 
-@pytest.mark.parametrize(("criteria", "culprit"), [
-    (SelectionCriteria(min_reward=2.0), "'reward >= 2.0' removed everything (all 3 left after"),
-    (SelectionCriteria(agent_match="^planner$"), "'agent matches '^planner$'' removed everything"),
-    (SelectionCriteria(modes=("val",)), "'mode in ['val']' removed everything"),
-    (SelectionCriteria(since=4e9), "'ended since 4000000000.0' removed everything"),
-])
+@pytest.mark.parametrize(
+    ("criteria", "culprit"),
+    [
+        (SelectionCriteria(min_reward=2.0), "'reward >= 2.0' removed everything (all 3 left after"),
+        (SelectionCriteria(agent_match="^planner$"), "'agent matches '^planner$'' removed everything"),
+        (SelectionCriteria(modes=("val",)), "'mode in ['val']' removed everything"),
+        (SelectionCriteria(since=4e9), "'ended since 4000000000.0' removed everything"),
+    ],
+)
 def test_empty_selection_names_the_filter(captured, criteria, culprit) -> None:
     for select in (select_transitions, select_chat_samples):
         with pytest.raises(EmptySelectionError) as info:
@@ -81,8 +88,10 @@ def test_empty_selection_names_the_filter(captured, criteria, culprit) -> None:
 
 
 def test_empty_store_says_so(tmp_path) -> None:
-    with SqliteStore(tmp_path / "empty.db") as store, pytest.raises(EmptySelectionError,
-                                                                     match="'succeeded rollouts in the store'"):
+    with (
+        SqliteStore(tmp_path / "empty.db") as store,
+        pytest.raises(EmptySelectionError, match="'succeeded rollouts in the store'"),
+    ):
         select_transitions(store, SelectionCriteria())
 
 
@@ -105,6 +114,18 @@ def test_export_command(captured, tmp_path, capsys) -> None:
     import pyarrow.parquet as pq
 
     assert pq.read_table(output).num_rows == 1
-    assert main(["export", "--store", f"sqlite://{captured.path}", "--agent-match", "nobody",
-                 "--output", str(tmp_path / "none.jsonl")]) == 1
+    assert (
+        main(
+            [
+                "export",
+                "--store",
+                f"sqlite://{captured.path}",
+                "--agent-match",
+                "nobody",
+                "--output",
+                str(tmp_path / "none.jsonl"),
+            ]
+        )
+        == 1
+    )
     assert "agent matches 'nobody'" in capsys.readouterr().err

@@ -42,12 +42,19 @@ def test_sft_fast_trains_publishes_and_announces(demo_model_dir, tmp_path) -> No
 
     store = MemoryStore()
     tasks = [{"question": "What is 2 + 3?", "answer": 5}, {"question": "What is 2 + 4?", "answer": 6}]
-    with StubUpstream([tool_reply("calculator", {"expression": "2 + 3"}), "The answer is 5."]) as upstream, \
-            LLMProxy(store, f"http://127.0.0.1:{upstream.port}/v1") as proxy:
+    with (
+        StubUpstream([tool_reply("calculator", {"expression": "2 + 3"}), "The answer is 5."]) as upstream,
+        LLMProxy(store, f"http://127.0.0.1:{upstream.port}/v1") as proxy,
+    ):
         trainer = Trainer(store, runner_options={"resources_hook": ProxyResourcesHook(proxy.base_url)})
         trainer.dev(calc_agent, tasks, {"llm": LLM(endpoint="unused", model="stub-model")}, print_summary=False)
-    sft = SFT(demo_model_dir, train_config=TrainConfig(lr=1e-3), steps=4, batch_size=2,
-              publisher=SaveToDirectory(tmp_path / "out"))
+    sft = SFT(
+        demo_model_dir,
+        train_config=TrainConfig(lr=1e-3),
+        steps=4,
+        batch_size=2,
+        publisher=SaveToDirectory(tmp_path / "out"),
+    )
     result = sft.run(AlgorithmContext(store=store))
     assert result.samples == [2]  # the successful rollout's two calls; the failed one is rejected
     losses = [m.loss for m in result.history]
@@ -73,9 +80,15 @@ def test_rejection_sampling_raises_greedy_success(demo_model_dir) -> None:
         greedy, sampling = {"llm": policy.llm(temperature=0.0)}, {"llm": policy.llm(temperature=1.0)}
         trainer = Trainer(store, concurrency=16, policy=policy)  # SFT publishes into the policy's engine
         before = trainer.dev(calc_agent, val, greedy, mode="val", print_summary=False).reward_mean
-        trainer.algorithm = SFT(demo_model_dir, criteria=SelectionCriteria(min_reward=1.0),
-                                train_config=TrainConfig(lr=5e-4), iterations=3, samples_per_task=2, steps=40,
-                                batch_size=32)
+        trainer.algorithm = SFT(
+            demo_model_dir,
+            criteria=SelectionCriteria(min_reward=1.0),
+            train_config=TrainConfig(lr=5e-4),
+            iterations=3,
+            samples_per_task=2,
+            steps=40,
+            batch_size=32,
+        )
         result = trainer.fit(calc_agent, train, resources=sampling)
         after = trainer.dev(calc_agent, val, greedy, mode="val", print_summary=False).reward_mean
     print(f"greedy success before {before:.3f} → after {after:.3f}; samples per iteration {result.samples}")

@@ -55,8 +55,9 @@ def tensorboard_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
 
     accumulator = EventAccumulator(str(log_dir))
     accumulator.Reload()
-    return {tag: [(event.step, event.value) for event in accumulator.Scalars(tag)]
-            for tag in accumulator.Tags()["scalars"]}
+    return {
+        tag: [(event.step, event.value) for event in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]
+    }
 
 
 def wandb_records(run_file: Path) -> list:
@@ -79,10 +80,10 @@ def wandb_records(run_file: Path) -> list:
         if left_in_block < header:  # the block's tail is padding
             offset += left_in_block
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[offset:offset + header])
+        _crc, length, kind = struct.unpack("<IHB", data[offset : offset + header])
         if kind == 0 and length == 0:  # zero padding at the end
             break
-        chunk = data[offset + header:offset + header + length]
+        chunk = data[offset + header : offset + header + length]
         offset += header + length
         pending = chunk if kind in (1, 2) else pending + chunk
         if kind in (1, 4):
@@ -115,8 +116,9 @@ def mlflow_history(tracking_uri: str, run_id: str) -> tuple[dict[str, list[tuple
 
     client = MlflowClient(tracking_uri=tracking_uri)
     run = client.get_run(run_id)
-    history = {key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
-               for key in run.data.metrics}
+    history = {
+        key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key)) for key in run.data.metrics
+    }
     return history, run
 
 
@@ -219,12 +221,15 @@ def test_make_trackers_names() -> None:
         make_trackers(["tensorbord"], Path("unused"), "r")
 
 
-@pytest.mark.parametrize(("make", "module", "package"), [
-    (lambda p: TensorBoardTracker(p), "tensorboardX", "tensorboardX"),
-    (lambda p: WandbTracker("p", "r", dir=p), "wandb", "wandb"),
-    (lambda p: MLflowTracker(p.as_uri(), "e"), "mlflow", "mlflow-skinny"),
-    (lambda p: MLflowTracker(f"sqlite:///{p}/m.db", "e"), "sqlalchemy", "sqlalchemy"),
-])
+@pytest.mark.parametrize(
+    ("make", "module", "package"),
+    [
+        (lambda p: TensorBoardTracker(p), "tensorboardX", "tensorboardX"),
+        (lambda p: WandbTracker("p", "r", dir=p), "wandb", "wandb"),
+        (lambda p: MLflowTracker(p.as_uri(), "e"), "mlflow", "mlflow-skinny"),
+        (lambda p: MLflowTracker(f"sqlite:///{p}/m.db", "e"), "sqlalchemy", "sqlalchemy"),
+    ],
+)
 def test_a_missing_package_names_the_extra(tmp_path: Path, monkeypatch, make, module, package) -> None:
     monkeypatch.setitem(sys.modules, module, None)  # `import module` now raises ImportError
     with pytest.raises(TrackerNotInstalledError, match=rf"'{package}' package.*pip install 'agentgrad\[trackers\]'"):

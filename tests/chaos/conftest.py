@@ -13,5 +13,10 @@ from opt_in import skip_unless_selected
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    skip_unless_selected(config, items, "chaos_long", "AGENTGRAD_CHAOS_LONG",
-                         "make test-chaos (or -m chaos_long, AGENTGRAD_CHAOS_LONG=1)")
+    skip_unless_selected(
+        config,
+        items,
+        "chaos_long",
+        "AGENTGRAD_CHAOS_LONG",
+        "make test-chaos (or -m chaos_long, AGENTGRAD_CHAOS_LONG=1)",
+    )

@@ -59,15 +59,21 @@ class Service:
         self.server.stop()
         self.store.close()
 
+
 def _seed(store: Store) -> tuple[str, ...]:
     """A little of everything, so that requests reach records; returns the ids it made."""
-    store.enqueue_rollout({"question": "1 + 1"}, rollout_id="r1", metadata={"group_id": "g1"},
-                          config=RolloutConfig(timeout_seconds=3600.0))
+    store.enqueue_rollout(
+        {"question": "1 + 1"},
+        rollout_id="r1",
+        metadata={"group_id": "g1"},
+        config=RolloutConfig(timeout_seconds=3600.0),
+    )
     store.enqueue_rollout({"question": "queued"}, rollout_id="r2")
     claimed = store.dequeue_rollout(worker_id="w1")
     attempt_id = claimed.attempt.attempt_id
-    store.add_spans([Span(rollout_id="r1", attempt_id=attempt_id, name=f"step-{i}", attributes={"i": i})
-                     for i in range(3)])
+    store.add_spans(
+        [Span(rollout_id="r1", attempt_id=attempt_id, name=f"step-{i}", attributes={"i": i}) for i in range(3)]
+    )
     store.add_resources({"prompt": "be brief"}, resources_id="res-1")
     store.update_worker(Worker(worker_id="w1", status="busy", current_rollout_id="r1"))
     store.add_metrics([MetricRecord(run_id="run-1", step=1, values={"loss": 0.5})])
@@ -110,12 +116,27 @@ def _hostile_cases() -> list[tuple[str, str, str, Any, set[int]]]:
         ("metric-time-nan", "POST", "/v1/metrics", b'{"records":[{"step":1,"time":NaN,"values":{}}]}', {422}),
         ("metric-value-nan", "POST", "/v1/metrics", b'{"records":[{"step":1,"values":{"loss":NaN}}]}', {400, 422}),
         ("metric-step-2**70", "POST", "/v1/metrics", encode({"records": [{"step": big, "values": {}}]}), {422}),
-        ("timeout-infinity", "POST", "/v1/rollouts/enqueue",
-         b'{"rollouts":[{"input":1,"config":{"timeout_seconds":Infinity}}]}', {422}),
-        ("unresponsive-nan", "POST", "/v1/rollouts/enqueue",
-         b'{"rollouts":[{"input":1,"config":{"unresponsive_seconds":NaN}}]}', {422}),
-        ("max-attempts-2**70", "POST", "/v1/rollouts/enqueue",
-         encode({"rollouts": [{"input": 1, "config": {"max_attempts": big}}]}), {422}),
+        (
+            "timeout-infinity",
+            "POST",
+            "/v1/rollouts/enqueue",
+            b'{"rollouts":[{"input":1,"config":{"timeout_seconds":Infinity}}]}',
+            {422},
+        ),
+        (
+            "unresponsive-nan",
+            "POST",
+            "/v1/rollouts/enqueue",
+            b'{"rollouts":[{"input":1,"config":{"unresponsive_seconds":NaN}}]}',
+            {422},
+        ),
+        (
+            "max-attempts-2**70",
+            "POST",
+            "/v1/rollouts/enqueue",
+            encode({"rollouts": [{"input": 1, "config": {"max_attempts": big}}]}),
+            {422},
+        ),
         ("query-limit-2**70", "POST", "/v1/rollouts/query", encode({"limit": big}), {422}),
         ("query-offset-2**64", "POST", "/v1/rollouts/query", encode({"offset": 2**64}), {422}),
         ("count-limit-2**70", "POST", "/v1/rollouts/count", encode({"limit": big}), {422}),
@@ -126,32 +147,66 @@ def _hostile_cases() -> list[tuple[str, str, str, Any, set[int]]]:
         ("spans-limit-2**70", "GET", "/v1/spans", {"rollout_id": "r1", "limit": str(big)}, {422}),
         ("spans-limit-past-page", "GET", "/v1/spans", {"rollout_id": "r1", "limit": "5001"}, {422}),
         ("span-sequence-2**70", "POST", "/v1/spans", encode({"spans": [{**span, "sequence_id": big}]}), {422}),
-        ("span-start-nan", "POST", "/v1/spans",
-         b'{"spans":[{"rollout_id":"r1","attempt_id":"a","name":"s","start_time":NaN}]}', {400, 404, 422}),
+        (
+            "span-start-nan",
+            "POST",
+            "/v1/spans",
+            b'{"spans":[{"rollout_id":"r1","attempt_id":"a","name":"s","start_time":NaN}]}',
+            {400, 404, 422},
+        ),
         ("nul-rollout-id", "POST", "/v1/rollouts/enqueue", encode({"rollouts": [{"rollout_id": "a\x00b"}]}), {422}),
-        ("nul-group-id", "POST", "/v1/rollouts/enqueue",
-         encode({"rollouts": [{"metadata": {"group_id": "g\x00"}}]}), {400, 422}),
-        ("nul-group-id-update", "POST", "/v1/rollouts/metadata",
-         encode({"rollout_id": "r1", "metadata": {"group_id": "g\x00"}}), {400, 422}),
+        (
+            "nul-group-id",
+            "POST",
+            "/v1/rollouts/enqueue",
+            encode({"rollouts": [{"metadata": {"group_id": "g\x00"}}]}),
+            {400, 422},
+        ),
+        (
+            "nul-group-id-update",
+            "POST",
+            "/v1/rollouts/metadata",
+            encode({"rollout_id": "r1", "metadata": {"group_id": "g\x00"}}),
+            {400, 422},
+        ),
         ("nul-resources-id", "POST", "/v1/rollouts/enqueue", encode({"rollouts": [{"resources_id": "\x00"}]}), {422}),
         ("nul-get", "GET", "/v1/rollouts/get", {"rollout_id": "r\x001"}, {422}),
         ("nul-filter", "POST", "/v1/rollouts/query", encode({"group_id": "\x00", "rollout_ids": ["\x00"]}), {422}),
         ("nul-worker-id", "POST", "/v1/workers", encode({"worker_id": "w\x00"}), {422}),
-        ("nul-run-id", "POST", "/v1/metrics", encode({"records": [{"run_id": "\x00", "step": 1, "values": {}}]}),
-         {422}),
+        (
+            "nul-run-id",
+            "POST",
+            "/v1/metrics",
+            encode({"records": [{"run_id": "\x00", "step": 1, "values": {}}]}),
+            {422},
+        ),
         ("nul-run-id-query", "GET", "/v1/metrics", {"run_id": "\x00"}, {422}),
         ("nul-span-name", "POST", "/v1/spans", encode({"spans": [{**span, "name": "a\x00"}]}), {422}),
         ("nul-resources", "POST", "/v1/resources", encode({"items": {"a": 1}, "resources_id": "r\x00"}), {422}),
-        ("long-rollout-id", "POST", "/v1/rollouts/enqueue",
-         encode({"rollouts": [{"rollout_id": "\U0001f600" * 800}]}), {422}),
+        (
+            "long-rollout-id",
+            "POST",
+            "/v1/rollouts/enqueue",
+            encode({"rollouts": [{"rollout_id": "\U0001f600" * 800}]}),
+            {422},
+        ),
         ("deep-body", "POST", "/v1/rollouts/enqueue", b'{"rollouts":[{"input":' + nested(100_000) + b"}]}", {422}),
         ("deep-input", "POST", "/v1/rollouts/enqueue", b'{"rollouts":[{"input":' + nested(150) + b"}]}", {400}),
-        ("deep-attributes", "POST", "/v1/spans",
-         b'{"spans":[{"rollout_id":"r1","attempt_id":"a","name":"s","attributes":{"x":' + nested(150) + b"}}]}",
-         {400, 404, 422}),
+        (
+            "deep-attributes",
+            "POST",
+            "/v1/spans",
+            b'{"spans":[{"rollout_id":"r1","attempt_id":"a","name":"s","attributes":{"x":' + nested(150) + b"}}]}",
+            {400, 404, 422},
+        ),
         ("deep-otlp-json", "POST", "/v1/traces", b'{"resourceSpans":' + nested(100_000) + b"}", {400}),
-        ("surrogate-otlp-json", "POST", "/v1/traces",
-         b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"name":"\\ud800"}]}]}]}', {400}),
+        (
+            "surrogate-otlp-json",
+            "POST",
+            "/v1/traces",
+            b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"name":"\\ud800"}]}]}]}',
+            {400},
+        ),
         ("surrogate-input", "POST", "/v1/rollouts/enqueue", b'{"rollouts":[{"input":"\\ud800"}]}', {422}),
         ("huge-number", "POST", "/v1/rollouts/enqueue", b'{"rollouts":[{"input":' + b"9" * 100_000 + b"}]}", {422}),
     ]
@@ -169,9 +224,14 @@ def test_hostile_request_is_refused_and_changes_nothing(service: Service, case: 
     _check(service, response, before, name)
 
 
-@pytest.mark.parametrize("path", ["/dashboard/../v1/rollouts/get?rollout_id=r1",
-                                  "/dashboard/%2e%2e/v1/rollouts/get?rollout_id=r1",
-                                  "/dashboard/./../v1/workers"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/dashboard/../v1/rollouts/get?rollout_id=r1",
+        "/dashboard/%2e%2e/v1/rollouts/get?rollout_id=r1",
+        "/dashboard/./../v1/workers",
+    ],
+)
 def test_dot_segments_do_not_skip_the_token(service: Service, path: str) -> None:
     """The bearer gate let the dashboard's paths through unchecked (it checks its own login),
     ``/dashboard/../v1/…`` included: harmless only while nothing resolved the dots."""
@@ -196,10 +256,19 @@ def requests(draw: st.DrawFn, service: Service) -> tuple[str, str, dict[str, str
     params = draw(query_params(operation, service.spec, service.known), label="query")
     headers = {"Content-Type": "application/json"}
     if draw(st.integers(0, 9), label="odd header") == 0:
-        headers.update(draw(st.sampled_from([
-            {"Content-Type": "text/plain"}, {"Content-Type": "application/x-protobuf"},
-            {"Idempotency-Key": "k" * 10_000}, {"Idempotency-Key": "a b\tc"},
-            {"Content-Encoding": "gzip"}])))
+        headers.update(
+            draw(
+                st.sampled_from(
+                    [
+                        {"Content-Type": "text/plain"},
+                        {"Content-Type": "application/x-protobuf"},
+                        {"Idempotency-Key": "k" * 10_000},
+                        {"Idempotency-Key": "a b\tc"},
+                        {"Content-Encoding": "gzip"},
+                    ]
+                )
+            )
+        )
     body_schema = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
     if path == "/v1/traces":
         body: bytes | None = draw(st.binary(max_size=64) | st.builds(encode, from_schema({}, service.spec)))
@@ -229,17 +298,18 @@ def _fuzz(service: Service, data: st.DataObject) -> None:
     _check(service, response, before, f"{method} {path} {params!r} {body[:300] if body else body!r}")
 
 
-@settings(max_examples=FAST_EXAMPLES, deadline=None, derandomize=True, database=None,
-          suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=FAST_EXAMPLES, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+)
 @given(data=st.data())
 def test_schema_fuzz_answers_no_5xx_and_refusals_change_nothing(service: Service, data: st.DataObject) -> None:
     _fuzz(service, data)
 
 
 @pytest.mark.chaos_long
-@settings(max_examples=LONG_EXAMPLES, deadline=None, derandomize=False, database=None,
-          suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=LONG_EXAMPLES, deadline=None, derandomize=False, database=None, suppress_health_check=list(HealthCheck)
+)
 @given(data=st.data())
 def test_schema_fuzz_long(service: Service, data: st.DataObject) -> None:
     _fuzz(service, data)
-

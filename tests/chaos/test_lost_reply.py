@@ -53,7 +53,9 @@ class Service:
     def start(self) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-c", HARNESS, "store", "serve", "--port", "0", "--backend", f"sqlite:///{self.db}"],
-            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(SRC)},
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(SRC)},
         )
         seen = []
         deadline = time.monotonic() + 60
@@ -145,8 +147,9 @@ class _RelayHandler(socketserver.StreamRequestHandler):
             self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + reply)
             self.wfile.flush()
 
-    def _forward(self, method: str, target: str, headers: list[tuple[str, str]],
-                 body: bytes) -> tuple[int, str, list[tuple[str, str]], bytes]:
+    def _forward(
+        self, method: str, target: str, headers: list[tuple[str, str]], body: bytes
+    ) -> tuple[int, str, list[tuple[str, str]], bytes]:
         conn = http.client.HTTPConnection("127.0.0.1", self.server.upstream(), timeout=60)
         try:
             conn.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
@@ -202,27 +205,46 @@ def _queued_two(client: StoreClient) -> list[str]:
 
 
 CASES = {
-    "enqueue": Case("/v1/rollouts/enqueue", lambda c: None,
-                    lambda c, _: c.enqueue_rollouts([{"input": {"task": 1}}, {"input": {"task": 2}}]),
-                    lambda answer: {"rollouts": [_dumped(r) for r in answer]},
-                    lambda c, _: c.count_rollouts(), 2),
-    "dequeue": Case("/v1/rollouts/dequeue", _queued_two,
-                    lambda c, _: c.dequeue_rollouts(1, worker_id="w-1"),
-                    lambda answer: {"claimed": [_dumped(a) for a in answer]},
-                    lambda c, ids: ([len(c.get_attempts(rid)) for rid in ids],
-                                    c.count_rollouts(RolloutFilter(status=["queuing"]))), ([1, 0], 1)),
-    "cancel": Case("/v1/rollouts/cancel", _queued_two,
-                   lambda c, ids: c.cancel_rollout(ids[0]),
-                   _dumped,
-                   lambda c, ids: [c.get_rollout(rid).status for rid in ids], ["cancelled", "queuing"]),
-    "add_resources": Case("/v1/resources", lambda c: None,
-                          lambda c, _: c.add_resources({"temperature": 0.5}),
-                          _dumped,
-                          lambda c, _: [r.version for r in c.query_resources()], [1]),
-    "add_metrics": Case("/v1/metrics", lambda c: None,
-                        lambda c, _: c.add_metrics([MetricRecord(run_id="r", step=1, values={"loss": 0.5})]),
-                        lambda answer: answer,
-                        lambda c, _: len(c.query_metrics("r")), 1),
+    "enqueue": Case(
+        "/v1/rollouts/enqueue",
+        lambda c: None,
+        lambda c, _: c.enqueue_rollouts([{"input": {"task": 1}}, {"input": {"task": 2}}]),
+        lambda answer: {"rollouts": [_dumped(r) for r in answer]},
+        lambda c, _: c.count_rollouts(),
+        2,
+    ),
+    "dequeue": Case(
+        "/v1/rollouts/dequeue",
+        _queued_two,
+        lambda c, _: c.dequeue_rollouts(1, worker_id="w-1"),
+        lambda answer: {"claimed": [_dumped(a) for a in answer]},
+        lambda c, ids: ([len(c.get_attempts(rid)) for rid in ids], c.count_rollouts(RolloutFilter(status=["queuing"]))),
+        ([1, 0], 1),
+    ),
+    "cancel": Case(
+        "/v1/rollouts/cancel",
+        _queued_two,
+        lambda c, ids: c.cancel_rollout(ids[0]),
+        _dumped,
+        lambda c, ids: [c.get_rollout(rid).status for rid in ids],
+        ["cancelled", "queuing"],
+    ),
+    "add_resources": Case(
+        "/v1/resources",
+        lambda c: None,
+        lambda c, _: c.add_resources({"temperature": 0.5}),
+        _dumped,
+        lambda c, _: [r.version for r in c.query_resources()],
+        [1],
+    ),
+    "add_metrics": Case(
+        "/v1/metrics",
+        lambda c: None,
+        lambda c, _: c.add_metrics([MetricRecord(run_id="r", step=1, values={"loss": 0.5})]),
+        lambda answer: answer,
+        lambda c, _: len(c.query_metrics("r")),
+        1,
+    ),
 }
 
 
@@ -237,8 +259,9 @@ def test_retry_after_a_lost_reply_and_a_restart_gets_the_first_answer(rig, kind)
     assert service.proc.pid != first_pid, "the service was not restarted"
     (dropped,) = relay.dropped
     assert dropped.status in (200, 204), dropped.body
-    assert case.as_body(answer) == (json.loads(dropped.body) if dropped.body else None), \
+    assert case.as_body(answer) == (json.loads(dropped.body) if dropped.body else None), (
         "the retry's answer is not the answer that was lost"
+    )
     assert case.effect(client, stage) == case.expected, "the write was done twice (or not at all)"
 
 
@@ -252,4 +275,3 @@ def test_the_relay_really_drops_the_reply(rig):
     once.close()
     assert len(relay.dropped) == 1
     assert [r.items["t"].value for r in client.query_resources()] == [1], "the write was committed"
-

@@ -52,9 +52,13 @@ def kill_runners(tmp_path: Path, *, rollouts: int, kills: int, runners: int, con
 
     try:
         every = rollouts // kills
-        requests = [RolloutRequest(input={"x": i, "sleep": 0.05, "hang": i % every == every // 2},
-                                   **({"config": config} if config is not None else {}))
-                    for i in range(rollouts)]
+        requests = [
+            RolloutRequest(
+                input={"x": i, "sleep": 0.05, "hang": i % every == every // 2},
+                **({"config": config} if config is not None else {}),
+            )
+            for i in range(rollouts)
+        ]
         enqueued = client.enqueue_rollouts(requests)
         assert all(r.config == (config or RolloutConfig()) for r in enqueued)
         hanging = {r.rollout_id for r in enqueued if r.input["hang"]}
@@ -81,7 +85,9 @@ def kill_runners(tmp_path: Path, *, rollouts: int, kills: int, runners: int, con
         ids = [r.rollout_id for r in enqueued]
         done = client.wait_for_rollouts(ids, timeout=240)
         unfinished = sorted(set(ids) - {r.rollout_id for r in done})
-        assert not unfinished, f"lost: {len(unfinished)} rollout(s) never ended, e.g. {client.get_rollout(unfinished[0])}"
+        assert not unfinished, (
+            f"lost: {len(unfinished)} rollout(s) never ended, e.g. {client.get_rollout(unfinished[0])}"
+        )
         for rollout in done:
             attempts = client.get_attempts(rollout.rollout_id)
             statuses = [a.status for a in attempts]

@@ -63,9 +63,13 @@ class Writer(threading.Thread):
         try:
             while not self._halt.wait(0.2):
                 n += 1
-                requests = [RolloutRequest(input={"x": 2 * n + i, "sleep": 0.2},
-                                           **({"config": self.config} if self.config is not None else {}))
-                            for i in range(2)]
+                requests = [
+                    RolloutRequest(
+                        input={"x": 2 * n + i, "sleep": 0.2},
+                        **({"config": self.config} if self.config is not None else {}),
+                    )
+                    for i in range(2)
+                ]
                 try:
                     for rollout in self.client.enqueue_rollouts(requests):
                         self.rollouts[rollout.rollout_id] = rollout.input["x"]
@@ -92,8 +96,10 @@ def outages(tmp_path: Path, lengths: list[float], config: RolloutConfig | None) 
         writer.start()
         for length in lengths:
             succeeded = count_succeeded(client)
-            wait_until(lambda before=succeeded: all_alive(runners) and count_succeeded(client) >= before + 10,
-                       "rollouts succeed between outages")
+            wait_until(
+                lambda before=succeeded: all_alive(runners) and count_succeeded(client) >= before + 10,
+                "rollouts succeed between outages",
+            )
             assert service.kill() == -9
             time.sleep(length)
             service.start()
@@ -108,7 +114,9 @@ def outages(tmp_path: Path, lengths: list[float], config: RolloutConfig | None) 
         assert not missing, f"{len(missing)} acknowledged enqueue(s) lost"
         done = client.wait_for_rollouts(list(stored), timeout=240)
         unfinished = set(stored) - {r.rollout_id for r in done}
-        assert not unfinished, f"{len(unfinished)} rollout(s) never ended: {[stored[i] for i in sorted(unfinished)][:3]}"
+        assert not unfinished, (
+            f"{len(unfinished)} rollout(s) never ended: {[stored[i] for i in sorted(unfinished)][:3]}"
+        )
         for rollout in done:
             attempts = client.get_attempts(rollout.rollout_id)
             assert rollout.status == RolloutStatus.SUCCEEDED, (rollout, attempts)

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "COLUMNS": "160", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
 
 #: An Agent Lightning agent as its users write it; it records which resource name it found.
-LIT_AGENT = '''
+LIT_AGENT = """
 import agentlightning as agl
 
 
@@ -37,12 +37,19 @@ class LitEcho(agl.LitAgent):
 
 class PlainAgent:
     pass
-'''
+"""
 
 
 def agentgrad(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agentgrad", *args], check=False, cwd=cwd, env=ENV,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "agentgrad", *args],
+        check=False,
+        cwd=cwd,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture
@@ -71,8 +78,18 @@ def test_the_resource_name_is_the_flag_else_the_agents_else_llm() -> None:
 
 @pytest.mark.parametrize("runners", ["1", "2"], ids=["in-process", "runner-processes"])
 def test_dev_loads_a_lit_agent_class_under_the_alias(agent_dir: Path, stub_url: str, runners: str) -> None:
-    done = agentgrad("dev", "lit_agents:LitEcho", "--tasks", "tasks.jsonl", "--llm-endpoint", stub_url,
-                     "--n-runners", runners, "--json", cwd=agent_dir)
+    done = agentgrad(
+        "dev",
+        "lit_agents:LitEcho",
+        "--tasks",
+        "tasks.jsonl",
+        "--llm-endpoint",
+        stub_url,
+        "--n-runners",
+        runners,
+        "--json",
+        cwd=agent_dir,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["succeeded"] == 3 and report["reward_mean"] == pytest.approx(0.5)
@@ -84,8 +101,18 @@ def test_dev_names_a_class_that_is_not_an_agent(agent_dir: Path, stub_url: str) 
 
 
 def test_an_explicit_llm_resource_wins_over_the_agents(agent_dir: Path, stub_url: str) -> None:
-    done = agentgrad("dev", "lit_agents:LitEcho", "--tasks", "tasks.jsonl", "--llm-endpoint", stub_url,
-                     "--llm-resource", "other", "--json", cwd=agent_dir)
+    done = agentgrad(
+        "dev",
+        "lit_agents:LitEcho",
+        "--tasks",
+        "tasks.jsonl",
+        "--llm-endpoint",
+        stub_url,
+        "--llm-resource",
+        "other",
+        "--json",
+        cwd=agent_dir,
+    )
     assert done.returncode == 1  # the agent reads main_llm, and was told the LLM is "other"
     assert json.loads(done.stdout.strip().splitlines()[-1])["failed"] == 3
 
@@ -101,8 +128,17 @@ def test_runner_gives_a_lit_agent_the_proxy_as_main_llm(agent_dir: Path, stub_ur
     try:
         (rollout,) = store.enqueue_rollouts([RolloutRequest(input={"x": 0.5})])
         with LLMProxy(store, stub_url) as proxy:
-            done = agentgrad("runner", "lit_agents:LitEcho", "--store", f"sqlite://{agent_dir / 'store.db'}",
-                             "--proxy", proxy.url, "--max-rollouts", "1", cwd=agent_dir)
+            done = agentgrad(
+                "runner",
+                "lit_agents:LitEcho",
+                "--store",
+                f"sqlite://{agent_dir / 'store.db'}",
+                "--proxy",
+                proxy.url,
+                "--max-rollouts",
+                "1",
+                cwd=agent_dir,
+            )
         assert done.returncode == 0, done.stdout + done.stderr
         assert store.get_rollout(rollout.rollout_id).reward == 0.5
         (message,) = store.query_spans(rollout.rollout_id, name=semconv.SPAN_MESSAGE)
@@ -114,7 +150,7 @@ def test_runner_gives_a_lit_agent_the_proxy_as_main_llm(agent_dir: Path, stub_ur
 @pytest.mark.tiny_model
 def test_train_gives_a_lit_agent_the_policy_as_main_llm(agent_dir: Path, tiny_model_dir: Path) -> None:
     pytest.importorskip("torch")
-    (agent_dir / "lit_caller.py").write_text('''
+    (agent_dir / "lit_caller.py").write_text("""
 import openai
 import agentlightning as agl
 
@@ -132,11 +168,32 @@ class LitCaller(agl.LitAgent):
         reply = client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": "hi"}],
                                                max_tokens=4, temperature=llm.sampling_parameters["temperature"])
         return float(len(reply.choices[0].message.content or "") % 2)
-''')
+""")
     out = agent_dir / "run"
-    done = agentgrad("train", "lit_caller:LitCaller", "--model", str(tiny_model_dir), "--tasks", "tasks.jsonl",
-                     "--steps", "1", "--batch-size", "2", "--group-size", "2", "--val-every", "0",
-                     "--output-dir", str(out), "--runners", "1", "--concurrency", "4", cwd=agent_dir, timeout=280)
+    done = agentgrad(
+        "train",
+        "lit_caller:LitCaller",
+        "--model",
+        str(tiny_model_dir),
+        "--tasks",
+        "tasks.jsonl",
+        "--steps",
+        "1",
+        "--batch-size",
+        "2",
+        "--group-size",
+        "2",
+        "--val-every",
+        "0",
+        "--output-dir",
+        str(out),
+        "--runners",
+        "1",
+        "--concurrency",
+        "4",
+        cwd=agent_dir,
+        timeout=280,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads((out / "summary.json").read_text())["steps"] == 1
     assert "agent_match: ^call" in (out / "config.yaml").read_text()  # the LitAgent's trained_agents

@@ -15,13 +15,18 @@ import pytest
 pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "COLUMNS": "160", "OMP_NUM_THREADS": "1",
-       "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests" / "support")])}
+ENV = {
+    **os.environ,
+    "COLUMNS": "160",
+    "OMP_NUM_THREADS": "1",
+    "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests" / "support")]),
+}
 
 
 def agentgrad(*args: str, cwd: Path, timeout: float = 280) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agentgrad", *args], cwd=cwd, env=ENV, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "agentgrad", *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.fixture
@@ -35,9 +40,29 @@ def test_train_runs_exports_and_records_its_config(tmp_path: Path, tasks: Path, 
     config = tmp_path / "run.yaml"
     config.write_text("batch_size: 2\ngroup_size: 4\ntrain:\n  lr: 0.001\n")
     out = tmp_path / "run"
-    done = agentgrad("train", "train_agents:short_answer_agent", "--model", str(tiny_model_dir), "--tasks", str(tasks),
-                     "--val", str(tasks), "--config", str(config), "--steps", "2", "--val-every", "1",
-                     "--output-dir", str(out), "--runners", "1", "--concurrency", "8", cwd=tmp_path)
+    done = agentgrad(
+        "train",
+        "train_agents:short_answer_agent",
+        "--model",
+        str(tiny_model_dir),
+        "--tasks",
+        str(tasks),
+        "--val",
+        str(tasks),
+        "--config",
+        str(config),
+        "--steps",
+        "2",
+        "--val-every",
+        "1",
+        "--output-dir",
+        str(out),
+        "--runners",
+        "1",
+        "--concurrency",
+        "8",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     recorded = (out / "config.yaml").read_text()
     assert "steps: 2" in recorded and "batch_size: 2" in recorded and "lr: 0.001" in recorded  # file < flags
@@ -46,18 +71,47 @@ def test_train_runs_exports_and_records_its_config(tmp_path: Path, tasks: Path, 
     assert (out / "model" / "config.json").is_file() and (out / "best" / "config.json").is_file()
     assert "agentgrad serve-model" in done.stdout
 
-    scored = agentgrad("eval", "train_agents:short_answer_agent", "--model", str(out), "--tasks", str(tasks),
-                       "--runners", "1", "--json", cwd=tmp_path)  # a run directory: exported, then served
+    scored = agentgrad(
+        "eval",
+        "train_agents:short_answer_agent",
+        "--model",
+        str(out),
+        "--tasks",
+        str(tasks),
+        "--runners",
+        "1",
+        "--json",
+        cwd=tmp_path,
+    )  # a run directory: exported, then served
     assert scored.returncode in (0, 1), scored.stdout + scored.stderr
     report = json.loads(scored.stdout.strip().splitlines()[-1])
     assert report["total"] == 8 and report["llm_calls_per_rollout"] == 1.0
 
 
-def test_train_with_nothing_to_train_on_exits_nonzero_and_says_why(tmp_path: Path, tasks: Path,
-                                                                  tiny_model_dir: Path) -> None:
-    done = agentgrad("train", "train_agents:no_llm_agent", "--model", str(tiny_model_dir), "--tasks", str(tasks),
-                     "--steps", "1", "--batch-size", "2", "--group-size", "2", "--max-empty-retries", "0",
-                     "--output-dir", str(tmp_path / "run"), "--runners", "1", cwd=tmp_path)
+def test_train_with_nothing_to_train_on_exits_nonzero_and_says_why(
+    tmp_path: Path, tasks: Path, tiny_model_dir: Path
+) -> None:
+    done = agentgrad(
+        "train",
+        "train_agents:no_llm_agent",
+        "--model",
+        str(tiny_model_dir),
+        "--tasks",
+        str(tasks),
+        "--steps",
+        "1",
+        "--batch-size",
+        "2",
+        "--group-size",
+        "2",
+        "--max-empty-retries",
+        "0",
+        "--output-dir",
+        str(tmp_path / "run"),
+        "--runners",
+        "1",
+        cwd=tmp_path,
+    )
     assert done.returncode == 1
     assert "no usable LLM call" in done.stdout + done.stderr
 
@@ -65,24 +119,68 @@ def test_train_with_nothing_to_train_on_exits_nonzero_and_says_why(tmp_path: Pat
 def test_train_refuses_bad_input_before_starting(tmp_path: Path, tasks: Path, tiny_model_dir: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("batch_sise: 2\n")
-    done = agentgrad("train", "train_agents:short_answer_agent", "--model", str(tiny_model_dir), "--tasks", str(tasks),
-                     "--config", str(bad), "--output-dir", str(tmp_path / "run"), cwd=tmp_path, timeout=60)
+    done = agentgrad(
+        "train",
+        "train_agents:short_answer_agent",
+        "--model",
+        str(tiny_model_dir),
+        "--tasks",
+        str(tasks),
+        "--config",
+        str(bad),
+        "--output-dir",
+        str(tmp_path / "run"),
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert done.returncode == 1 and "batch_sise" in done.stderr and "batch_size" in done.stderr
     assert not (tmp_path / "run").exists()
-    missing = agentgrad("train", "train_agents:short_answer_agent", "--model", str(tmp_path / "nope"), "--tasks",
-                        str(tasks), "--output-dir", str(tmp_path / "run"), cwd=tmp_path, timeout=60)
+    missing = agentgrad(
+        "train",
+        "train_agents:short_answer_agent",
+        "--model",
+        str(tmp_path / "nope"),
+        "--tasks",
+        str(tasks),
+        "--output-dir",
+        str(tmp_path / "run"),
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert missing.returncode == 1 and "nope" in missing.stderr
 
 
-def test_train_algorithm_sft_trains_on_kept_rollouts_validates_and_exports(tmp_path: Path, tasks: Path,
-                                                                           tiny_model_dir: Path) -> None:
+def test_train_algorithm_sft_trains_on_kept_rollouts_validates_and_exports(
+    tmp_path: Path, tasks: Path, tiny_model_dir: Path
+) -> None:
     config = tmp_path / "sft.yaml"
     config.write_text("iterations: 2\nmin_reward: 0\nsamples_per_task: 2\nbatch_size: 4\n")
     out = tmp_path / "sft"
-    done = agentgrad("train", "train_agents:short_answer_agent", "--algorithm", "sft", "--model", str(tiny_model_dir),
-                     "--tasks", str(tasks), "--val", str(tasks), "--config", str(config), "--steps", "1",
-                     "--train.lr", "0.001", "--output-dir", str(out), "--runners", "1", "--concurrency", "8",
-                     cwd=tmp_path)
+    done = agentgrad(
+        "train",
+        "train_agents:short_answer_agent",
+        "--algorithm",
+        "sft",
+        "--model",
+        str(tiny_model_dir),
+        "--tasks",
+        str(tasks),
+        "--val",
+        str(tasks),
+        "--config",
+        str(config),
+        "--steps",
+        "1",
+        "--train.lr",
+        "0.001",
+        "--output-dir",
+        str(out),
+        "--runners",
+        "1",
+        "--concurrency",
+        "8",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["algorithm"] == "sft" and summary["iterations"] == 2 and summary["steps"] == 2
@@ -96,36 +194,82 @@ def test_train_algorithm_sft_trains_on_kept_rollouts_validates_and_exports(tmp_p
 
 
 def test_train_refuses_the_other_algorithms_settings(tmp_path: Path, tasks: Path, tiny_model_dir: Path) -> None:
-    grpo_flag = agentgrad("train", "train_agents:short_answer_agent", "--algorithm", "sft", "--model",
-                          str(tiny_model_dir), "--tasks", str(tasks), "--group-size", "2",
-                          "--output-dir", str(tmp_path / "a"), cwd=tmp_path, timeout=60)
+    grpo_flag = agentgrad(
+        "train",
+        "train_agents:short_answer_agent",
+        "--algorithm",
+        "sft",
+        "--model",
+        str(tiny_model_dir),
+        "--tasks",
+        str(tasks),
+        "--group-size",
+        "2",
+        "--output-dir",
+        str(tmp_path / "a"),
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert grpo_flag.returncode == 1 and "--group-size" in grpo_flag.stderr and "SFTConfig" in grpo_flag.stderr
-    sft_flag = agentgrad("train", "train_agents:short_answer_agent", "--model", str(tiny_model_dir), "--tasks",
-                         str(tasks), "--iterations", "2", "--output-dir", str(tmp_path / "b"), cwd=tmp_path, timeout=60)
+    sft_flag = agentgrad(
+        "train",
+        "train_agents:short_answer_agent",
+        "--model",
+        str(tiny_model_dir),
+        "--tasks",
+        str(tasks),
+        "--iterations",
+        "2",
+        "--output-dir",
+        str(tmp_path / "b"),
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert sft_flag.returncode == 1 and "--iterations" in sft_flag.stderr and "GRPOConfig" in sft_flag.stderr
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
-def test_train_algorithm_evaluate_is_eval_on_the_local_model(tmp_path: Path, tasks: Path,
-                                                             tiny_model_dir: Path) -> None:
-    done = agentgrad("train", "train_agents:short_answer_agent", "--algorithm", "evaluate", "--model",
-                     str(tiny_model_dir), "--tasks", str(tasks), "--runners", "1", "--llm-resource", "main_llm",
-                     cwd=tmp_path)
+def test_train_algorithm_evaluate_is_eval_on_the_local_model(tmp_path: Path, tasks: Path, tiny_model_dir: Path) -> None:
+    done = agentgrad(
+        "train",
+        "train_agents:short_answer_agent",
+        "--algorithm",
+        "evaluate",
+        "--model",
+        str(tiny_model_dir),
+        "--tasks",
+        str(tasks),
+        "--runners",
+        "1",
+        "--llm-resource",
+        "main_llm",
+        cwd=tmp_path,
+    )
     assert done.returncode in (0, 1), done.stdout + done.stderr
     assert re.search(r"total\s*│\s*8\b", done.stdout) and re.search(r"llm calls per rollout\s*│\s*1\b", done.stdout)
     assert "Traceback" not in done.stderr and not (tmp_path / "runs").exists()  # no GRPO output directory
 
 
 def test_train_algorithm_apo_points_to_agentgrad_apo(tmp_path: Path, tasks: Path, tiny_model_dir: Path) -> None:
-    done = agentgrad("train", "train_agents:short_answer_agent", "--algorithm", "apo", "--model",
-                     str(tiny_model_dir), "--tasks", str(tasks), "--output-dir", str(tmp_path / "run"),
-                     cwd=tmp_path, timeout=60)
+    done = agentgrad(
+        "train",
+        "train_agents:short_answer_agent",
+        "--algorithm",
+        "apo",
+        "--model",
+        str(tiny_model_dir),
+        "--tasks",
+        str(tasks),
+        "--output-dir",
+        str(tmp_path / "run"),
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert done.returncode == 1 and "agentgrad apo" in done.stderr and "critic" in done.stderr
     assert not (tmp_path / "run").exists()
 
 
-def test_train_publishes_to_a_model_server_started_elsewhere(tmp_path: Path, tasks: Path,
-                                                             tiny_model_dir: Path) -> None:
+def test_train_publishes_to_a_model_server_started_elsewhere(tmp_path: Path, tasks: Path, tiny_model_dir: Path) -> None:
     from agentgrad.inference.engine import Engine
     from agentgrad.inference.server import ModelServer
 
@@ -133,16 +277,47 @@ def test_train_publishes_to_a_model_server_started_elsewhere(tmp_path: Path, tas
     with ModelServer(engine) as server:  # as `agentgrad serve-model DIR` would serve it
         before = engine.model_version
         out = tmp_path / "run"
-        done = agentgrad("train", "train_agents:parity_agent", "--model", str(tiny_model_dir), "--tasks",
-                         str(tasks), "--upstream", server.base_url, "--steps", "2", "--batch-size", "2", "--group-size",
-                         "8", "--train.lr", "0.001", "--output-dir", str(out), "--runners", "1", cwd=tmp_path)
+        done = agentgrad(
+            "train",
+            "train_agents:parity_agent",
+            "--model",
+            str(tiny_model_dir),
+            "--tasks",
+            str(tasks),
+            "--upstream",
+            server.base_url,
+            "--steps",
+            "2",
+            "--batch-size",
+            "2",
+            "--group-size",
+            "8",
+            "--train.lr",
+            "0.001",
+            "--output-dir",
+            str(out),
+            "--runners",
+            "1",
+            cwd=tmp_path,
+        )
         assert done.returncode == 0, done.stdout + done.stderr
         assert json.loads((out / "summary.json").read_text())["steps"] == 2
         # every step that trained was published to the server, which serves it now
         assert engine.model_version != before and (out / "published" / engine.model_version).is_dir()
     engine.close()
 
-    refused = agentgrad("train", "train_agents:short_answer_agent", "--model", str(tiny_model_dir), "--tasks",
-                        str(tasks), "--upstream", "http://127.0.0.1:9", "--output-dir", str(tmp_path / "r2"),
-                        cwd=tmp_path, timeout=60)
+    refused = agentgrad(
+        "train",
+        "train_agents:short_answer_agent",
+        "--model",
+        str(tiny_model_dir),
+        "--tasks",
+        str(tasks),
+        "--upstream",
+        "http://127.0.0.1:9",
+        "--output-dir",
+        str(tmp_path / "r2"),
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert refused.returncode == 1 and "--upstream http://127.0.0.1:9" in refused.stderr + refused.stdout

@@ -26,21 +26,49 @@ FAST = {"poll_timeout": 0.05, "heartbeat_interval": 0.2}
 #: Agent Lightning's spider example config (examples/spider/train_sql_agent.py), model path local.
 SPIDER_CONFIG: dict[str, Any] = {
     "algorithm": {"adv_estimator": "grpo", "use_kl_in_reward": False},
-    "data": {"train_files": "data/train_spider.parquet", "val_files": "data/test_dev_500.parquet",
-             "train_batch_size": 32, "max_prompt_length": 4096, "max_response_length": 2048, "truncation": "error"},
+    "data": {
+        "train_files": "data/train_spider.parquet",
+        "val_files": "data/test_dev_500.parquet",
+        "train_batch_size": 32,
+        "max_prompt_length": 4096,
+        "max_response_length": 2048,
+        "truncation": "error",
+    },
     "actor_rollout_ref": {
-        "rollout": {"tensor_model_parallel_size": 1, "n": 4, "log_prob_micro_batch_size_per_gpu": 4,
-                    "multi_turn": {"format": "hermes"}, "name": "vllm", "gpu_memory_utilization": 0.8,
-                    "engine_kwargs": {"vllm": {"enable_auto_tool_choice": True, "tool_call_parser": "hermes"}}},
-        "actor": {"ppo_mini_batch_size": 32, "ppo_micro_batch_size_per_gpu": 4, "optim": {"lr": 1e-6},
-                  "use_kl_loss": False, "kl_loss_coef": 0.0, "entropy_coeff": 0, "clip_ratio_low": 0.2,
-                  "clip_ratio_high": 0.3, "fsdp_config": {"param_offload": True, "optimizer_offload": True}},
+        "rollout": {
+            "tensor_model_parallel_size": 1,
+            "n": 4,
+            "log_prob_micro_batch_size_per_gpu": 4,
+            "multi_turn": {"format": "hermes"},
+            "name": "vllm",
+            "gpu_memory_utilization": 0.8,
+            "engine_kwargs": {"vllm": {"enable_auto_tool_choice": True, "tool_call_parser": "hermes"}},
+        },
+        "actor": {
+            "ppo_mini_batch_size": 32,
+            "ppo_micro_batch_size_per_gpu": 4,
+            "optim": {"lr": 1e-6},
+            "use_kl_loss": False,
+            "kl_loss_coef": 0.0,
+            "entropy_coeff": 0,
+            "clip_ratio_low": 0.2,
+            "clip_ratio_high": 0.3,
+            "fsdp_config": {"param_offload": True, "optimizer_offload": True},
+        },
         "ref": {"log_prob_micro_batch_size_per_gpu": 8, "fsdp_config": {"param_offload": True}},
         "model": {"path": "models/qwen", "use_remove_padding": True, "enable_gradient_checkpointing": True},
     },
-    "trainer": {"n_gpus_per_node": 1, "val_before_train": True, "critic_warmup": 0, "logger": ["console", "wandb"],
-                "project_name": "AgentLightning", "experiment_name": "spider", "nnodes": 1, "test_freq": 32,
-                "total_epochs": 2},
+    "trainer": {
+        "n_gpus_per_node": 1,
+        "val_before_train": True,
+        "critic_warmup": 0,
+        "logger": ["console", "wandb"],
+        "project_name": "AgentLightning",
+        "experiment_name": "spider",
+        "nnodes": 1,
+        "test_freq": 32,
+        "total_epochs": 2,
+    },
 }
 
 
@@ -50,12 +78,14 @@ def quiet() -> Console:
 
 def dev(agent: Any, tasks: list[Any], resources: dict[str, Any] | None, mode: str = "train") -> tuple[Any, Any]:
     store = open_store("memory", watchdog=False)
-    report = AgTrainer(store, runner_options=FAST, console=quiet()).dev(agent, tasks, resources, mode=mode,
-                                                                      print_summary=False)
+    report = AgTrainer(store, runner_options=FAST, console=quiet()).dev(
+        agent, tasks, resources, mode=mode, print_summary=False
+    )
     return store, report
 
 
 # ---- types ------------------------------------------------------------------------------------------
+
 
 def test_sampling_parameters_are_kept_through_the_store_and_reach_the_agent(tmp_path: Path) -> None:
     seen: list[dict[str, Any]] = []
@@ -69,8 +99,9 @@ def test_sampling_parameters_are_kept_through_the_store_and_reach_the_agent(tmp_
     llm = agl.LLM(endpoint="http://up/v1", model="m", sampling_parameters={"temperature": 0.7, "max_tokens": 9})
     assert llm.sampling == {"temperature": 0.7, "max_tokens": 9}  # one setting, two names
     store = open_store(f"sqlite://{tmp_path / 's.db'}", watchdog=False)
-    report = AgTrainer(store, runner_options=FAST, console=quiet()).dev(agent, [1], {"main_llm": llm},
-                                                                       print_summary=False)
+    report = AgTrainer(store, runner_options=FAST, console=quiet()).dev(
+        agent, [1], {"main_llm": llm}, print_summary=False
+    )
     assert report.succeeded and seen == [{"temperature": 0.7, "max_tokens": 9}]
     assert store.get_latest_resources().items["main_llm"].sampling_parameters == {"temperature": 0.7, "max_tokens": 9}
     with pytest.raises(ValueError, match="one setting under two names"):
@@ -93,6 +124,7 @@ def test_prompt_templates_format_f_string_and_jinja_and_refuse_poml() -> None:
 
 # ---- LitAgent ---------------------------------------------------------------------------------------
 
+
 class ModeAgent(agl.LitAgent[dict]):
     """Training and validation differ; the agent reads what Agent Lightning agents read."""
 
@@ -107,8 +139,10 @@ class ModeAgent(agl.LitAgent[dict]):
         return 0.75
 
 
-RESOURCES = {"main_llm": agl.LLM(endpoint="http://up/v1", model="m"),
-             "prompt": agl.PromptTemplate(template="say {x}", engine="f-string")}
+RESOURCES = {
+    "main_llm": agl.LLM(endpoint="http://up/v1", model="m"),
+    "prompt": agl.PromptTemplate(template="say {x}", engine="f-string"),
+}
 
 
 def test_lit_agent_training_and_validation_rollouts() -> None:
@@ -195,29 +229,37 @@ def test_rollout_decorator_refuses_an_unknown_shape_and_ambiguous_resources() ->
 
 # ---- Trainer, VERL, APO ------------------------------------------------------------------------------
 
+
 def test_verl_maps_the_reference_config_onto_grpo() -> None:
     verl = agl.VERL(SPIDER_CONFIG)
     config = verl.grpo_config(100, "write|rewrite")
     assert str(verl.model_dir) == "models/qwen" and verl.trackers == ["wandb"]
     assert (config.batch_size, config.group_size, config.mini_batches, config.steps) == (32, 4, 1, 2 * (100 // 32))
-    assert (config.train.lr, config.train.clip_eps_low, config.train.clip_eps_high, config.train.kl_coef) == \
-        (1e-6, 0.2, 0.3, 0.0)
+    assert (config.train.lr, config.train.clip_eps_low, config.train.clip_eps_high, config.train.kl_coef) == (
+        1e-6,
+        0.2,
+        0.3,
+        0.0,
+    )
     assert config.sampling == {"temperature": 1.0, "max_tokens": 2048}
     assert (config.val_every, config.run_id, config.agent_match) == (32, "spider", "write|rewrite")
     assert "actor_rollout_ref.actor.fsdp_config" in verl.not_applied
     assert "FSDP" in verl.not_applied["actor_rollout_ref.actor.fsdp_config"]
 
 
-@pytest.mark.parametrize(("change", "match"), [
-    ({"algorithm": {"adv_estimator": "gae"}}, "GRPO"),
-    ({"algorithm": {"use_kl_in_reward": True}}, "use_kl_loss"),
-    ({"trainer": {"nnodes": 2}}, "one device"),
-    ({"trainer": {"total_epochs": 1, "val_before_train": False}}, "val_dataset"),
-    ({"actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 5}}}, "divide"),
-    ({"actor_rollout_ref": {"rollout": {"top_k": 20}}}, r"actor_rollout_ref\.rollout\.top_k"),
-    ({"trainer": {"logger": ["swanlab"]}}, "swanlab"),
-    ({"custom_reward_function": {"path": "r.py"}}, "custom_reward_function.path"),
-])
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"algorithm": {"adv_estimator": "gae"}}, "GRPO"),
+        ({"algorithm": {"use_kl_in_reward": True}}, "use_kl_loss"),
+        ({"trainer": {"nnodes": 2}}, "one device"),
+        ({"trainer": {"total_epochs": 1, "val_before_train": False}}, "val_dataset"),
+        ({"actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 5}}}, "divide"),
+        ({"actor_rollout_ref": {"rollout": {"top_k": 20}}}, r"actor_rollout_ref\.rollout\.top_k"),
+        ({"trainer": {"logger": ["swanlab"]}}, "swanlab"),
+        ({"custom_reward_function": {"path": "r.py"}}, "custom_reward_function.path"),
+    ],
+)
 def test_verl_refuses_keys_and_values_without_an_equivalent(change: dict[str, Any], match: str) -> None:
     config = {"actor_rollout_ref": {"model": {"path": "m"}}, **change}
     if "actor_rollout_ref" in change:
@@ -233,12 +275,31 @@ def test_apo_maps_the_client_onto_critic_and_editor() -> None:
         base_url = "http://critic/v1/"
         api_key = "k"
 
-    apo = agl.APO(Client(), gradient_model="g", apply_edit_model="e", beam_width=2, branch_factor=3, beam_rounds=1,
-                  gradient_batch_size=5, val_batch_size=6, diversity_temperature=0.3)
-    assert (apo.critic.model, apo.editor.model, apo.critic.base_url, apo.critic.api_key) == \
-        ("g", "e", "http://critic/v1/", "k")
-    assert (apo.beam_width, apo.branch_factor, apo.rounds, apo.train_batch_size, apo.val_batch_size,
-            apo.critic.temperature) == (2, 3, 1, 5, 6, 0.3)
+    apo = agl.APO(
+        Client(),
+        gradient_model="g",
+        apply_edit_model="e",
+        beam_width=2,
+        branch_factor=3,
+        beam_rounds=1,
+        gradient_batch_size=5,
+        val_batch_size=6,
+        diversity_temperature=0.3,
+    )
+    assert (apo.critic.model, apo.editor.model, apo.critic.base_url, apo.critic.api_key) == (
+        "g",
+        "e",
+        "http://critic/v1/",
+        "k",
+    )
+    assert (
+        apo.beam_width,
+        apo.branch_factor,
+        apo.rounds,
+        apo.train_batch_size,
+        apo.val_batch_size,
+        apo.critic.temperature,
+    ) == (2, 3, 1, 5, 6, 0.3)
     with pytest.raises(agl.UnsupportedError, match="POML|plain text"):
         agl.APO(Client(), _poml_trace=True)
     with pytest.raises(agl.UnsupportedError, match="seed prompt"):
@@ -248,11 +309,16 @@ def test_apo_maps_the_client_onto_critic_and_editor() -> None:
 def test_trainer_arguments() -> None:
     trainer = agl.Trainer(n_workers=3, adapter={"agent_match": "write"}, algorithm=agl.VERL(SPIDER_CONFIG))
     assert trainer.n_runners == 3 and trainer.adapter.agent_match == "write"
-    for kwargs, match in [({"tracer": object()}, "proxy"), ({"runner": object()}, "n_runners"),
-                          ({"n_runners": 1, "n_workers": 2}, "disagree"), ({"hooks": [object()]}, "Runner"),
-                          ({"adapter": {"agent_match": "x", "llm_call_match": "y"}}, "llm_call_match"),
-                          ({"algorithm": object()}, "VERL"), ({"adapter": agl.TraceToMessages()}, "APO"),
-                          ({"dev": True}, "trainer.dev")]:
+    for kwargs, match in [
+        ({"tracer": object()}, "proxy"),
+        ({"runner": object()}, "n_runners"),
+        ({"n_runners": 1, "n_workers": 2}, "disagree"),
+        ({"hooks": [object()]}, "Runner"),
+        ({"adapter": {"agent_match": "x", "llm_call_match": "y"}}, "llm_call_match"),
+        ({"algorithm": object()}, "VERL"),
+        ({"adapter": agl.TraceToMessages()}, "APO"),
+        ({"dev": True}, "trainer.dev"),
+    ]:
         with pytest.raises(agl.UnsupportedError, match=match):
             agl.Trainer(**kwargs)
     with pytest.raises(agl.UnsupportedError, match="algorithm"):
@@ -272,6 +338,7 @@ def test_trainer_dev_runs_a_function_agent_with_initial_resources() -> None:
 
 # ---- names and the alias ----------------------------------------------------------------------------
 
+
 def test_unsupported_names_say_what_to_use_instead() -> None:
     with pytest.raises(agl.UnsupportedError, match="open_store"):
         from agentgrad.compat.agentlightning import InMemoryLightningStore  # noqa: F401
@@ -283,12 +350,20 @@ def test_unsupported_names_say_what_to_use_instead() -> None:
 
 def run_python(code: str, cwd: Path, extra_path: str = "") -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (extra_path, str(ROOT / "src")) if p)}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], check=False, cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        check=False,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_the_alias_gives_import_agentlightning_when_none_is_installed(tmp_path: Path) -> None:
-    done = run_python("""
+    done = run_python(
+        """
         import agentgrad.compat
         assert agentgrad.compat.install_alias()
         import agentlightning as agl
@@ -297,7 +372,9 @@ def test_the_alias_gives_import_agentlightning_when_none_is_installed(tmp_path: 
         from agentgrad.compat import agentlightning as compat
         assert agl is compat and LitAgent is compat.LitAgent and APO is compat.APO
         print("ok")
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert done.stdout.strip() == "ok", done.stderr
 
 
@@ -305,11 +382,15 @@ def test_the_alias_never_shadows_a_real_agentlightning(tmp_path: Path) -> None:
     real = tmp_path / "site" / "agentlightning"
     real.mkdir(parents=True)
     (real / "__init__.py").write_text("REAL = True\n")
-    done = run_python("""
+    done = run_python(
+        """
         import agentgrad.compat
         assert agentgrad.compat.install_alias() is False
         import agentlightning
         assert agentlightning.REAL
         print("ok")
-    """, tmp_path, extra_path=str(tmp_path / "site"))
+    """,
+        tmp_path,
+        extra_path=str(tmp_path / "site"),
+    )
     assert done.stdout.strip() == "ok", done.stderr

@@ -31,14 +31,28 @@ def verl_config(model_dir: Path, out: Path, *, max_tokens: int = 24) -> dict[str
         "data": {"train_batch_size": 2, "max_prompt_length": 4096, "max_response_length": max_tokens},
         "actor_rollout_ref": {
             "rollout": {"n": 2, "name": "vllm", "tensor_model_parallel_size": 1, "gpu_memory_utilization": 0.6},
-            "actor": {"ppo_mini_batch_size": 2, "ppo_micro_batch_size_per_gpu": 4, "optim": {"lr": 1e-3},
-                      "use_kl_loss": False, "clip_ratio_low": 0.2, "clip_ratio_high": 0.3,
-                      "fsdp_config": {"param_offload": True}},
+            "actor": {
+                "ppo_mini_batch_size": 2,
+                "ppo_micro_batch_size_per_gpu": 4,
+                "optim": {"lr": 1e-3},
+                "use_kl_loss": False,
+                "clip_ratio_low": 0.2,
+                "clip_ratio_high": 0.3,
+                "fsdp_config": {"param_offload": True},
+            },
             "model": {"path": str(model_dir), "use_remove_padding": True},
         },
-        "trainer": {"n_gpus_per_node": 1, "val_before_train": True, "critic_warmup": 0, "logger": ["console"],
-                    "experiment_name": "compat", "total_training_steps": 1, "test_freq": 1, "device": "cpu",
-                    "default_local_dir": str(out)},
+        "trainer": {
+            "n_gpus_per_node": 1,
+            "val_before_train": True,
+            "critic_warmup": 0,
+            "logger": ["console"],
+            "experiment_name": "compat",
+            "total_training_steps": 1,
+            "test_freq": 1,
+            "device": "cpu",
+            "default_local_dir": str(out),
+        },
     }
 
 
@@ -48,12 +62,15 @@ def calls_of(store: Store, rollouts: list[Rollout]) -> list[Any]:
 
 def check_captured(store: Store, rollouts: list[Rollout], names: set[str]) -> list[Any]:
     """Every rollout succeeded with LLM calls; every call has token ids and one of ``names``."""
-    assert rollouts and all(r.status == RolloutStatus.SUCCEEDED for r in rollouts), \
-        [a.error for r in rollouts for a in store.get_attempts(r.rollout_id) if a.error]
+    assert rollouts and all(r.status == RolloutStatus.SUCCEEDED for r in rollouts), [
+        a.error for r in rollouts for a in store.get_attempts(r.rollout_id) if a.error
+    ]
     calls = calls_of(store, rollouts)
     assert all(r.llm_calls > 0 for r in rollouts)
-    assert all(s.attributes.get(semconv.LLM_PROMPT_TOKEN_IDS) and s.attributes.get(semconv.LLM_COMPLETION_TOKEN_IDS)
-               for s in calls)
+    assert all(
+        s.attributes.get(semconv.LLM_PROMPT_TOKEN_IDS) and s.attributes.get(semconv.LLM_COMPLETION_TOKEN_IDS)
+        for s in calls
+    )
     seen = {s.attributes.get(semconv.AGENT_NAME) for s in calls}
     assert seen <= names, f"agent names {seen}, expected among {names}"
     return calls
@@ -94,12 +111,17 @@ def sql_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.mark.parametrize("n_workers", [1, 2], ids=["in-process", "runner-processes"])
-def test_sql_agent_dev_captures_node_names(capture: Capture, sql_data: Path, load_example: Callable[..., ModuleType],
-                                           n_workers: int) -> None:
+def test_sql_agent_dev_captures_node_names(
+    capture: Capture, sql_data: Path, load_example: Callable[..., ModuleType], n_workers: int
+) -> None:
     example = load_example("sql_agent")
     agl = example.agl
-    trainer = agl.Trainer(n_workers=n_workers, initial_resources={"main_llm": agl.LLM(
-        endpoint=capture.engine_url, model="tiny", sampling_parameters={"temperature": 0.7})})
+    trainer = agl.Trainer(
+        n_workers=n_workers,
+        initial_resources={
+            "main_llm": agl.LLM(endpoint=capture.engine_url, model="tiny", sampling_parameters={"temperature": 0.7})
+        },
+    )
     report = trainer.dev(example.LitSQLAgent(), example.TASKS[:2])
     rollouts = [trainer.store.get_rollout(r.rollout_id) for r in report.rollouts]
     calls = check_captured(trainer.store, rollouts, SQL_NAMES)
@@ -109,13 +131,21 @@ def test_sql_agent_dev_captures_node_names(capture: Capture, sql_data: Path, loa
 
 @pytest.mark.parametrize("n_runners", [1, 2], ids=["in-process", "runner-processes"])
 def test_sql_agent_fit_with_verl_trains_only_writer_and_rewriter(
-        tiny_model_dir: Path, tmp_path: Path, sql_data: Path, load_example: Callable[..., ModuleType],
-        agentlightning_alias: ModuleType, n_runners: int) -> None:
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    sql_data: Path,
+    load_example: Callable[..., ModuleType],
+    agentlightning_alias: ModuleType,
+    n_runners: int,
+) -> None:
     example = load_example("sql_agent", alias=True)  # `import agentlightning as agl`, as Agent Lightning users write
     agl = example.agl
     assert agl is agentlightning_alias
-    trainer = agl.Trainer(n_runners=n_runners, algorithm=agl.VERL(verl_config(tiny_model_dir, tmp_path / "run")),
-                          adapter={"agent_match": "write|rewrite"})
+    trainer = agl.Trainer(
+        n_runners=n_runners,
+        algorithm=agl.VERL(verl_config(tiny_model_dir, tmp_path / "run")),
+        adapter={"agent_match": "write|rewrite"},
+    )
     result = trainer.fit(example.LitSQLAgent(), train_dataset=example.TASKS[:2], val_dataset=example.TASKS[2:3])
     assert result.steps == 1 and [step for step, _ in result.validation] == [0, 1]
     rollouts = train_rollouts(trainer.store)
@@ -130,22 +160,35 @@ def test_sql_agent_fit_with_verl_trains_only_writer_and_rewriter(
 
 # ---- the AutoGen calculator agent (calc_x) ----------------------------------------------------------
 
-def test_autogen_calc_agent_dev_and_fit(capture: Capture, tiny_model_dir: Path, tmp_path: Path,
-                                        load_example: Callable[..., ModuleType]) -> None:
+
+def test_autogen_calc_agent_dev_and_fit(
+    capture: Capture, tiny_model_dir: Path, tmp_path: Path, load_example: Callable[..., ModuleType]
+) -> None:
     pytest.importorskip("autogen_agentchat")
     example = load_example("calc_agent")
     agl = example.agl
-    tasks = [{"id": "a", "question": "What is 12 + 7?", "result": "19"},
-             {"id": "b", "question": "Calculate 6 * 7.", "result": "42"}]
-    trainer = agl.Trainer(n_workers=1, initial_resources={"main_llm": agl.LLM(
-        endpoint=capture.engine_url, model="tiny", sampling_parameters={"temperature": 0.0, "max_tokens": 48})})
+    tasks = [
+        {"id": "a", "question": "What is 12 + 7?", "result": "19"},
+        {"id": "b", "question": "Calculate 6 * 7.", "result": "42"},
+    ]
+    trainer = agl.Trainer(
+        n_workers=1,
+        initial_resources={
+            "main_llm": agl.LLM(
+                endpoint=capture.engine_url, model="tiny", sampling_parameters={"temperature": 0.0, "max_tokens": 48}
+            )
+        },
+    )
     report = trainer.dev(example.calc_agent, tasks)
     rollouts = [trainer.store.get_rollout(r.rollout_id) for r in report.rollouts]
     check_captured(trainer.store, rollouts, {"calc"})
     assert all(r.reward is not None for r in rollouts)  # emitted with agl.emit_reward
 
-    fit = agl.Trainer(n_runners=1, algorithm=agl.VERL(verl_config(tiny_model_dir, tmp_path / "run", max_tokens=16)),
-                      adapter={"agent_match": "^calc$"})
+    fit = agl.Trainer(
+        n_runners=1,
+        algorithm=agl.VERL(verl_config(tiny_model_dir, tmp_path / "run", max_tokens=16)),
+        adapter={"agent_match": "^calc$"},
+    )
     assert fit.fit(example.calc_agent, train_dataset=tasks).steps == 1
     rollouts = train_rollouts(fit.store)
     check_captured(fit.store, rollouts, {"calc"})
@@ -154,22 +197,36 @@ def test_autogen_calc_agent_dev_and_fit(capture: Capture, tiny_model_dir: Path, 
 
 # ---- the OpenAI Agents SDK agent --------------------------------------------------------------------
 
-def test_agents_sdk_agent_dev_and_fit(capture: Capture, tiny_model_dir: Path, tmp_path: Path,
-                                      load_example: Callable[..., ModuleType],
-                                      agentlightning_alias: ModuleType) -> None:
+
+def test_agents_sdk_agent_dev_and_fit(
+    capture: Capture,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    load_example: Callable[..., ModuleType],
+    agentlightning_alias: ModuleType,
+) -> None:
     pytest.importorskip("agents")
     example = load_example("agents_sdk_agent", alias=True)
     agl = example.agl
     tasks = [{"question": "What is 12 + 7?", "answer": 19}, {"question": "Calculate 6 * 7.", "answer": 42}]
-    trainer = agl.Trainer(n_workers=1, initial_resources={"main_llm": agl.LLM(
-        endpoint=capture.engine_url, model="tiny", sampling_parameters={"temperature": 0.0, "max_tokens": 24})})
+    trainer = agl.Trainer(
+        n_workers=1,
+        initial_resources={
+            "main_llm": agl.LLM(
+                endpoint=capture.engine_url, model="tiny", sampling_parameters={"temperature": 0.0, "max_tokens": 24}
+            )
+        },
+    )
     report = trainer.dev(example.LitMathAgent(), tasks)
     rollouts = [trainer.store.get_rollout(r.rollout_id) for r in report.rollouts]
     calls = check_captured(trainer.store, rollouts, {"triage", "math"})
     assert "triage" in {s.attributes[semconv.AGENT_NAME] for s in calls}  # the SDK's Agent.name
 
-    fit = agl.Trainer(n_runners=1, algorithm=agl.VERL(verl_config(tiny_model_dir, tmp_path / "run", max_tokens=16)),
-                      adapter={"agent_match": "triage"})
+    fit = agl.Trainer(
+        n_runners=1,
+        algorithm=agl.VERL(verl_config(tiny_model_dir, tmp_path / "run", max_tokens=16)),
+        adapter={"agent_match": "triage"},
+    )
     assert fit.fit(example.LitMathAgent(), train_dataset=tasks).steps == 1
     rollouts = train_rollouts(fit.store)
     check_captured(fit.store, rollouts, {"triage", "math"})
@@ -178,8 +235,10 @@ def test_agents_sdk_agent_dev_and_fit(capture: Capture, tiny_model_dir: Path, tm
 
 # ---- the APO room selector --------------------------------------------------------------------------
 
-def test_room_selector_dev_and_apo_fit(capture: Capture, load_example: Callable[..., ModuleType],
-                                       monkeypatch: pytest.MonkeyPatch) -> None:
+
+def test_room_selector_dev_and_apo_fit(
+    capture: Capture, load_example: Callable[..., ModuleType], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from openai import AsyncOpenAI
 
     from agentgrad.testing.stub import StubUpstream
@@ -189,19 +248,32 @@ def test_room_selector_dev_and_apo_fit(capture: Capture, load_example: Callable[
     monkeypatch.setenv("OPENAI_BASE_URL", capture.proxy.url + "/v1")  # the agent's OpenAI() → the capture proxy
     monkeypatch.setenv("OPENAI_API_KEY", "dummy")
     seed = example.prompt_template_baseline()
-    trainer = agl.Trainer(n_workers=1, store=capture.store, llm_proxy=capture.proxy,
-                          initial_resources={"prompt_template": seed})
+    trainer = agl.Trainer(
+        n_workers=1, store=capture.store, llm_proxy=capture.proxy, initial_resources={"prompt_template": seed}
+    )
     report = trainer.dev(example.room_selector, example.TASKS[:2])
     rollouts = [capture.store.get_rollout(r.rollout_id) for r in report.rollouts]
     check_captured(capture.store, rollouts, {"room_selector"})  # a plain OpenAI call: the rollout's agent name
 
     edit = "Book a free room at {time} for {attendees} people needing {needs}; name it."
     with StubUpstream([f"Say which room. <prompt>{edit}</prompt>"]) as critic:
-        algo = agl.APO(AsyncOpenAI(base_url=f"http://127.0.0.1:{critic.port}/v1", api_key="dummy"),
-                       val_batch_size=2, gradient_batch_size=2, beam_width=1, branch_factor=1, beam_rounds=1,
-                       rollout_batch_timeout=120)
-        fit = agl.Trainer(algorithm=algo, n_runners=1, store=capture.store, llm_proxy=capture.proxy,
-                          initial_resources={"prompt_template": seed}, adapter=agl.TraceToMessages())
+        algo = agl.APO(
+            AsyncOpenAI(base_url=f"http://127.0.0.1:{critic.port}/v1", api_key="dummy"),
+            val_batch_size=2,
+            gradient_batch_size=2,
+            beam_width=1,
+            branch_factor=1,
+            beam_rounds=1,
+            rollout_batch_timeout=120,
+        )
+        fit = agl.Trainer(
+            algorithm=algo,
+            n_runners=1,
+            store=capture.store,
+            llm_proxy=capture.proxy,
+            initial_resources={"prompt_template": seed},
+            adapter=agl.TraceToMessages(),
+        )
         result = fit.fit(example.room_selector, train_dataset=example.TASKS[:2], val_dataset=example.TASKS[2:])
     assert {c.template.template for c in result.candidates} == {seed.template, edit}
     assert result.best.score is not None and len(critic.requests) == 2  # one critique, one edit

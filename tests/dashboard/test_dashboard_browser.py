@@ -48,8 +48,16 @@ from agentgrad.types import LLM, MetricRecord, PromptTemplate, Resources, Rollou
 TOKEN = "dashboard-test-token"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "dashboard"
 DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 XSS_QUESTION = 'What is 2 + 3? <img src=x onerror="window.__xss = 1"><script>window.__xss = 1</script>'
 TASKS = [
     {"question": "What is 12 + 7?", "answer": 19},
@@ -69,33 +77,50 @@ def chat(engine: Any, llm: LLM, messages: list[dict[str, Any]]) -> str:
     text = tokenizer.apply_chat_template(messages, tools=[CALCULATOR_TOOL], add_generation_prompt=True, tokenize=False)
     prompt_ids = tokenizer.encode(text, add_special_tokens=False)
     started = time.time()
-    result = engine.generate(prompt_ids, SamplingParams(max_tokens=20, temperature=1.0, seed=len(prompt_ids),
-                                                        logprobs=0))
+    result = engine.generate(
+        prompt_ids, SamplingParams(max_tokens=20, temperature=1.0, seed=len(prompt_ids), logprobs=0)
+    )
     request = {"model": llm.model, "messages": messages, "tools": [CALCULATOR_TOOL], "logprobs": True}
     response = {
-        "object": "chat.completion", "model": llm.model,
-        "choices": [{"index": 0, "finish_reason": result.finish_reason,
-                     "message": {"role": "assistant", "content": result.text},
-                     "logprobs": {"content": [{"token": tokenizer.decode([t]), "logprob": lp}
-                                              for t, lp in zip(result.token_ids, result.logprobs, strict=True)]}}],
+        "object": "chat.completion",
+        "model": llm.model,
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": result.finish_reason,
+                "message": {"role": "assistant", "content": result.text},
+                "logprobs": {
+                    "content": [
+                        {"token": tokenizer.decode([t]), "logprob": lp}
+                        for t, lp in zip(result.token_ids, result.logprobs, strict=True)
+                    ]
+                },
+            }
+        ],
         "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(result.token_ids)},
     }
-    context.store.add_span(Span(
-        rollout_id=context.rollout_id, attempt_id=context.attempt_id, parent_id=context.parent_span_id,
-        name=semconv.SPAN_LLM_CALL, start_time=started, end_time=time.time(),
-        attributes={
-            semconv.LLM_PROMPT_TOKEN_IDS: result.prompt_token_ids,
-            semconv.LLM_COMPLETION_TOKEN_IDS: result.token_ids,
-            semconv.LLM_LOGPROBS: result.logprobs,
-            semconv.LLM_REQUEST: json.dumps(request),
-            semconv.LLM_RESPONSE: json.dumps(response),
-            semconv.MODEL_VERSION: result.model_version,
-            semconv.GEN_AI_SYSTEM: "agentgrad",
-            semconv.GEN_AI_REQUEST_MODEL: llm.model,
-            semconv.GEN_AI_RESPONSE_MODEL: llm.model,
-            semconv.AGENT_NAME: context.agent_name or "",
-        },
-    ))
+    context.store.add_span(
+        Span(
+            rollout_id=context.rollout_id,
+            attempt_id=context.attempt_id,
+            parent_id=context.parent_span_id,
+            name=semconv.SPAN_LLM_CALL,
+            start_time=started,
+            end_time=time.time(),
+            attributes={
+                semconv.LLM_PROMPT_TOKEN_IDS: result.prompt_token_ids,
+                semconv.LLM_COMPLETION_TOKEN_IDS: result.token_ids,
+                semconv.LLM_LOGPROBS: result.logprobs,
+                semconv.LLM_REQUEST: json.dumps(request),
+                semconv.LLM_RESPONSE: json.dumps(response),
+                semconv.MODEL_VERSION: result.model_version,
+                semconv.GEN_AI_SYSTEM: "agentgrad",
+                semconv.GEN_AI_REQUEST_MODEL: llm.model,
+                semconv.GEN_AI_RESPONSE_MODEL: llm.model,
+                semconv.AGENT_NAME: context.agent_name or "",
+            },
+        )
+    )
     return result.text
 
 
@@ -112,13 +137,17 @@ def make_agent(engine: Any) -> Any:
         prompt = resources.get("prompt")
         with agent("solver"):
             with operation("ask", question=task["question"]) as op:
-                messages = [{"role": "system", "content": prompt.format()},
-                            {"role": "user", "content": task["question"]}]
+                messages = [
+                    {"role": "system", "content": prompt.format()},
+                    {"role": "user", "content": task["question"]},
+                ]
                 reply = chat(engine, llm, messages)
                 if task.get("two_calls"):  # the tool's answer goes back for a second call
                     emit_reward(0.1)
-                    messages += [{"role": "assistant", "content": reply},
-                                 {"role": "tool", "content": "Error: the calculator needs an expression"}]
+                    messages += [
+                        {"role": "assistant", "content": reply},
+                        {"role": "tool", "content": "Error: the calculator needs an expression"},
+                    ]
                     reply = chat(engine, llm, messages)
                 op.set_output(reply)
             with operation("check"):
@@ -161,23 +190,54 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     engine = Engine(random_tiny_model(root / "model"), version="tiny-v1")
     store = open_store(f"sqlite:///{root / 'store.db'}")
     try:
-        resources = {"llm": LLM(endpoint="http://127.0.0.1:1/v1", model="tiny-calc", api_key="sk-do-not-show"),
-                     "prompt": PromptTemplate(template=SYSTEM_PROMPT)}
-        Trainer(store).dev(make_agent(engine), TASKS, resources, config=RolloutConfig(max_attempts=2), timeout=240,
-                           print_summary=False)
+        resources = {
+            "llm": LLM(endpoint="http://127.0.0.1:1/v1", model="tiny-calc", api_key="sk-do-not-show"),
+            "prompt": PromptTemplate(template=SYSTEM_PROMPT),
+        }
+        Trainer(store).dev(
+            make_agent(engine), TASKS, resources, config=RolloutConfig(max_attempts=2), timeout=240, print_summary=False
+        )
         store.add_resources({**resources, "prompt": PromptTemplate(template=SYSTEM_PROMPT + " Answer briefly.")})
-        store.add_metrics([MetricRecord(run_id="grpo-demo", step=step, values={
-            "reward/mean": 0.3 + 0.4 * (1 - 0.85 ** step), "success_rate": 0.2 + 0.5 * (1 - 0.9 ** step),
-            "loss": 1.5 * 0.9 ** step, "kl": 0.002 * step, "throughput/tokens_per_s": 800 + 10 * (step % 5),
-        }) for step in range(30)])
-        store.add_metrics([MetricRecord(run_id="grpo-demo-b", step=step, values={
-            "reward/mean": 0.3 + 0.25 * (1 - 0.8 ** step), "success_rate": 0.2 + 0.3 * (1 - 0.9 ** step),
-            "loss": 1.4 * 0.92 ** step, "kl": 0.003 * step, "throughput/tokens_per_s": 760 + 8 * (step % 4),
-        }) for step in range(24)])
+        store.add_metrics(
+            [
+                MetricRecord(
+                    run_id="grpo-demo",
+                    step=step,
+                    values={
+                        "reward/mean": 0.3 + 0.4 * (1 - 0.85**step),
+                        "success_rate": 0.2 + 0.5 * (1 - 0.9**step),
+                        "loss": 1.5 * 0.9**step,
+                        "kl": 0.002 * step,
+                        "throughput/tokens_per_s": 800 + 10 * (step % 5),
+                    },
+                )
+                for step in range(30)
+            ]
+        )
+        store.add_metrics(
+            [
+                MetricRecord(
+                    run_id="grpo-demo-b",
+                    step=step,
+                    values={
+                        "reward/mean": 0.3 + 0.25 * (1 - 0.8**step),
+                        "success_rate": 0.2 + 0.3 * (1 - 0.9**step),
+                        "loss": 1.4 * 0.92**step,
+                        "kl": 0.003 * step,
+                        "throughput/tokens_per_s": 760 + 8 * (step % 4),
+                    },
+                )
+                for step in range(24)
+            ]
+        )
         by_question = {r.input["question"]: r.rollout_id for r in store.query_rollouts()}
-        ids = {"llm": by_question[TASKS[0]["question"]], "xss": by_question[XSS_QUESTION],
-               "flaky": by_question[TASKS[2]["question"]], "skip": by_question[TASKS[3]["question"]],
-               "two": by_question[TASKS[4]["question"]]}
+        ids = {
+            "llm": by_question[TASKS[0]["question"]],
+            "xss": by_question[XSS_QUESTION],
+            "flaky": by_question[TASKS[2]["question"]],
+            "skip": by_question[TASKS[3]["question"]],
+            "two": by_question[TASKS[4]["question"]],
+        }
         for server_url in _serve(store, TOKEN, {"tiny-calc": root / "model"}):
             yield Run(store, server_url, ids)
     finally:
@@ -343,8 +403,14 @@ def test_resources_diff(page: Any) -> None:
 
 
 def test_runners(page: Any, run: Run) -> None:
-    run.store.update_worker(Worker(worker_id="gpu-runner-1", status="busy", current_rollout_id=run.rollout_ids["llm"],
-                                   metadata={"pid": 1234, "concurrency": 4}))
+    run.store.update_worker(
+        Worker(
+            worker_id="gpu-runner-1",
+            status="busy",
+            current_rollout_id=run.rollout_ids["llm"],
+            metadata={"pid": 1234, "concurrency": 4},
+        )
+    )
     page.click("nav a:has-text('Runners')")
     rows = page.locator("table.runners tbody tr")
     assert rows.count() == 2  # the real runner (stopped after dev) and the busy one

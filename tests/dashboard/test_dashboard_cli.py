@@ -26,10 +26,18 @@ def test_dashboard_command_serves_a_store_file_and_stops_on_sigterm(tmp_path: Pa
     url = f"sqlite:///{tmp_path / 'store.db'}"
     with open_store(url, watchdog=False) as store:
         fill_by_hand(store)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
-           "AGENTGRAD_TOKEN": "cli-token"}
-    process = subprocess.Popen([sys.executable, "-m", "agentgrad", "dashboard", "--store", url, "--port", "0"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+        "AGENTGRAD_TOKEN": "cli-token",
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "agentgrad", "dashboard", "--store", url, "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         line = process.stdout.readline() if process.stdout else ""
         match = re.search(r"(http://127\.0\.0\.1:\d+)/dashboard/", line)

@@ -48,30 +48,34 @@ def test_rollouts_table_shows_every_rollout_with_its_columns(client: TestClient,
     assert response.headers["referrer-policy"] == "no-referrer"
 
 
-@pytest.mark.parametrize(("query", "expected", "absent"), [
-    ("status=queuing", ["ro-queued"], ["ro-good", "ro-empty"]),
-    ("status=succeeded&mode=val", ["ro-empty"], ["ro-good", "ro-queued"]),
-    ("no_llm=1", ["ro-empty", "ro-retried"], ["ro-good", "ro-queued"]),
-    ("status=bogus", ["ro-good", "ro-queued"], []),  # unknown values are ignored, not errors
-])
+@pytest.mark.parametrize(
+    ("query", "expected", "absent"),
+    [
+        ("status=queuing", ["ro-queued"], ["ro-good", "ro-empty"]),
+        ("status=succeeded&mode=val", ["ro-empty"], ["ro-good", "ro-queued"]),
+        ("no_llm=1", ["ro-empty", "ro-retried"], ["ro-good", "ro-queued"]),
+        ("status=bogus", ["ro-good", "ro-queued"], []),  # unknown values are ignored, not errors
+    ],
+)
 def test_rollouts_filters(client: TestClient, query: str, expected: list[str], absent: list[str]) -> None:
     html = client.get(f"/dashboard/rollouts?{query}").text
     for rollout_id in expected:
-        assert f"/dashboard/rollouts/{rollout_id}\"" in html
+        assert f'/dashboard/rollouts/{rollout_id}"' in html
     for rollout_id in absent:
-        assert f"/dashboard/rollouts/{rollout_id}\"" not in html
+        assert f'/dashboard/rollouts/{rollout_id}"' not in html
 
 
 def test_rollouts_sort_and_paging(client: TestClient) -> None:
     html = client.get("/dashboard/rollouts?sort=reward&order=desc&per_page=25").text
-    order = [html.index(f"/dashboard/rollouts/{r}\"") for r in ("ro-good", "ro-retried", "ro-empty")]
+    order = [html.index(f'/dashboard/rollouts/{r}"') for r in ("ro-good", "ro-retried", "ro-empty")]
     assert order == sorted(order)  # rewards 1.0, 0.5, 0.0
     # Two per page is not an offered size; 25 is used, so one page and no pager.
     assert 'rel="next"' not in html
     ascending = client.get("/dashboard/rollouts?sort=rollout_id&order=asc").text
     ids = ["ro-empty", "ro-good", "ro-queued", "ro-retried"]
-    assert [ascending.index(f"/dashboard/rollouts/{r}\"") for r in ids] == sorted(
-        ascending.index(f"/dashboard/rollouts/{r}\"") for r in ids)
+    assert [ascending.index(f'/dashboard/rollouts/{r}"') for r in ids] == sorted(
+        ascending.index(f'/dashboard/rollouts/{r}"') for r in ids
+    )
 
 
 def test_rollouts_pager(filled: Filled) -> None:
@@ -86,7 +90,7 @@ def test_rollouts_pager(filled: Filled) -> None:
 
 def test_rollouts_partial_is_only_the_table(client: TestClient) -> None:
     html = client.get("/dashboard/rollouts?partial=table").text
-    assert html.lstrip().startswith("<p class=\"count\">") and "<html" not in html
+    assert html.lstrip().startswith('<p class="count">') and "<html" not in html
     assert "/dashboard/rollouts/ro-good" in html
 
 
@@ -138,14 +142,21 @@ def test_a_malformed_llm_call_span_is_shown_and_flagged() -> None:
     store = MemoryStore(watchdog_interval=None)
     store.enqueue_rollout({"q": "malformed"}, rollout_id="ro-bad")
     (claimed,) = store.dequeue_rollouts(1, worker_id="worker-b")
-    store.add_span(Span(rollout_id="ro-bad", attempt_id=claimed.attempt.attempt_id, span_id="bad1",
-                        name=semconv.SPAN_LLM_CALL, attributes={
-                            semconv.LLM_PROMPT_TOKEN_IDS: [1, True, 3],
-                            semconv.LLM_COMPLETION_TOKEN_IDS: [4, 5.5],
-                            semconv.LLM_LOGPROBS: "not json",
-                            semconv.LLM_REQUEST: "plain text, not a JSON object",
-                            semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 2,
-                        }))
+    store.add_span(
+        Span(
+            rollout_id="ro-bad",
+            attempt_id=claimed.attempt.attempt_id,
+            span_id="bad1",
+            name=semconv.SPAN_LLM_CALL,
+            attributes={
+                semconv.LLM_PROMPT_TOKEN_IDS: [1, True, 3],
+                semconv.LLM_COMPLETION_TOKEN_IDS: [4, 5.5],
+                semconv.LLM_LOGPROBS: "not json",
+                semconv.LLM_REQUEST: "plain text, not a JSON object",
+                semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 2,
+            },
+        )
+    )
     response = TestClient(create_app(store)).get("/dashboard/rollouts/ro-bad")
     assert response.status_code == 200
     html = response.text
@@ -217,10 +228,22 @@ def locked(filled: Filled) -> TestClient:
     return TestClient(create_app(filled.store, token="s3cret"))
 
 
-@pytest.mark.parametrize("path", ["/dashboard/rollouts", "/dashboard/rollouts/ro-good", "/dashboard/training",
-                                  "/dashboard/resources", "/dashboard/runners", "/dashboard/rollouts?partial=table",
-                                  "/dashboard/rollouts/nope", "/dashboard/runs", "/dashboard/prompts",
-                                  "/dashboard/groups/g1", "/dashboard/replay/ro-good"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/dashboard/rollouts",
+        "/dashboard/rollouts/ro-good",
+        "/dashboard/training",
+        "/dashboard/resources",
+        "/dashboard/runners",
+        "/dashboard/rollouts?partial=table",
+        "/dashboard/rollouts/nope",
+        "/dashboard/runs",
+        "/dashboard/prompts",
+        "/dashboard/groups/g1",
+        "/dashboard/replay/ro-good",
+    ],
+)
 def test_token_required_for_every_page(locked: TestClient, path: str) -> None:
     response = locked.get(path)
     assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
@@ -255,7 +278,9 @@ def test_router_mounts_in_another_app(filled: Filled) -> None:
 
 
 def test_importing_the_package_stays_light() -> None:
-    code = ("import sys, agentgrad, agentgrad.dashboard, agentgrad.cli.dashboard; "
-            "print(sorted(m for m in ('fastapi', 'jinja2', 'starlette') if m in sys.modules))")
+    code = (
+        "import sys, agentgrad, agentgrad.dashboard, agentgrad.cli.dashboard; "
+        "print(sorted(m for m in ('fastapi', 'jinja2', 'starlette') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -47,6 +47,7 @@ def rows_of(html: str, table: str) -> list[str]:
 
 # ---- runs -----------------------------------------------------------------------------------
 
+
 def test_runs_table_lists_every_run_with_algorithm_model_steps_and_validation(client: TestClient) -> None:
     html = client.get("/dashboard/runs").text
     rows = {re.search(r'value="([^"]+)"', row)[1]: row for row in rows_of(html, "runs")}
@@ -86,7 +87,7 @@ def test_two_runs_overlay_on_shared_labelled_axes(client: TestClient) -> None:
     assert x_ticks[0] == "0" and x_ticks[-1] == "10" and y_ticks[0] == "0" and float(y_ticks[-1]) >= 1.0
     assert chart.count("<line") >= len(x_ticks) + len(y_ticks) + 2  # gridlines and both axes
     assert ">step</text>" in chart and ">reward/mean</text>" in chart
-    assert html.count('checked aria') == 0 and html.count(" checked>") == 2  # both runs stay ticked
+    assert html.count("checked aria") == 0 and html.count(" checked>") == 2  # both runs stay ticked
 
 
 def test_unknown_runs_are_left_out_of_the_comparison(client: TestClient) -> None:
@@ -119,6 +120,7 @@ def test_nice_ticks_cover_the_range_with_round_steps() -> None:
 
 
 # ---- rollouts, groups -----------------------------------------------------------------------
+
 
 def test_rollouts_table_has_task_run_step_group_and_agent_columns(client: TestClient, runs: Runs) -> None:
     group = "grpo-a-s2-t0-r0"
@@ -165,6 +167,7 @@ def test_rollout_page_links_its_group_and_run(client: TestClient, runs: Runs) ->
 
 # ---- tokens, credit, replay, framework spans -------------------------------------------------
 
+
 def test_completion_tokens_are_decoded_and_coloured_on_a_log_scale(client: TestClient, runs: Runs) -> None:
     html = client.get(f"/dashboard/rollouts/{runs.two_calls}").text
     card = html.split('id="llm-call-2"', 1)[1]
@@ -188,13 +191,16 @@ def test_surprisal_levels_and_legend() -> None:
     assert TokenDecoder({"*": TOKENIZER}).decode("other", [10**9]) is None  # not this vocabulary
 
 
-@pytest.mark.parametrize(("rule", "credits"), [
-    ("final", ["1", "1"]),
-    ("discounted", ["0.9", "1"]),
-    ("emitted", ["0.25", "1"]),
-    # call 1's tool call is unparsable (-0.5) and its tool answered an error (-0.25)
-    ("air", ["0.25", "1"]),
-])
+@pytest.mark.parametrize(
+    ("rule", "credits"),
+    [
+        ("final", ["1", "1"]),
+        ("discounted", ["0.9", "1"]),
+        ("emitted", ["0.25", "1"]),
+        # call 1's tool call is unparsable (-0.5) and its tool answered an error (-0.25)
+        ("air", ["0.25", "1"]),
+    ],
+)
 def test_credit_per_call_from_the_chosen_rule(client: TestClient, runs: Runs, rule: str, credits: list[str]) -> None:
     html = client.get(f"/dashboard/rollouts/{runs.two_calls}?credit={rule}").text
     rows = rows_of(html, "credit-table")
@@ -232,6 +238,7 @@ def test_openinference_spans_show_their_inputs_and_outputs(client: TestClient, r
 
 # ---- prompts ----------------------------------------------------------------------------------
 
+
 def test_prompts_page_lists_candidates_per_round_and_diffs_them(client: TestClient) -> None:
     html = client.get("/dashboard/prompts").text
     assert "<h3>Round 0</h3>" in html and "<h3>Round 1</h3>" in html
@@ -241,8 +248,12 @@ def test_prompts_page_lists_candidates_per_round_and_diffs_them(client: TestClie
     assert '<span class="del">-Solve: {question}</span>' in diff
     assert "+0.500" in html  # B (best) against A (seed)
     assert "The critique B was written from" in html
-    seed_vs_seed = client.get("/dashboard/prompts?run=p1&a=" + re.search(r'value="(apo-p1-[^"]+)"', html)[1]
-                              + "&b=" + re.search(r'value="(apo-p1-[^"]+)"', html)[1]).text
+    seed_vs_seed = client.get(
+        "/dashboard/prompts?run=p1&a="
+        + re.search(r'value="(apo-p1-[^"]+)"', html)[1]
+        + "&b="
+        + re.search(r'value="(apo-p1-[^"]+)"', html)[1]
+    ).text
     assert "The two prompts are the same." in seed_vs_seed
     assert SEED_PROMPT.split("\n")[0] in html and CHILD_PROMPT.split("\n")[1] in html
 
@@ -254,6 +265,7 @@ def test_prompts_page_without_apo() -> None:
 
 
 # ---- paging over big stores (behaviour; the times are in bench/bench_dashboard.py) -------------
+
 
 class ReadCountingStore(MemoryStore):
     """Records the ``limit`` of every rollout read, to show that no page reads them all."""
@@ -293,8 +305,9 @@ def test_runs_page_reads_a_bounded_number_of_rollouts() -> None:
     from agentgrad.dashboard.runs import MODEL_SCAN
 
     store = ReadCountingStore()
-    store.add_metrics([MetricRecord(run_id="g", step=s, values={"reward/mean": 0.1, "entropy": 1.0, "kl": 0.0})
-                       for s in range(3)])
+    store.add_metrics(
+        [MetricRecord(run_id="g", step=s, values={"reward/mean": 0.1, "entropy": 1.0, "kl": 0.0}) for s in range(3)]
+    )
     store.enqueue_rollouts([RolloutRequest(input=n, metadata={"group_id": f"g-s1-t{n}-r0"}) for n in range(50)])
     html = TestClient(create_app(store)).get("/dashboard/runs").text
     assert ">GRPO<" in html
@@ -312,7 +325,8 @@ def test_an_old_grpo_runs_model_is_found_by_its_group_id(runs: Runs, monkeypatch
 
 
 def test_a_rollout_with_too_many_calls_is_not_credited_and_replays_its_first(
-        client: TestClient, runs: Runs, monkeypatch: pytest.MonkeyPatch) -> None:
+    client: TestClient, runs: Runs, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from agentgrad.dashboard import credit
 
     monkeypatch.setattr(credit, "CALLS_MAX", 1)
@@ -325,27 +339,46 @@ def test_a_rollout_with_too_many_calls_is_not_credited_and_replays_its_first(
 def test_framework_io_reads_genai_and_openinference_content_lists() -> None:
     from agentgrad.dashboard.frameworks import framework_io
 
-    genai = framework_io({"gen_ai.request.model": "m", "gen_ai.prompt.0.role": "user", "gen_ai.prompt.0.content": "hi",
-                          "gen_ai.completion.0.role": "assistant", "gen_ai.completion.0.content": "hello"})
+    genai = framework_io(
+        {
+            "gen_ai.request.model": "m",
+            "gen_ai.prompt.0.role": "user",
+            "gen_ai.prompt.0.content": "hi",
+            "gen_ai.completion.0.role": "assistant",
+            "gen_ai.completion.0.content": "hello",
+        }
+    )
     assert genai is not None and (genai.kind, genai.name, genai.summary) == ("LLM", "m", "hello")
     assert [m.role for m in genai.inputs] == ["user"]
-    parts = framework_io({"openinference.span.kind": "LLM",
-                          "llm.input_messages.0.message.role": "user",
-                          "llm.input_messages.0.message.contents.0.message_content.type": "text",
-                          "llm.input_messages.0.message.contents.0.message_content.text": "look at this"})
+    parts = framework_io(
+        {
+            "openinference.span.kind": "LLM",
+            "llm.input_messages.0.message.role": "user",
+            "llm.input_messages.0.message.contents.0.message_content.type": "text",
+            "llm.input_messages.0.message.contents.0.message_content.text": "look at this",
+        }
+    )
     assert parts is not None and parts.inputs[0].content == "look at this"
     tool = framework_io({"openinference.span.kind": "TOOL", "tool.name": "search", "input.value": "q"})
     assert tool is not None and (tool.kind, tool.name, tool.summary) == ("TOOL", "search", "q")
     assert framework_io({"http.method": "GET"}) is None
 
 
-@pytest.mark.parametrize(("path", "status"), [
-    ("/dashboard/rollouts?group=%00abc", 200), ("/dashboard/rollouts?run=%00", 200),
-    ("/dashboard/rollouts?group=" + "g" * 5000, 200), ("/dashboard/rollouts?run=nope&page=99999999", 200),
-    ("/dashboard/groups/%00", 404), ("/dashboard/groups/" + "g" * 600, 404),
-    ("/dashboard/replay/nope", 404), ("/dashboard/replay/x%00?call=-5", 404),
-    ("/dashboard/runs?run=%00&all=2", 200), ("/dashboard/prompts?run=zz&a=%00&b=1", 200),
-    ("/dashboard/rollouts/ro-two-calls?credit=bogus", 200),
-])
+@pytest.mark.parametrize(
+    ("path", "status"),
+    [
+        ("/dashboard/rollouts?group=%00abc", 200),
+        ("/dashboard/rollouts?run=%00", 200),
+        ("/dashboard/rollouts?group=" + "g" * 5000, 200),
+        ("/dashboard/rollouts?run=nope&page=99999999", 200),
+        ("/dashboard/groups/%00", 404),
+        ("/dashboard/groups/" + "g" * 600, 404),
+        ("/dashboard/replay/nope", 404),
+        ("/dashboard/replay/x%00?call=-5", 404),
+        ("/dashboard/runs?run=%00&all=2", 200),
+        ("/dashboard/prompts?run=zz&a=%00&b=1", 200),
+        ("/dashboard/rollouts/ro-two-calls?credit=bogus", 200),
+    ],
+)
 def test_bad_parameters_get_a_page_or_a_404_never_a_500(client: TestClient, path: str, status: int) -> None:
     assert client.get(path).status_code == status

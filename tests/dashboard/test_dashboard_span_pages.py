@@ -36,10 +36,17 @@ class CountingStore(MemoryStore):
 def _long_rollout(store: Store, spans: int) -> str:
     store.enqueue_rollout({"q": 1}, rollout_id="long")
     attempt = store.dequeue_rollout().attempt
-    store.add_spans([Span(rollout_id="long", attempt_id=attempt.attempt_id, name=f"step-{i:04d}")
-                     for i in range(spans - 1)])
-    store.add_span(Span(rollout_id="long", attempt_id=attempt.attempt_id, name=semconv.SPAN_REWARD,
-                        attributes={semconv.REWARD_VALUE: 0.75}))  # the very last span
+    store.add_spans(
+        [Span(rollout_id="long", attempt_id=attempt.attempt_id, name=f"step-{i:04d}") for i in range(spans - 1)]
+    )
+    store.add_span(
+        Span(
+            rollout_id="long",
+            attempt_id=attempt.attempt_id,
+            name=semconv.SPAN_REWARD,
+            attributes={semconv.REWARD_VALUE: 0.75},
+        )
+    )  # the very last span
     return attempt.attempt_id
 
 

@@ -27,9 +27,16 @@ def test_bad_split_is_refused() -> None:
         calc.generate_problems(1, 0, "dev")
 
 
-@pytest.mark.parametrize("expression,expected", [
-    ("37 * 12 + 5", "449"), ("(2 + 3) * 4", "20"), ("7 / 2", "3.5"), ("-3 + 1", "-2"), ("8 / 4", "2"),
-])
+@pytest.mark.parametrize(
+    "expression,expected",
+    [
+        ("37 * 12 + 5", "449"),
+        ("(2 + 3) * 4", "20"),
+        ("7 / 2", "3.5"),
+        ("-3 + 1", "-2"),
+        ("8 / 4", "2"),
+    ],
+)
 def test_calculator_evaluates(expression: str, expected: str) -> None:
     assert calc.run_calculator(expression) == expected
 
@@ -77,8 +84,11 @@ def test_validation_by_kind_splits_each_validation_into_words_and_symbols() -> N
             store.enqueue_rollout({"question": question, "answer": 0}, mode="val", resources_id=resources_id)
             claimed = store.dequeue_rollout("w")
             rid, aid = claimed.rollout.rollout_id, claimed.attempt.attempt_id
-            store.add_span(Span(rollout_id=rid, attempt_id=aid, name=semconv.SPAN_REWARD,
-                                attributes={semconv.REWARD_VALUE: reward}))
+            store.add_span(
+                Span(
+                    rollout_id=rid, attempt_id=aid, name=semconv.SPAN_REWARD, attributes={semconv.REWARD_VALUE: reward}
+                )
+            )
             store.update_attempt(rid, aid, AttemptStatus.SUCCEEDED)
     store.enqueue_rollout({"question": "What is 1 * 1?", "answer": 1}, mode="train")
     assert validation_by_kind(store, [0, 5]) == {0: {"words": 0.5, "symbols": 0.0}, 5: {"words": 1.0, "symbols": 0.0}}

@@ -32,13 +32,23 @@ def test_chat_template_renders_tools_like_qwen(tmp_path: Path) -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(tiny.random_tiny_model(tmp_path / "m"))
     messages = [{"role": "system", "content": calc.SYSTEM_PROMPT}, {"role": "user", "content": "What is 2 + 3?"}]
-    text = tokenizer.apply_chat_template(messages, tools=[calc.CALCULATOR_TOOL], add_generation_prompt=True,
-                                         tokenize=False)
+    text = tokenizer.apply_chat_template(
+        messages, tools=[calc.CALCULATOR_TOOL], add_generation_prompt=True, tokenize=False
+    )
     assert text.startswith("<|im_start|>system\n" + calc.SYSTEM_PROMPT + "\n\n# Tools\n")
     assert '"name": "calculator"' in text and text.endswith("<|im_start|>assistant\n")
     full = messages + [
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c", "type": "function", "function": {"name": "calculator", "arguments": {"expression": "2 + 3"}}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c",
+                    "type": "function",
+                    "function": {"name": "calculator", "arguments": {"expression": "2 + 3"}},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "c", "content": "5"},
     ]
     rendered = tokenizer.apply_chat_template(full, tools=[calc.CALCULATOR_TOOL], tokenize=False)
@@ -70,8 +80,7 @@ def test_direct_answer_samples_skip_the_tool(tmp_path: Path) -> None:
     assert trained == calc.final_answer_text(problem["answer"]) + "<|im_end|>"
     assert mask == [0] * (len(ids) - sum(mask)) + [1] * sum(mask)  # one trained turn, at the end
     with_tool, _ = tiny.encode_sample(tokenizer, problem)
-    assert with_tool[:len(ids) - sum(mask)] == ids[:len(ids) - sum(mask)]  # same prompt either way
-
+    assert with_tool[: len(ids) - sum(mask)] == ids[: len(ids) - sum(mask)]  # same prompt either way
 
 
 def test_batch_encoding_matches_one_by_one(tmp_path: Path) -> None:
@@ -86,6 +95,7 @@ def test_batch_encoding_matches_one_by_one(tmp_path: Path) -> None:
     assert batch == [tiny.encode_sample(tokenizer, p, d) for p, d in zip(problems, direct)]
     assert len({len(ids) for ids, _ in batch}) > 1
 
+
 def test_default_model_dir_honours_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("AGENTGRAD_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
@@ -94,8 +104,9 @@ def test_default_model_dir_honours_env(monkeypatch: pytest.MonkeyPatch, tmp_path
     assert tiny.default_model_dir() == tmp_path / "ag" / "models" / "tiny-calc"
 
 
-def test_concurrent_callers_share_one_build(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_concurrent_callers_share_one_build(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """ensure_tiny_model's lock: the second caller waits for the first one's build and reuses it.
     (The builder here only writes the manifest: the lock, not the build, is under test.)"""
     import json
@@ -131,12 +142,14 @@ def test_the_shipped_model_is_of_the_current_recipe() -> None:
     build = json.loads((tiny.SHIPPED_MODEL_DIR / "agentgrad_build.json").read_text())
     assert build["format"] == tiny.BUILD_FORMAT, (
         "the recipe changed (BUILD_FORMAT) but the shipped build did not: rebuild it with "
-        "`agentgrad models build-tiny --output src/agentgrad/demo/data/tiny-calc` and check its band")
+        "`agentgrad models build-tiny --output src/agentgrad/demo/data/tiny-calc` and check its band"
+    )
     assert 0.3 <= build["val_greedy_success"] <= 0.6 and build["val_greedy_tool_success"] > 0.9
 
 
-def test_first_use_installs_the_shipped_build_instead_of_building(monkeypatch: pytest.MonkeyPatch,
-                                                                   tmp_path: Path) -> None:
+def test_first_use_installs_the_shipped_build_instead_of_building(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     import json
 
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -19,8 +19,13 @@ def solve(client, problem: dict) -> bool:
     """The calculator agent loop of ``examples/calc``: tool call, run it, final answer."""
     messages = [{"role": "system", "content": calc.SYSTEM_PROMPT}, {"role": "user", "content": problem["question"]}]
     for _ in range(3):
-        message = client.chat.completions.create(model="tiny", messages=messages, tools=[calc.CALCULATOR_TOOL],
-                                                 temperature=0, max_tokens=64).choices[0].message
+        message = (
+            client.chat.completions.create(
+                model="tiny", messages=messages, tools=[calc.CALCULATOR_TOOL], temperature=0, max_tokens=64
+            )
+            .choices[0]
+            .message
+        )
         if not message.tool_calls:
             return calc.check_answer(message.content or "", problem["answer"])
         messages.append(message.model_dump(exclude_none=True))

@@ -30,8 +30,9 @@ def rollout(memory_store) -> RolloutContext:
     """A rollout context as the runner sets it: the rollout's agent name is the fallback."""
     memory_store.enqueue_rollout({"q": 1})
     claimed = memory_store.dequeue_rollout("w")
-    return RolloutContext(store=memory_store, rollout=claimed.rollout, attempt=claimed.attempt,
-                          agent_name="my_rollout_fn")
+    return RolloutContext(
+        store=memory_store, rollout=claimed.rollout, attempt=claimed.attempt, agent_name="my_rollout_fn"
+    )
 
 
 def sent_name() -> str | None:
@@ -72,10 +73,12 @@ def test_entered_agent_ignores_missing_names() -> None:
 
 
 def test_post_import_hook_runs_on_a_later_import(tmp_path, monkeypatch) -> None:
-    (tmp_path / "agentgrad_probe_mod.py").write_text(textwrap.dedent("""
+    (tmp_path / "agentgrad_probe_mod.py").write_text(
+        textwrap.dedent("""
         def greet():
             return "hello"
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     seen: list[str] = []
 
@@ -100,10 +103,12 @@ def test_post_import_hook_runs_on_a_later_import(tmp_path, monkeypatch) -> None:
 
 
 def test_no_framework_is_imported_to_find_a_name() -> None:
-    code = ("import sys; from agentgrad.tracing import instrument; instrument(); "
-            "from agentgrad.tracing.agent_names import framework_agent_name; framework_agent_name(); "
-            "heavy = [m for m in ('langchain_core', 'agents', 'autogen_agentchat', 'crewai', 'smolagents', "
-            "'llama_index') if m in sys.modules]; print(heavy)")
+    code = (
+        "import sys; from agentgrad.tracing import instrument; instrument(); "
+        "from agentgrad.tracing.agent_names import framework_agent_name; framework_agent_name(); "
+        "heavy = [m for m in ('langchain_core', 'agents', 'autogen_agentchat', 'crewai', 'smolagents', "
+        "'llama_index') if m in sys.modules]; print(heavy)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -144,8 +149,10 @@ def test_langgraph_node_and_subgraph_path() -> None:
 
 def test_langgraph_node_of_config() -> None:
     node_of = agent_names.langgraph_node_of
-    assert node_of({"metadata": {"langgraph_node": "write_query", "langgraph_checkpoint_ns": "write_query:1"}}) \
+    assert (
+        node_of({"metadata": {"langgraph_node": "write_query", "langgraph_checkpoint_ns": "write_query:1"}})
         == "write_query"
+    )
     assert node_of({"metadata": {"langgraph_node": "agent", "langgraph_checkpoint_ns": "a:1|agent:2"}}) == "a/agent"
     assert node_of({"metadata": {"run_name": "chain"}}) is None  # plain LangChain: no node
     assert node_of({}) is None and node_of(None) is None
@@ -175,8 +182,9 @@ def test_agents_sdk_handoff_switches_the_name(streamed: bool) -> None:
 
         return ModelStep.respond(respond)
 
-    model = ScriptedModel([step([function_call("transfer_to_checker", {}, call_id="c1")]),
-                           step([assistant_message("fine")])])
+    model = ScriptedModel(
+        [step([function_call("transfer_to_checker", {}, call_id="c1")]), step([assistant_message("fine")])]
+    )
     checker = Agent(name="checker", model=model)
     writer = Agent(name="writer", model=model, handoffs=[checker])
 
@@ -248,24 +256,43 @@ def test_smolagents_manager_and_managed_agent() -> None:
             super().__init__(model_id="scripted")
             self.plan = plan
 
-        def generate(self, messages: Any, stop_sequences: Any = None, response_format: Any = None,
-                     tools_to_call_from: Any = None, **kwargs: Any) -> ChatMessage:
+        def generate(
+            self,
+            messages: Any,
+            stop_sequences: Any = None,
+            response_format: Any = None,
+            tools_to_call_from: Any = None,
+            **kwargs: Any,
+        ) -> ChatMessage:
             seen.append(agent_names.framework_agent_name())
             name, arguments = self.plan.pop(0)
-            call = ChatMessageToolCall(id=f"c{len(seen)}", type="function",
-                                       function=ChatMessageToolCallFunction(name=name, arguments=arguments))
+            call = ChatMessageToolCall(
+                id=f"c{len(seen)}",
+                type="function",
+                function=ChatMessageToolCallFunction(name=name, arguments=arguments),
+            )
             return ChatMessage(role="assistant", content="", tool_calls=[call])
 
-    checker = ToolCallingAgent(tools=[], model=Scripted([("final_answer", {"answer": "fine"})]), name="checker",
-                               description="checks a text", verbosity_level=0)
-    writer = ToolCallingAgent(tools=[], model=Scripted([("checker", {"task": "check"}),
-                                                       ("final_answer", {"answer": "done"})]),
-                              name="writer", managed_agents=[checker], verbosity_level=0)
+    checker = ToolCallingAgent(
+        tools=[],
+        model=Scripted([("final_answer", {"answer": "fine"})]),
+        name="checker",
+        description="checks a text",
+        verbosity_level=0,
+    )
+    writer = ToolCallingAgent(
+        tools=[],
+        model=Scripted([("checker", {"task": "check"}), ("final_answer", {"answer": "done"})]),
+        name="writer",
+        managed_agents=[checker],
+        verbosity_level=0,
+    )
     assert writer.run("write") == "done"
     assert seen == ["writer", "checker", "writer"]
     seen.clear()
-    streamer = ToolCallingAgent(tools=[], model=Scripted([("final_answer", {"answer": "s"})]), name="streamer",
-                                verbosity_level=0)
+    streamer = ToolCallingAgent(
+        tools=[], model=Scripted([("final_answer", {"answer": "s"})]), name="streamer", verbosity_level=0
+    )
     between_steps = [agent_names.framework_agent_name() for _ in streamer.run("go", stream=True)]
     assert seen == ["streamer"]  # during the step
     assert set(between_steps) == {None}  # the consumer's code between steps is not the agent's

@@ -39,6 +39,7 @@ def make_langgraph_agent(asynchronous: bool):
 
     def build(llm: LLM) -> Any:
         model = ChatOpenAI(model=llm.model, base_url=llm.endpoint, api_key="sk-none", max_tokens=MAX_TOKENS)
+
         def write(state: SqlState) -> list:
             return [("system", SYSTEM_PROMPT), ("user", state["question"])]
 
@@ -46,12 +47,14 @@ def make_langgraph_agent(asynchronous: bool):
             return [("system", CHECK_PROMPT), ("user", f"{state['question']} {state['draft']}")]
 
         if asynchronous:
+
             async def write_query(state: SqlState) -> SqlState:
                 return {"draft": (await model.ainvoke(write(state))).content}
 
             async def check_query(state: SqlState) -> SqlState:
                 return {"verdict": (await model.ainvoke(check(state))).content}
         else:  # sync nodes run in LangGraph's thread pool
+
             def write_query(state: SqlState) -> SqlState:
                 return {"draft": model.invoke(write(state)).content}
 
@@ -67,10 +70,12 @@ def make_langgraph_agent(asynchronous: bool):
         return graph.compile()
 
     if asynchronous:
+
         async def langgraph_agent(task: dict, llm: LLM) -> float:
             await build(llm).ainvoke({"question": task["question"]})
             return 1.0
     else:
+
         def langgraph_agent(task: dict, llm: LLM) -> float:
             build(llm).invoke({"question": task["question"]})
             return 1.0
@@ -80,8 +85,14 @@ def make_langgraph_agent(asynchronous: bool):
 
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["invoke", "ainvoke"])
 def test_langgraph_nodes_are_the_agents(capture: Capture, asynchronous: bool) -> None:
-    run_and_check_names(capture, make_langgraph_agent(asynchronous), names=["write_query", "check_query"],
-                        agents={"write_query", "check_query"}, match="write", selected="write_query")
+    run_and_check_names(
+        capture,
+        make_langgraph_agent(asynchronous),
+        names=["write_query", "check_query"],
+        agents={"write_query", "check_query"},
+        match="write",
+        selected="write_query",
+    )
 
 
 # ---- OpenAI Agents SDK: a writer that hands off to a checker --------------------------------------
@@ -111,17 +122,28 @@ def make_sdk_agent(api: str):
 
         async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
             response = await super().get_response(*args, **kwargs)
-            handoff = ResponseFunctionToolCall(type="function_call", call_id="handoff-1",
-                                               name="transfer_to_checker", arguments="{}")
+            handoff = ResponseFunctionToolCall(
+                type="function_call", call_id="handoff-1", name="transfer_to_checker", arguments="{}"
+            )
             return ModelResponse(output=[handoff], usage=response.usage, response_id=response.response_id)
 
     async def sdk_agent(task: dict, llm: LLM) -> float:
         client = AsyncOpenAI(base_url=llm.endpoint, api_key="sk-none")
         settings = ModelSettings(max_tokens=MAX_TOKENS)
-        checker = Agent(name="checker", instructions=SYSTEM_PROMPT, tools=[function_tool(calculator)],
-                        model=model_class(model=llm.model, openai_client=client), model_settings=settings)
-        writer = Agent(name="writer", instructions=SYSTEM_PROMPT, handoffs=[checker],
-                       model=HandsOff(model=llm.model, openai_client=client), model_settings=settings)
+        checker = Agent(
+            name="checker",
+            instructions=SYSTEM_PROMPT,
+            tools=[function_tool(calculator)],
+            model=model_class(model=llm.model, openai_client=client),
+            model_settings=settings,
+        )
+        writer = Agent(
+            name="writer",
+            instructions=SYSTEM_PROMPT,
+            handoffs=[checker],
+            model=HandsOff(model=llm.model, openai_client=client),
+            model_settings=settings,
+        )
         try:
             result = await Runner.run(writer, task["question"], max_turns=3)
         except AgentsException:  # the checker's turns ran out: its calls are made all the same
@@ -134,8 +156,9 @@ def make_sdk_agent(api: str):
 
 @pytest.mark.parametrize("api", ["responses", "chat"])
 def test_agents_sdk_handoff_switches_the_agent(capture: Capture, api: str) -> None:
-    spans = run_and_check_names(capture, make_sdk_agent(api), agents={"writer", "checker"}, match="^writer$",
-                                selected="writer")
+    spans = run_and_check_names(
+        capture, make_sdk_agent(api), agents={"writer", "checker"}, match="^writer$", selected="writer"
+    )
     names = [s.attributes[semconv.AGENT_NAME] for s in sorted(spans, key=lambda s: s.sequence_id)]
     assert names[0] == "writer" and names[1:] == ["checker"] * (len(names) - 1), names  # one turn, then handed off
 
@@ -152,8 +175,9 @@ def autogen_team(task: dict, llm: LLM) -> Any:
     from test_fw_autogen import MODEL_INFO
 
     async def run() -> float:
-        client = OpenAIChatCompletionClient(model=llm.model, base_url=llm.endpoint, api_key="sk-none",
-                                            model_info=MODEL_INFO, max_tokens=MAX_TOKENS)
+        client = OpenAIChatCompletionClient(
+            model=llm.model, base_url=llm.endpoint, api_key="sk-none", model_info=MODEL_INFO, max_tokens=MAX_TOKENS
+        )
         writer = AssistantAgent("writer", model_client=client, system_message=SYSTEM_PROMPT)
         checker = AssistantAgent("checker", model_client=client, system_message=CHECK_PROMPT)
         team = RoundRobinGroupChat([writer, checker], termination_condition=MaxMessageTermination(3))
@@ -167,8 +191,14 @@ def autogen_team(task: dict, llm: LLM) -> Any:
 
 
 def test_autogen_team_agents(capture: Capture) -> None:
-    run_and_check_names(capture, autogen_team, names=["writer", "checker"], agents={"writer", "checker"},
-                        match="check", selected="checker")
+    run_and_check_names(
+        capture,
+        autogen_team,
+        names=["writer", "checker"],
+        agents={"writer", "checker"},
+        match="check",
+        selected="checker",
+    )
 
 
 # ---- smolagents: two agents run one after the other ------------------------------------------------
@@ -180,8 +210,12 @@ def smolagents_pair(task: dict, llm: LLM) -> float:
     from test_fw_smolagents import calculator_tool
 
     model = OpenAIServerModel(model_id=llm.model, api_base=llm.endpoint, api_key="sk-none", max_tokens=MAX_TOKENS)
-    writer, checker = (ToolCallingAgent(tools=[calculator_tool], model=model, max_steps=1, verbosity_level=0,
-                                        name=name, description=f"the {name}") for name in ("writer", "checker"))
+    writer, checker = (
+        ToolCallingAgent(
+            tools=[calculator_tool], model=model, max_steps=1, verbosity_level=0, name=name, description=f"the {name}"
+        )
+        for name in ("writer", "checker")
+    )
     for agent in (writer, checker):
         agent.prompt_templates["system_prompt"] = SYSTEM_PROMPT  # the stock one overflows the tiny model
     draft = writer.run(task["question"])
@@ -190,7 +224,8 @@ def smolagents_pair(task: dict, llm: LLM) -> float:
 
 
 def test_smolagents_agents(capture: Capture) -> None:
-    spans = run_and_check_names(capture, smolagents_pair, agents={"writer", "checker"}, match="writer",
-                                selected="writer")
+    spans = run_and_check_names(
+        capture, smolagents_pair, agents={"writer", "checker"}, match="writer", selected="writer"
+    )
     names = [s.attributes[semconv.AGENT_NAME] for s in sorted(spans, key=lambda s: s.sequence_id)]
     assert names == sorted(names, key=lambda n: n != "writer"), names  # all the writer's calls, then the checker's

@@ -30,9 +30,13 @@ calculator_tool = function_tool(calculator)
 def _agent(llm: LLM, api: str) -> Agent:
     client = AsyncOpenAI(base_url=llm.endpoint, api_key="sk-none")
     model_class = OpenAIResponsesModel if api == "responses" else OpenAIChatCompletionsModel
-    return Agent(name="calc", instructions=SYSTEM_PROMPT, tools=[calculator_tool],
-                 model=model_class(model=llm.model, openai_client=client),
-                 model_settings=ModelSettings(max_tokens=MAX_TOKENS))
+    return Agent(
+        name="calc",
+        instructions=SYSTEM_PROMPT,
+        tools=[calculator_tool],
+        model=model_class(model=llm.model, openai_client=client),
+        model_settings=ModelSettings(max_tokens=MAX_TOKENS),
+    )
 
 
 def make_agent(api: str, streamed: bool):

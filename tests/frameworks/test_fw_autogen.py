@@ -15,16 +15,28 @@ from agentgrad.types import LLM  # noqa: E402
 pytestmark = pytest.mark.tiny_model  # runs last: see tests/conftest.py
 
 #: Required by AutoGen for any model name it does not know.
-MODEL_INFO = {"vision": False, "function_calling": True, "json_output": False, "family": "unknown",
-              "structured_output": False}
+MODEL_INFO = {
+    "vision": False,
+    "function_calling": True,
+    "json_output": False,
+    "family": "unknown",
+    "structured_output": False,
+}
 
 
 def make_agent(streaming: bool):
     async def autogen_agent(task: dict, llm: LLM) -> float:
-        client = OpenAIChatCompletionClient(model=llm.model, base_url=llm.endpoint, api_key="sk-none",
-                                            model_info=MODEL_INFO, max_tokens=MAX_TOKENS)
-        agent = AssistantAgent("calc", model_client=client, tools=[calculator], system_message=SYSTEM_PROMPT,
-                               reflect_on_tool_use=True, model_client_stream=streaming)
+        client = OpenAIChatCompletionClient(
+            model=llm.model, base_url=llm.endpoint, api_key="sk-none", model_info=MODEL_INFO, max_tokens=MAX_TOKENS
+        )
+        agent = AssistantAgent(
+            "calc",
+            model_client=client,
+            tools=[calculator],
+            system_message=SYSTEM_PROMPT,
+            reflect_on_tool_use=True,
+            model_client_stream=streaming,
+        )
         try:
             result = await agent.run(task=task["question"])
         finally:

@@ -19,8 +19,10 @@ REPO = Path(__file__).resolve().parents[2]
 COMPAT_PYTHON = REPO / ".venv-compat" / "bin" / "python"
 
 
-@pytest.mark.skipif(not COMPAT_PYTHON.exists(),
-                    reason="no .venv-compat (CrewAI/LlamaIndex/openai 2.x): run scripts/setup_framework_envs.sh")
+@pytest.mark.skipif(
+    not COMPAT_PYTHON.exists(),
+    reason="no .venv-compat (CrewAI/LlamaIndex/openai 2.x): run scripts/setup_framework_envs.sh",
+)
 def test_compat_venv_suite(capture: Capture) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     if capture.model_dir is None:  # no engine here either: the compat run uses its own stand-in
@@ -29,5 +31,10 @@ def test_compat_venv_suite(capture: Capture) -> None:
         env.update({ENGINE_URL_ENV: capture.engine_url, MODEL_DIR_ENV: capture.model_dir})
     result = subprocess.run(
         [str(COMPAT_PYTHON), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/frameworks_compat"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]

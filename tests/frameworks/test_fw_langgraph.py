@@ -20,15 +20,15 @@ calculator_tool = tool(calculator)
 
 
 def _agent(llm: LLM, streaming: bool):
-    model = ChatOpenAI(model=llm.model, base_url=llm.endpoint, api_key="sk-none", max_tokens=MAX_TOKENS,
-                       streaming=streaming)
+    model = ChatOpenAI(
+        model=llm.model, base_url=llm.endpoint, api_key="sk-none", max_tokens=MAX_TOKENS, streaming=streaming
+    )
     return create_react_agent(model, [calculator_tool], prompt=SYSTEM_PROMPT)
 
 
 def langgraph_agent(task: dict, llm: LLM) -> float:
     try:
-        result = _agent(llm, streaming=False).invoke({"messages": [("user", task["question"])]},
-                                                     {"recursion_limit": 6})
+        result = _agent(llm, streaming=False).invoke({"messages": [("user", task["question"])]}, {"recursion_limit": 6})
     except GraphRecursionError:
         return 0.0
     return float(bool(result["messages"][-1].content))

@@ -48,9 +48,14 @@ def test_crewai_role_names_each_agents_calls() -> None:
     llm = Scripted(model="scripted")
     writer = Agent(role="Writer", goal="write", backstory="writes", llm=llm, verbose=False)
     checker = Agent(role="Rédacteur en chef", goal="check", backstory="checks", llm=llm, verbose=False)
-    crew = Crew(agents=[writer, checker], verbose=False,
-                tasks=[Task(description="write", expected_output="text", agent=writer),
-                       Task(description="check", expected_output="text", agent=checker)])
+    crew = Crew(
+        agents=[writer, checker],
+        verbose=False,
+        tasks=[
+            Task(description="write", expected_output="text", agent=writer),
+            Task(description="check", expected_output="text", agent=checker),
+        ],
+    )
     assert crew.kickoff().raw == "ok"
     assert seen == ["Writer", "Rédacteur en chef"]
     seen.clear()
@@ -64,20 +69,23 @@ def crewai_pair(task: dict, llm: LLM) -> float:
     from crewai import Agent, Crew, Task
 
     model = CrewLLM(model=llm.model, base_url=llm.endpoint, api_key="sk-none", max_tokens=MAX_TOKENS)
-    writer = Agent(role="Writer", goal="Answer arithmetic questions", backstory=SYSTEM_PROMPT, llm=model,
-                   max_iter=1, verbose=False)
-    checker = Agent(role="Checker", goal="Check answers", backstory=CHECK_PROMPT, llm=model, max_iter=1,
-                    verbose=False)
-    tasks = [Task(description=task["question"], expected_output="The answer", agent=writer),
-             Task(description="Check the answer.", expected_output="Right or wrong", agent=checker)]
+    writer = Agent(
+        role="Writer", goal="Answer arithmetic questions", backstory=SYSTEM_PROMPT, llm=model, max_iter=1, verbose=False
+    )
+    checker = Agent(role="Checker", goal="Check answers", backstory=CHECK_PROMPT, llm=model, max_iter=1, verbose=False)
+    tasks = [
+        Task(description=task["question"], expected_output="The answer", agent=writer),
+        Task(description="Check the answer.", expected_output="Right or wrong", agent=checker),
+    ]
     Crew(agents=[writer, checker], tasks=tasks, verbose=False).kickoff()
     return 1.0
 
 
 def test_crewai_crew_roles(capture: Capture) -> None:
     pytest.importorskip("crewai")
-    spans = run_and_check_names(capture, crewai_pair, agents={"Writer", "Checker"}, match="^Checker$",
-                                selected="Checker")
+    spans = run_and_check_names(
+        capture, crewai_pair, agents={"Writer", "Checker"}, match="^Checker$", selected="Checker"
+    )
     names = in_order(spans)
     assert names == sorted(names, key=lambda n: n != "Writer"), names  # the writer's task, then the checker's
 
@@ -101,8 +109,9 @@ def test_llamaindex_agent_workflow_handoff_switches_the_name() -> None:
         def metadata(self) -> LLMMetadata:
             return LLMMetadata(is_function_calling_model=True, model_name="scripted")
 
-        def _prepare_chat_with_tools(self, tools: Any, user_msg: Any = None, chat_history: Any = None,
-                                     **kwargs: Any) -> dict:
+        def _prepare_chat_with_tools(
+            self, tools: Any, user_msg: Any = None, chat_history: Any = None, **kwargs: Any
+        ) -> dict:
             return {"messages": list(chat_history or [])}
 
         async def astream_chat(self, messages: Any, **kwargs: Any) -> Any:
@@ -114,12 +123,16 @@ def test_llamaindex_agent_workflow_handoff_switches_the_name() -> None:
 
             return stream()
 
-        def get_tool_calls_from_response(self, response: Any, error_on_no_tool_call: bool = True,
-                                         **kwargs: Any) -> list:
+        def get_tool_calls_from_response(
+            self, response: Any, error_on_no_tool_call: bool = True, **kwargs: Any
+        ) -> list:
             if response.message.content != "HANDOFF":
                 return []
-            return [ToolSelection(tool_id="t1", tool_name="handoff",
-                                  tool_kwargs={"to_agent": "checker", "reason": "check it"})]
+            return [
+                ToolSelection(
+                    tool_id="t1", tool_name="handoff", tool_kwargs={"to_agent": "checker", "reason": "check it"}
+                )
+            ]
 
     llm = Scripted()
     writer = FunctionAgent(name="writer", description="writes", llm=llm, can_handoff_to=["checker"])
@@ -148,5 +161,11 @@ async def llamaindex_pair(task: dict, llm: LLM) -> float:
 
 def test_llamaindex_function_agents(capture: Capture) -> None:
     pytest.importorskip("llama_index.llms.openai")
-    run_and_check_names(capture, llamaindex_pair, names=["writer", "checker"], agents={"writer", "checker"},
-                        match="writer", selected="writer")
+    run_and_check_names(
+        capture,
+        llamaindex_pair,
+        names=["writer", "checker"],
+        agents={"writer", "checker"},
+        match="writer",
+        selected="writer",
+    )

@@ -18,10 +18,16 @@ calculator_tool = tool("calculator")(calculator)
 
 def make_agent(stream: bool):
     def crewai_agent(task: dict, llm: LLM) -> float:
-        model = CrewLLM(model=llm.model, base_url=llm.endpoint, api_key="sk-none", max_tokens=MAX_TOKENS,
-                        stream=stream)
-        solver = Agent(role="Calculator", goal="Answer arithmetic questions", backstory=SYSTEM_PROMPT,
-                       tools=[calculator_tool], llm=model, max_iter=2, verbose=False)
+        model = CrewLLM(model=llm.model, base_url=llm.endpoint, api_key="sk-none", max_tokens=MAX_TOKENS, stream=stream)
+        solver = Agent(
+            role="Calculator",
+            goal="Answer arithmetic questions",
+            backstory=SYSTEM_PROMPT,
+            tools=[calculator_tool],
+            llm=model,
+            max_iter=2,
+            verbose=False,
+        )
         job = Task(description=task["question"], expected_output="The answer", agent=solver)
         output = Crew(agents=[solver], tasks=[job], verbose=False).kickoff()
         return float(bool(output.raw))

@@ -27,15 +27,25 @@ JSON = {b"content-type": b"application/json"}
 # ---- hosts ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("header", ["localhost", "localhost:8400", "127.0.0.1:1", "[::1]:8000", "LOCALHOST.",
-                                    "[::1]", "myserver.example:9"])
+@pytest.mark.parametrize(
+    "header", ["localhost", "localhost:8400", "127.0.0.1:1", "[::1]:8000", "LOCALHOST.", "[::1]", "myserver.example:9"]
+)
 def test_loopback_names_and_the_bound_host_are_allowed(monkeypatch, header: str) -> None:
     monkeypatch.delenv(ALLOWED_HOSTS_ENV, raising=False)
     assert HostCheck.for_bind("myserver.example").allows(header)
 
 
-@pytest.mark.parametrize("header", ["attacker.example", "attacker.example:8400", "127.0.0.1.attacker.example",
-                                    "localhost.attacker.example", "10.0.0.7:80", ""])
+@pytest.mark.parametrize(
+    "header",
+    [
+        "attacker.example",
+        "attacker.example:8400",
+        "127.0.0.1.attacker.example",
+        "localhost.attacker.example",
+        "10.0.0.7:80",
+        "",
+    ],
+)
 def test_other_names_are_refused(monkeypatch, header: str) -> None:
     monkeypatch.delenv(ALLOWED_HOSTS_ENV, raising=False)
     assert not HostCheck.for_bind("127.0.0.1").allows(header)
@@ -158,7 +168,7 @@ def test_middleware_counts_a_chunked_body_and_replays_it_whole() -> None:
 
 
 def test_parse_object_takes_ordinary_bodies() -> None:
-    body = {"messages": [{"role": "user", "content": "caf\u00e9 \U0001F600"}], "n": 1, "nested": [[[{"a": [1]}]]]}
+    body = {"messages": [{"role": "user", "content": "caf\u00e9 \U0001f600"}], "n": 1, "nested": [[[{"a": [1]}]]]}
     escaped = json.dumps(body).encode()  # ensure_ascii: the emoji travels as a surrogate *pair*
     assert b"\\ud83d" in escaped and parse_object(escaped) == body
     deep_but_allowed = b'{"a":' + b"[" * (MAX_DEPTH - 1) + b"]" * (MAX_DEPTH - 1) + b"}"
@@ -167,18 +177,21 @@ def test_parse_object_takes_ordinary_bodies() -> None:
     assert parse_object(b'{"content": "NaN and Infinity are words"}')["content"].startswith("NaN")
 
 
-@pytest.mark.parametrize(("raw", "why"), [
-    (b'{"a": "\\ud800"}', "surrogate"),
-    (b'{"a": ["ok", {"b": "x\\udfff"}]}', "surrogate"),
-    (b'{"\\udc00": 1}', "surrogate"),
-    (b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested"),
-    (b'{"a":' + b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1) + b"}", "nested"),
-    (b"[1]", "object"),
-    (b'{"temperature": NaN}', "NaN"),
-    (b'{"a": [1, -Infinity]}', "-Infinity"),
-    (b"{nope", "not valid JSON"),
-    (b"\xff\xfe", "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        (b'{"a": "\\ud800"}', "surrogate"),
+        (b'{"a": ["ok", {"b": "x\\udfff"}]}', "surrogate"),
+        (b'{"\\udc00": 1}', "surrogate"),
+        (b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested"),
+        (b'{"a":' + b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1) + b"}", "nested"),
+        (b"[1]", "object"),
+        (b'{"temperature": NaN}', "NaN"),
+        (b'{"a": [1, -Infinity]}', "-Infinity"),
+        (b"{nope", "not valid JSON"),
+        (b"\xff\xfe", "not valid JSON"),
+    ],
+)
 def test_parse_object_refuses_what_would_fail_later(raw: bytes, why: str) -> None:
     with pytest.raises(BadJson, match=why):
         parse_object(raw)

@@ -50,8 +50,9 @@ async def _ok(scope, receive, send) -> None:
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_serve_until_signal_returns_normally_and_the_process_exits_0(signum: int) -> None:
     env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([sys.executable, "-c", SERVE_UNTIL_SIGNAL], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVE_UNTIL_SIGNAL], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         url = proc.stdout.readline().strip() if proc.stdout else ""
         assert url.startswith("http://127.0.0.1:"), proc.stderr.read() if proc.stderr else ""

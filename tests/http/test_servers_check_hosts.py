@@ -28,11 +28,16 @@ EVIL = {"Host": "attacker.example"}
 def test_store_service_refuses_foreign_hosts_with_or_without_a_token(monkeypatch) -> None:
     monkeypatch.delenv(ALLOWED_HOSTS_ENV, raising=False)
     for token in (None, "t"):
-        with StoreServer(MemoryStore(watchdog_interval=None), token=token, owns_store=True,
-                         allowed_hosts=["store.lan"]) as server:
+        with StoreServer(
+            MemoryStore(watchdog_interval=None), token=token, owns_store=True, allowed_hosts=["store.lan"]
+        ) as server:
             auth = {"Authorization": "Bearer t"} if token else {}
-            for method, path, body in (("GET", "/health", None), ("POST", "/v1/rollouts/enqueue", {"input": {}}),
-                                       ("GET", "/dashboard/rollouts", None), ("GET", "/docs", None)):
+            for method, path, body in (
+                ("GET", "/health", None),
+                ("POST", "/v1/rollouts/enqueue", {"input": {}}),
+                ("GET", "/dashboard/rollouts", None),
+                ("GET", "/docs", None),
+            ):
                 response = httpx.request(method, server.url + path, json=body, headers={**auth, **EVIL})
                 assert response.status_code == 421, (token, path)
                 assert response.json()["error"] == "host_not_allowed"
@@ -46,8 +51,14 @@ def test_store_service_refuses_foreign_hosts_with_or_without_a_token(monkeypatch
 
 
 def _start(args: list[str], tmp_path: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "agentgrad", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentgrad", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
     assert proc.stdout is not None
     for line in proc.stdout:
         match = re.search(r"(http://127\.0\.0\.1:\d+)", line)
@@ -61,7 +72,13 @@ def _start(args: list[str], tmp_path: Path, env: dict[str, str]) -> tuple[subpro
 def test_cli_servers_check_hosts_and_take_allowed_host(tmp_path: Path, command: str) -> None:
     db = f"sqlite:///{tmp_path / 'store.db'}"
     args = (["dashboard", "--store", db] if command == "dashboard" else ["store", "serve", "--backend", db]) + [
-        "--host", "127.0.0.1", "--port", "0", "--allowed-host", "team.lan"]
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--allowed-host",
+        "team.lan",
+    ]
     env = {k: v for k, v in os.environ.items() if k != ALLOWED_HOSTS_ENV}
     env[ALLOWED_HOSTS_ENV] = "ci.lan"
     if command == "store":

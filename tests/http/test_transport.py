@@ -52,8 +52,14 @@ class _ScriptedServer:
                         return
                     buffer += chunk
                 head, _, buffer = buffer.partition(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    0,
+                )
                 while len(buffer) < length:
                     buffer += conn.recv(65536)
                 body, buffer = buffer[:length], buffer[length:]
@@ -87,8 +93,11 @@ def _answer(raw: bytes, keep: bool = True) -> Handler:
 
 
 def test_content_length_body_and_keep_alive(serve):
-    server = serve(lambda conn, body: (conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s"
-                                                    % (len(body), body)), True)[1])
+    server = serve(
+        lambda conn, body: (conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)), True)[
+            1
+        ]
+    )
     pool = ConnectionPool("127.0.0.1", server.port, headers={"Authorization": "Bearer t"})
     for i in range(3):
         assert pool.request("POST", "/echo", b'{"i":%d}' % i) == (200, b'{"i":%d}' % i)
@@ -108,8 +117,12 @@ def test_a_header_with_a_line_break_is_refused_before_sending(serve):
 
 
 def test_chunked_body_and_a_204(serve):
-    server = serve(_answer(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-                           b"5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: 1\r\n\r\n"))
+    server = serve(
+        _answer(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: 1\r\n\r\n"
+        )
+    )
     pool = ConnectionPool("127.0.0.1", server.port)
     assert pool.request("GET", "/c") == (200, b"hello world")
     assert pool.request("GET", "/c") == (200, b"hello world"), "the connection stays usable"
@@ -189,8 +202,13 @@ def test_transport_for_picks_the_lean_pool_only_for_plain_http(monkeypatch):
 
 def test_request_json_sends_json_and_returns_any_status(serve):
     server = serve(_answer(b'HTTP/1.1 418 I\'m a teapot\r\nContent-Length: 11\r\n\r\n{"tea": 1}\n'))
-    reply = request_json("POST", f"http://127.0.0.1:{server.port}/v1/brew?x=1", {"cup": "é"},
-                         headers={"Authorization": "Bearer t"}, timeout=5)
+    reply = request_json(
+        "POST",
+        f"http://127.0.0.1:{server.port}/v1/brew?x=1",
+        {"cup": "é"},
+        headers={"Authorization": "Bearer t"},
+        timeout=5,
+    )
     assert reply.status == 418 and reply.json() == {"tea": 1} and reply.text == '{"tea": 1}\n'
     head = server.heads[0].decode()
     assert head.startswith("POST /v1/brew?x=1 HTTP/1.1\r\n")
@@ -216,8 +234,10 @@ def test_the_httpx_route_raises_oserrors_too():
         HttpxTransport("https://x.test", transport=httpx.MockTransport(refuse)).request("GET", "/")
     with pytest.raises(TimeoutError, match="slow"):
         HttpxTransport("https://x.test", transport=httpx.MockTransport(slow)).request("GET", "/")
-    ok = HttpxTransport("https://x.test/base", transport=httpx.MockTransport(
-        lambda request: httpx.Response(201, content=request.url.path.encode())))
+    ok = HttpxTransport(
+        "https://x.test/base",
+        transport=httpx.MockTransport(lambda request: httpx.Response(201, content=request.url.path.encode())),
+    )
     assert ok.request("POST", "/v1/a", b"{}") == (201, b"/base/v1/a")
 
 

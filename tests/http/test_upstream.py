@@ -33,8 +33,14 @@ def serve(test: Callable[[Upstream, list[bytes]], Awaitable[None]], timeout: flo
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 seen.append(head)
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    0,
+                )
                 await reader.readexactly(length)
                 path = head.split(b" ")[1]
                 if path == b"/v1/hang":

@@ -20,13 +20,21 @@ def test_openai_client_chat_with_token_ids_and_logprobs(base_url: str, engine: E
 
     client = openai.OpenAI(base_url=base_url, api_key="unused")
     out = client.chat.completions.create(
-        model="gpt-4o-mini", messages=MESSAGES, tools=[calc.CALCULATOR_TOOL], max_tokens=12, temperature=0,
-        logprobs=True, top_logprobs=3, extra_body={"return_token_ids": True})
+        model="gpt-4o-mini",
+        messages=MESSAGES,
+        tools=[calc.CALCULATOR_TOOL],
+        max_tokens=12,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"return_token_ids": True},
+    )
     assert out.model == "gpt-4o-mini"  # unknown names are served by the loaded model and echoed
     extra, choice = out.model_extra, out.choices[0]
     assert extra["model_version"] == engine.model_version
-    rendered = engine.tokenizer.apply_chat_template(MESSAGES, tools=[calc.CALCULATOR_TOOL],
-                                                    add_generation_prompt=True, tokenize=False)
+    rendered = engine.tokenizer.apply_chat_template(
+        MESSAGES, tools=[calc.CALCULATOR_TOOL], add_generation_prompt=True, tokenize=False
+    )
     expected_prompt = engine.tokenizer.encode(rendered, add_special_tokens=False)
     assert extra["prompt_token_ids"] == expected_prompt
     token_ids = choice.model_extra["token_ids"]
@@ -39,8 +47,11 @@ def test_openai_client_chat_with_token_ids_and_logprobs(base_url: str, engine: E
 
 
 def test_logprobs_without_token_ids_and_n(base_url: str) -> None:
-    body = httpx.post(f"{base_url}/chat/completions", json={
-        "messages": MESSAGES, "max_tokens": 5, "logprobs": True, "n": 3, "seed": 1}, timeout=60).json()
+    body = httpx.post(
+        f"{base_url}/chat/completions",
+        json={"messages": MESSAGES, "max_tokens": 5, "logprobs": True, "n": 3, "seed": 1},
+        timeout=60,
+    ).json()
     assert len(body["choices"]) == 3 and "prompt_token_ids" not in body
     assert all(len(c["logprobs"]["content"]) >= 1 and "token_ids" not in c for c in body["choices"])
 
@@ -49,8 +60,13 @@ def test_streaming_carries_token_ids_and_matches_non_streaming(base_url: str) ->
     import openai
 
     client = openai.OpenAI(base_url=base_url, api_key="unused")
-    request = dict(model="tiny", messages=MESSAGES, max_tokens=10, temperature=0,
-                   extra_body={"return_token_ids": True, "ignore_eos": True})
+    request = dict(
+        model="tiny",
+        messages=MESSAGES,
+        max_tokens=10,
+        temperature=0,
+        extra_body={"return_token_ids": True, "ignore_eos": True},
+    )
     full = client.chat.completions.create(**request)
     chunks = list(client.chat.completions.create(**request, stream=True, stream_options={"include_usage": True}))
     assert chunks[0].model_extra["prompt_token_ids"] == full.model_extra["prompt_token_ids"]
@@ -64,14 +80,26 @@ def test_streaming_carries_token_ids_and_matches_non_streaming(base_url: str) ->
 
 def test_text_completions_with_token_id_prompt(base_url: str, engine: Engine) -> None:
     prompt = engine.tokenizer.encode("What is", add_special_tokens=False)
-    body = httpx.post(f"{base_url}/completions", json={
-        "prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 2, "return_token_ids": True,
-        "ignore_eos": True}, timeout=60).json()
+    body = httpx.post(
+        f"{base_url}/completions",
+        json={
+            "prompt": prompt,
+            "max_tokens": 6,
+            "temperature": 0,
+            "logprobs": 2,
+            "return_token_ids": True,
+            "ignore_eos": True,
+        },
+        timeout=60,
+    ).json()
     choice = body["choices"][0]
     assert choice["prompt_token_ids"] == prompt and len(choice["token_ids"]) == 6
     assert choice["logprobs"]["token_logprobs"][0] == pytest.approx(max(choice["logprobs"]["top_logprobs"][0].values()))
-    text_body = httpx.post(f"{base_url}/completions", json={"prompt": "What is", "max_tokens": 6, "temperature": 0,
-                                                           "ignore_eos": True}, timeout=60).json()
+    text_body = httpx.post(
+        f"{base_url}/completions",
+        json={"prompt": "What is", "max_tokens": 6, "temperature": 0, "ignore_eos": True},
+        timeout=60,
+    ).json()
     assert text_body["choices"][0]["text"] == choice["text"]
 
 
@@ -80,19 +108,22 @@ def test_models_endpoint(base_url: str, engine: Engine) -> None:
     assert body["data"][0]["id"] == "tiny" and body["data"][0]["model_version"] == engine.model_version
 
 
-@pytest.mark.parametrize("payload,param", [
-    ({"messages": MESSAGES, "temperature": 5}, "temperature"),
-    ({"messages": MESSAGES, "top_p": 0}, "top_p"),
-    ({"messages": MESSAGES, "max_tokens": 0}, "max_tokens"),
-    ({"messages": MESSAGES, "max_tokens": 10 ** 6}, "max_tokens"),
-    ({"messages": MESSAGES, "n": 0}, "n"),
-    ({"messages": []}, "messages"),
-    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages"),
-    ({"messages": [{"role": "user", "content": "hi " * 3000}]}, "messages"),
-    ({"messages": MESSAGES, "tool_choice": "sometimes"}, "tool_choice"),
-    ({"messages": MESSAGES, "frequency_penalty": 0.5}, "frequency_penalty"),
-    ({}, "messages"),
-])
+@pytest.mark.parametrize(
+    "payload,param",
+    [
+        ({"messages": MESSAGES, "temperature": 5}, "temperature"),
+        ({"messages": MESSAGES, "top_p": 0}, "top_p"),
+        ({"messages": MESSAGES, "max_tokens": 0}, "max_tokens"),
+        ({"messages": MESSAGES, "max_tokens": 10**6}, "max_tokens"),
+        ({"messages": MESSAGES, "n": 0}, "n"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages"),
+        ({"messages": [{"role": "user", "content": "hi " * 3000}]}, "messages"),
+        ({"messages": MESSAGES, "tool_choice": "sometimes"}, "tool_choice"),
+        ({"messages": MESSAGES, "frequency_penalty": 0.5}, "frequency_penalty"),
+        ({}, "messages"),
+    ],
+)
 def test_bad_chat_requests_get_openai_400(base_url: str, payload: dict, param: str) -> None:
     response = httpx.post(f"{base_url}/chat/completions", json=payload, timeout=60)
     assert response.status_code == 400
@@ -101,10 +132,14 @@ def test_bad_chat_requests_get_openai_400(base_url: str, payload: dict, param: s
 
 
 def test_malformed_json_and_bad_completion_prompt(base_url: str) -> None:
-    response = httpx.post(f"{base_url}/chat/completions", content=b'{"messages": [', timeout=30,
-                          headers={"Content-Type": "application/json"})
+    response = httpx.post(
+        f"{base_url}/chat/completions",
+        content=b'{"messages": [',
+        timeout=30,
+        headers={"Content-Type": "application/json"},
+    )
     assert response.status_code == 400 and response.json()["error"]["param"] == "body"
-    response = httpx.post(f"{base_url}/completions", json={"prompt": [10 ** 9]}, timeout=30)
+    response = httpx.post(f"{base_url}/completions", json={"prompt": [10**9]}, timeout=30)
     assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"
 
 
@@ -120,8 +155,9 @@ class ScriptedEngine(Engine):
             if on_token is not None:
                 on_token(TokenEvent(token, -0.5, None, i == len(ids) - 1))
         future: Future = Future()
-        future.set_result(GenerationResult(list(prompt_ids), ids, [-0.5] * len(ids), None, text, "stop",
-                                           self.model_version))
+        future.set_result(
+            GenerationResult(list(prompt_ids), ids, [-0.5] * len(ids), None, text, "stop", self.model_version)
+        )
         return future
 
 
@@ -169,8 +205,7 @@ def test_malformed_tool_call_json_is_kept_as_text(scripted, stream: bool) -> Non
     payload = {"messages": MESSAGES, "tools": [calc.CALCULATOR_TOOL], "stream": stream}
     response = httpx.post(f"{url}/chat/completions", json=payload, timeout=30)
     if stream:
-        events = [json.loads(line[6:]) for line in response.text.splitlines()
-                  if line.startswith("data: {")]
+        events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")]
         text = "".join(c["delta"].get("content") or "" for e in events for c in e["choices"])
         assert not any(c["delta"].get("tool_calls") for e in events for c in e["choices"])
     else:
@@ -183,8 +218,11 @@ def test_malformed_tool_call_json_is_kept_as_text(scripted, stream: bool) -> Non
 def test_tool_choice_none_returns_text(scripted) -> None:
     engine, url = scripted
     engine.script[:] = [CALL]
-    body = httpx.post(f"{url}/chat/completions", json={
-        "messages": MESSAGES, "tools": [calc.CALCULATOR_TOOL], "tool_choice": "none"}, timeout=30).json()
+    body = httpx.post(
+        f"{url}/chat/completions",
+        json={"messages": MESSAGES, "tools": [calc.CALCULATOR_TOOL], "tool_choice": "none"},
+        timeout=30,
+    ).json()
     assert body["choices"][0]["message"]["content"] == CALL
 
 
@@ -193,12 +231,24 @@ def test_assistant_tool_call_history_renders_back(scripted) -> None:
     engine, url = scripted
     engine.script[:] = ["The answer is 5."]
     history = MESSAGES + [
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
-            "name": "calculator", "arguments": json.dumps({"expression": "2 + 3"})}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "calculator", "arguments": json.dumps({"expression": "2 + 3"})},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "5"},
     ]
-    body = httpx.post(f"{url}/chat/completions", json={
-        "messages": history, "tools": [calc.CALCULATOR_TOOL], "return_token_ids": True}, timeout=30).json()
+    body = httpx.post(
+        f"{url}/chat/completions",
+        json={"messages": history, "tools": [calc.CALCULATOR_TOOL], "return_token_ids": True},
+        timeout=30,
+    ).json()
     prompt_text = engine.tokenizer.decode(body["prompt_token_ids"])
     assert CALL + "<|im_end|>" in prompt_text and "<tool_response>\n5\n</tool_response>" in prompt_text
 
@@ -209,23 +259,34 @@ def test_lora_and_weight_endpoints(scripted, tmp_path: Path) -> None:
     assert response.status_code == 400 and response.json()["error"]["param"] == "lora_path"
     response = httpx.post(f"{url}/unload_lora_adapter", json={"lora_name": "x"})
     assert response.status_code == 404
-    response = httpx.post(f"{url}/update_weights", json={"path": str(engine.model_dir), "version": "step-7"},
-                          timeout=60)
+    response = httpx.post(
+        f"{url}/update_weights", json={"path": str(engine.model_dir), "version": "step-7"}, timeout=60
+    )
     assert response.json() == {"status": "ok", "model_version": "step-7"}
     assert httpx.get(f"{url}/models").json()["data"][0]["model_version"] == "step-7"
 
 
 def test_streaming_errors_come_before_the_stream(base_url: str) -> None:
-    response = httpx.post(f"{base_url}/chat/completions", json={
-        "messages": MESSAGES, "stream": True, "max_tokens": 10 ** 6}, timeout=30)
+    response = httpx.post(
+        f"{base_url}/chat/completions", json={"messages": MESSAGES, "stream": True, "max_tokens": 10**6}, timeout=30
+    )
     assert response.status_code == 400 and response.json()["error"]["param"] == "max_tokens"
 
 
 def test_streaming_text_completion(base_url: str, engine: Engine) -> None:
     prompt = engine.tokenizer.encode("What is", add_special_tokens=False)
-    response = httpx.post(f"{base_url}/completions", json={
-        "prompt": prompt, "max_tokens": 5, "temperature": 0, "stream": True, "return_token_ids": True,
-        "ignore_eos": True}, timeout=60)
+    response = httpx.post(
+        f"{base_url}/completions",
+        json={
+            "prompt": prompt,
+            "max_tokens": 5,
+            "temperature": 0,
+            "stream": True,
+            "return_token_ids": True,
+            "ignore_eos": True,
+        },
+        timeout=60,
+    )
     events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")]
     assert events[0]["choices"][0]["prompt_token_ids"] == prompt
     assert sum(len(e["choices"][0]["token_ids"]) for e in events) == 5

@@ -28,15 +28,18 @@ def _refused(response: httpx.Response, status: int = 400) -> dict:
     return response.json()["error"]
 
 
-@pytest.mark.parametrize(("payload", "param"), [
-    ({"messages": MESSAGES, "seed": 2 ** 70}, "seed"),
-    ({"messages": MESSAGES, "seed": -(2 ** 70)}, "seed"),
-    ({"messages": MESSAGES, "stream": "yes"}, "stream"),
-    ({"messages": MESSAGES, "stream": 1}, "stream"),
-    ({"messages": MESSAGES, "logprobs": "true"}, "logprobs"),
-    ({"messages": MESSAGES, "return_token_ids": "false"}, "return_token_ids"),
-    ({"messages": MESSAGES, "max_tokens": "5"}, "max_tokens"),
-])
+@pytest.mark.parametrize(
+    ("payload", "param"),
+    [
+        ({"messages": MESSAGES, "seed": 2**70}, "seed"),
+        ({"messages": MESSAGES, "seed": -(2**70)}, "seed"),
+        ({"messages": MESSAGES, "stream": "yes"}, "stream"),
+        ({"messages": MESSAGES, "stream": 1}, "stream"),
+        ({"messages": MESSAGES, "logprobs": "true"}, "logprobs"),
+        ({"messages": MESSAGES, "return_token_ids": "false"}, "return_token_ids"),
+        ({"messages": MESSAGES, "max_tokens": "5"}, "max_tokens"),
+    ],
+)
 def test_fields_are_typed_strictly_and_bounded(base_url: str, payload: dict, param: str) -> None:
     assert _refused(httpx.post(f"{base_url}/chat/completions", json=payload, timeout=60))["param"] == param
 
@@ -52,21 +55,26 @@ def test_a_vanishing_temperature_is_greedy_not_a_failed_batch(base_url: str) -> 
 
 
 def test_the_largest_seed_still_samples(base_url: str) -> None:
-    body = {"messages": MESSAGES, "seed": 2 ** 64 - 1 - 16, "n": 2, "max_tokens": 2}
+    body = {"messages": MESSAGES, "seed": 2**64 - 1 - 16, "n": 2, "max_tokens": 2}
     assert httpx.post(f"{base_url}/chat/completions", json=body, timeout=60).status_code == 200
 
 
-@pytest.mark.parametrize("raw", [
-    b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
-    b'{"prompt": "x\\udfff"}',
-    b'{"messages": [{"role": "user", "content": ' + b"[" * 100_000 + b"]" * 100_000 + b"}]}",
-    b'{"messages": [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": '
-    + b'{"a":' * 500 + b"1" + b"}" * 500 + b"}}]}]}",
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
+        b'{"prompt": "x\\udfff"}',
+        b'{"messages": [{"role": "user", "content": ' + b"[" * 100_000 + b"]" * 100_000 + b"}]}",
+        b'{"messages": [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": '
+        + b'{"a":' * 500
+        + b"1"
+        + b"}" * 500
+        + b"}}]}]}",
+    ],
+)
 def test_lone_surrogates_and_deep_nesting_get_400(base_url: str, raw: bytes) -> None:
     path = "/completions" if b"prompt" in raw else "/chat/completions"
-    error = _refused(httpx.post(base_url + path, content=raw, headers={"Content-Type": "application/json"},
-                                timeout=60))
+    error = _refused(httpx.post(base_url + path, content=raw, headers={"Content-Type": "application/json"}, timeout=60))
     assert "surrogate" in error["message"] or "nested too deeply" in error["message"]
 
 
@@ -80,8 +88,9 @@ def test_prompts_beyond_the_context_are_refused_on_a_prefix(base_url: str, engin
 
     monkeypatch.setattr(engine.tokenizer, "encode", recording)
     huge = "hello there " * 900_000  # ~10 MB: tokenized whole, it took 42.8 s on the event loop
-    error = _refused(httpx.post(f"{base_url}/chat/completions", timeout=120,
-                                json={"messages": [{"role": "user", "content": huge}]}))
+    error = _refused(
+        httpx.post(f"{base_url}/chat/completions", timeout=120, json={"messages": [{"role": "user", "content": huge}]})
+    )
     assert error["param"] == "messages" and "maximum context length" in error["message"]
     assert seen and max(seen) <= engine.max_model_len * 8  # only a prefix was tokenized
     ids = _refused(httpx.post(f"{base_url}/completions", json={"prompt": [1] * 2_000_000}, timeout=120))
@@ -116,8 +125,9 @@ def test_health_answers_while_a_prompt_is_tokenized(base_url: str, engine: Engin
     assert result == {"status": 200}
 
 
-def test_update_weights_refuses_what_is_not_weights_and_swaps_nothing(base_url: str, engine: Engine,
-                                                                      tmp_path: Path) -> None:
+def test_update_weights_refuses_what_is_not_weights_and_swaps_nothing(
+    base_url: str, engine: Engine, tmp_path: Path
+) -> None:
     text_file = tmp_path / "notes.txt"
     text_file.write_text("these are not weights")
     fake = tmp_path / "fake"
@@ -128,12 +138,14 @@ def test_update_weights_refuses_what_is_not_weights_and_swaps_nothing(base_url: 
     before = engine.model_version
     root = base_url.removesuffix("/v1")
     for path in (text_file, fake, pickle, tmp_path / "missing", "\x00"):
-        error = _refused(httpx.post(f"{root}/v1/update_weights", json={"path": str(path), "version": "evil"},
-                                    timeout=60))
+        error = _refused(
+            httpx.post(f"{root}/v1/update_weights", json={"path": str(path), "version": "evil"}, timeout=60)
+        )
         assert error["param"] == "path"
     assert engine.model_version == before and httpx.get(f"{root}/health").json()["model_version"] == before
-    lora = _refused(httpx.post(f"{root}/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": str(fake)},
-                               timeout=60))
+    lora = _refused(
+        httpx.post(f"{root}/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": str(fake)}, timeout=60)
+    )
     assert lora["param"] == "lora_path" and "adapter_config.json" in lora["message"]
     assert engine.loras == []
 
@@ -143,9 +155,12 @@ def test_body_limit_declared_and_chunked(engine: Engine) -> None:
         big = {"messages": [{"role": "user", "content": "x" * 2000}]}
         error = _refused(httpx.post(f"{server.base_url}/chat/completions", json=big, timeout=30), 413)
         assert "1000 bytes" in error["message"]
-        chunked = httpx.post(f"{server.base_url}/chat/completions", content=iter([b'{"messages": "', b"y" * 2000,
-                                                                                   b'"}']),
-                             headers={"Content-Type": "application/json"}, timeout=30)
+        chunked = httpx.post(
+            f"{server.base_url}/chat/completions",
+            content=iter([b'{"messages": "', b"y" * 2000, b'"}']),
+            headers={"Content-Type": "application/json"},
+            timeout=30,
+        )
         _refused(chunked, 413)
 
 
@@ -159,11 +174,14 @@ def guarded(engine: Engine, monkeypatch) -> Iterator[ModelServer]:
 def test_token_guards_every_route_but_health(guarded: ModelServer, engine: Engine, tmp_path: Path) -> None:
     root = guarded.base_url.removesuffix("/v1")
     before = engine.model_version
-    for method, path, body in (("POST", "/v1/chat/completions", {"messages": MESSAGES}),
-                               ("POST", "/v1/completions", {"prompt": "x"}), ("GET", "/v1/models", None),
-                               ("POST", "/v1/update_weights", {"path": str(tmp_path)}),
-                               ("POST", "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": str(tmp_path)}),
-                               ("POST", "/v1/unload_lora_adapter", {"lora_name": "x"})):
+    for method, path, body in (
+        ("POST", "/v1/chat/completions", {"messages": MESSAGES}),
+        ("POST", "/v1/completions", {"prompt": "x"}),
+        ("GET", "/v1/models", None),
+        ("POST", "/v1/update_weights", {"path": str(tmp_path)}),
+        ("POST", "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": str(tmp_path)}),
+        ("POST", "/v1/unload_lora_adapter", {"lora_name": "x"}),
+    ):
         for headers in ({}, {"Authorization": "Bearer nope"}):
             error = _refused(httpx.request(method, root + path, json=body, headers=headers, timeout=30), 401)
             assert error["type"] == "authentication_error"
@@ -179,12 +197,23 @@ def test_only_json_bodies_and_our_host_names(guarded: ModelServer) -> None:
     for content_type in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=b"):
         _refused(httpx.post(url, content=raw, headers={**auth, "Content-Type": content_type}, timeout=30), 415)
     _refused(httpx.post(url, content=raw, headers=auth, timeout=30), 415)  # no type at all
-    rebound = _refused(httpx.post(url, content=raw, headers={**auth, "Content-Type": "application/json",
-                                                             "Host": "attacker.example"}, timeout=30), 421)
+    rebound = _refused(
+        httpx.post(
+            url,
+            content=raw,
+            headers={**auth, "Content-Type": "application/json", "Host": "attacker.example"},
+            timeout=30,
+        ),
+        421,
+    )
     assert "--allowed-host" in rebound["message"]
     for host in ("gpu-box.lan:8000", "localhost"):
-        assert httpx.post(url, content=raw, headers={**auth, "Content-Type": "application/json", "Host": host},
-                          timeout=30).status_code == 200
+        assert (
+            httpx.post(
+                url, content=raw, headers={**auth, "Content-Type": "application/json", "Host": host}, timeout=30
+            ).status_code
+            == 200
+        )
 
 
 class _Weights:
@@ -197,8 +226,9 @@ class _Weights:
         return {k: v for k, v in self._engine._base.state_dict().items() if "lora_" not in k}
 
 
-def test_publishers_send_the_model_token_from_the_environment(tiny_model_dir: Path, tmp_path: Path,
-                                                              monkeypatch) -> None:
+def test_publishers_send_the_model_token_from_the_environment(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
     from agentgrad.http.guard import MODEL_TOKEN_ENV
     from agentgrad.training.publish import ModelServerPublisher, VLLMLoRAPublisher
 

@@ -16,8 +16,7 @@ def _prompt(engine: Engine, text: str = "What is 2 + 3?") -> list[int]:
 
 
 def test_greedy_logprob_is_the_max_and_tokens_decode_to_text(engine: Engine) -> None:
-    result = engine.generate(_prompt(engine), SamplingParams(max_tokens=12, temperature=0, logprobs=5,
-                                                             ignore_eos=True))
+    result = engine.generate(_prompt(engine), SamplingParams(max_tokens=12, temperature=0, logprobs=5, ignore_eos=True))
     assert len(result.token_ids) == len(result.logprobs) == 12 and result.finish_reason == "length"
     for token, logprob, top in zip(result.token_ids, result.logprobs, result.top_logprobs):
         assert top[0][0] == token and top[0][1] == pytest.approx(logprob)
@@ -39,8 +38,7 @@ def test_batched_greedy_equals_solo_greedy(engine: Engine) -> None:
 
 def test_concurrent_requests_share_forward_passes(engine: Engine) -> None:
     before = engine.forward_steps
-    futures = [engine.submit(_prompt(engine), SamplingParams(max_tokens=20, ignore_eos=True, seed=i))
-               for i in range(8)]
+    futures = [engine.submit(_prompt(engine), SamplingParams(max_tokens=20, ignore_eos=True, seed=i)) for i in range(8)]
     results = [f.result() for f in futures]
     assert sum(len(r.token_ids) for r in results) == 160
     assert engine.forward_steps - before < 80  # sequential would need 160 forward passes
@@ -57,12 +55,12 @@ def test_stop_strings_and_tokens(engine: Engine) -> None:
 
     free = sample()
     k = next(i for i, t in enumerate(free.token_ids) if t not in free.token_ids[:i] and i > 0)
-    stop_text = engine.tokenizer.decode(free.token_ids[k:k + 1])
+    stop_text = engine.tokenizer.decode(free.token_ids[k : k + 1])
     stopped = sample(stop=[stop_text])
     assert stopped.finish_reason == "stop" and stop_text not in stopped.text
     assert free.text.startswith(stopped.text)
     by_id = sample(stop_token_ids=[free.token_ids[k]])
-    assert by_id.token_ids == free.token_ids[:k + 1] and by_id.finish_reason == "stop"
+    assert by_id.token_ids == free.token_ids[: k + 1] and by_id.finish_reason == "stop"
 
 
 def test_bad_requests_name_the_field(engine: Engine) -> None:
@@ -73,7 +71,7 @@ def test_bad_requests_name_the_field(engine: Engine) -> None:
         engine.submit([1, 2], SamplingParams(max_tokens=engine.max_model_len))
     assert err.value.param == "max_tokens"
     with pytest.raises(RequestError) as err:
-        engine.submit([10 ** 9], SamplingParams())
+        engine.submit([10**9], SamplingParams())
     assert err.value.param == "prompt"
 
 

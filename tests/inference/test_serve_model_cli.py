@@ -36,18 +36,34 @@ def test_serve_model_serves_and_stops_on_sigterm(tiny_model_dir: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               AGENTGRAD_MODEL_TOKEN="tok")  # the token comes from the environment, off the command line
-    proc = subprocess.Popen([sys.executable, "-c", RUNNER, "serve-model", str(tiny_model_dir), "--port", str(port),
-                             "--served-model-name", "calc"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    env = dict(
+        os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), AGENTGRAD_MODEL_TOKEN="tok"
+    )  # the token comes from the environment, off the command line
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            RUNNER,
+            "serve-model",
+            str(tiny_model_dir),
+            "--port",
+            str(port),
+            "--served-model-name",
+            "calc",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
                 assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 401
-                models = httpx.get(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": "Bearer tok"},
-                                   timeout=2).json()
+                models = httpx.get(
+                    f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": "Bearer tok"}, timeout=2
+                ).json()
                 break
             except httpx.HTTPError:
                 assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""

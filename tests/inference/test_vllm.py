@@ -25,9 +25,17 @@ def test_command_enables_lora_and_tool_parsing() -> None:
 def test_vllm_serves_token_ids(tiny_model_dir: Path) -> None:
     proc, url = launch_vllm(tiny_model_dir, port=18765, extra_args=["--max-model-len", "1024"])
     try:
-        body = httpx.post(f"{url}/chat/completions", json={
-            "model": str(tiny_model_dir), "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
-            "return_token_ids": True, "logprobs": True}, timeout=120).json()
+        body = httpx.post(
+            f"{url}/chat/completions",
+            json={
+                "model": str(tiny_model_dir),
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 4,
+                "return_token_ids": True,
+                "logprobs": True,
+            },
+            timeout=120,
+        ).json()
         assert body["prompt_token_ids"] and len(body["choices"][0]["token_ids"]) >= 1
     finally:
         proc.terminate()

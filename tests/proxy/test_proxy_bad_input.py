@@ -20,13 +20,16 @@ def post(proxy: LLMProxy, path: str, **kwargs) -> httpx.Response:
     return httpx.post(proxy.base_url + path, timeout=30, headers={"Content-Type": "application/json"}, **kwargs)
 
 
-@pytest.mark.parametrize(("body", "param"), [
-    (b"{not json", None),
-    (b"[1, 2]", None),
-    (b'{"model": "m"}', "messages"),
-    (b'{"model": "m", "messages": []}', "messages"),
-    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}', "stream"),
-])
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b"{not json", None),
+        (b"[1, 2]", None),
+        (b'{"model": "m"}', "messages"),
+        (b'{"model": "m", "messages": []}', "messages"),
+        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}', "stream"),
+    ],
+)
 def test_malformed_chat_requests_get_400_with_openai_error(proxy, body, param) -> None:
     response = post(proxy, "/chat/completions", content=body)
     assert response.status_code == 400
@@ -34,12 +37,15 @@ def test_malformed_chat_requests_get_400_with_openai_error(proxy, body, param) -
     assert error["type"] == "invalid_request_error" and error["message"] and error["param"] == param
 
 
-@pytest.mark.parametrize(("body", "param"), [
-    ({"model": "m"}, "input"),
-    ({"model": "m", "input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
-    ({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
-    ({"model": "m", "input": [{"type": "mystery"}]}, "input[0].type"),
-])
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": "m"}, "input"),
+        ({"model": "m", "input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"model": "m", "input": [{"type": "mystery"}]}, "input[0].type"),
+    ],
+)
 def test_unsupported_responses_requests_name_the_field(proxy, body, param) -> None:
     response = post(proxy, "/responses", json=body)
     assert response.status_code == 400 and response.json()["error"]["param"] == param
@@ -47,8 +53,9 @@ def test_unsupported_responses_requests_name_the_field(proxy, body, param) -> No
 
 def test_openai_sdk_raises_bad_request(proxy) -> None:
     with pytest.raises(openai.BadRequestError, match="previous_response_id"):
-        openai.OpenAI(base_url=proxy.base_url, api_key="k").responses.create(model="m", input="x",
-                                                                            previous_response_id="r")
+        openai.OpenAI(base_url=proxy.base_url, api_key="k").responses.create(
+            model="m", input="x", previous_response_id="r"
+        )
 
 
 def test_oversized_body_is_refused_with_413(memory_store, stub) -> None:
@@ -71,8 +78,11 @@ def test_unknown_route_is_404_json_but_chat_never_is(proxy) -> None:
 
 def test_upstream_error_passes_through_with_status_and_body(memory_store, attempt) -> None:
     with StubUpstream(["x"], fail_first=5) as stub, LLMProxy(memory_store, f"http://127.0.0.1:{stub.port}/v1") as proxy:
-        client = openai.OpenAI(base_url=proxy.endpoint_for(attempt.rollout.rollout_id, attempt.attempt.attempt_id),
-                               api_key="k", max_retries=0)
+        client = openai.OpenAI(
+            base_url=proxy.endpoint_for(attempt.rollout.rollout_id, attempt.attempt.attempt_id),
+            api_key="k",
+            max_retries=0,
+        )
         with pytest.raises(openai.InternalServerError, match="scripted failure"):
             client.chat.completions.create(model="m", messages=MESSAGES)
         assert proxy.metrics.upstream_errors == 1
@@ -89,11 +99,14 @@ def test_unreachable_upstream_gives_502_and_keeps_stored_data(memory_store, stub
     endpoint_args = (attempt.rollout.rollout_id, attempt.attempt.attempt_id)
     with LLMProxy(memory_store, f"http://127.0.0.1:{stub.port}/v1") as good:
         openai.OpenAI(base_url=good.endpoint_for(*endpoint_args), api_key="k").chat.completions.create(
-            model="m", messages=MESSAGES)
+            model="m", messages=MESSAGES
+        )
     with LLMProxy(memory_store, f"http://127.0.0.1:{_free_port()}/v1") as dead:
         for stream in (False, True):
-            response = httpx.post(dead.endpoint_for(*endpoint_args) + "/chat/completions",
-                                  json={"model": "m", "messages": MESSAGES, "stream": stream})
+            response = httpx.post(
+                dead.endpoint_for(*endpoint_args) + "/chat/completions",
+                json={"model": "m", "messages": MESSAGES, "stream": stream},
+            )
             assert response.status_code == 502
             assert "unreachable" in response.json()["error"]["message"]
         assert dead.metrics.upstream_unreachable == 2

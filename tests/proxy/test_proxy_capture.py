@@ -58,7 +58,8 @@ def test_chat_non_streamed_records_token_ids_and_hides_them(memory_store, stub, 
 
 def test_client_that_asks_for_token_ids_keeps_them(memory_store, proxy, attempt) -> None:
     reply = client_for(proxy, attempt).chat.completions.create(
-        model="m", messages=MESSAGES, logprobs=True, extra_body={"return_token_ids": True})
+        model="m", messages=MESSAGES, logprobs=True, extra_body={"return_token_ids": True}
+    )
     assert reply.model_extra["prompt_token_ids"]
     assert reply.choices[0].model_extra["token_ids"]
     assert reply.choices[0].logprobs.content
@@ -72,13 +73,17 @@ def test_chat_streamed_passes_chunks_and_reassembles_tool_calls(memory_store, st
     client = client_for(proxy, attempt)
     chunks = list(client.chat.completions.create(model="m", messages=MESSAGES, tools=[CALCULATOR_TOOL], stream=True))
     assert len(chunks) > 2 and all(chunk.choices for chunk in chunks)  # no usage chunk: not asked for
-    arguments = "".join(c.choices[0].delta.tool_calls[0].function.arguments or ""
-                        for c in chunks if c.choices[0].delta.tool_calls)
+    arguments = "".join(
+        c.choices[0].delta.tool_calls[0].function.arguments or "" for c in chunks if c.choices[0].delta.tool_calls
+    )
     assert json.loads(arguments) == {"expression": "2 + 3"}
     assert stub.requests[0]["stream_options"] == {"include_usage": True}
 
-    text_chunks = list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True,
-                                                      stream_options={"include_usage": True}))
+    text_chunks = list(
+        client.chat.completions.create(
+            model="m", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
+        )
+    )
     assert text_chunks[-1].usage.completion_tokens == len("The answer is 5.")
     spans = llm_spans(memory_store, attempt)
     call, text = spans[0].attributes, spans[1].attributes
@@ -99,21 +104,29 @@ def test_completions_api(memory_store, proxy, attempt) -> None:
     assert span.attributes[semconv.LLM_API] == "completions"
 
 
-RESPONSES_TOOL = {"type": "function", "name": "calculator", "description": "Evaluate arithmetic.",
-                  "parameters": CALCULATOR_TOOL["function"]["parameters"]}
+RESPONSES_TOOL = {
+    "type": "function",
+    "name": "calculator",
+    "description": "Evaluate arithmetic.",
+    "parameters": CALCULATOR_TOOL["function"]["parameters"],
+}
 
 
 def test_responses_api_translated_to_chat(memory_store, stub, proxy, attempt) -> None:
     client = client_for(proxy, attempt)
-    first = client.responses.create(model="gpt-4o-mini", instructions="Be brief.", input="What is 2 + 3?",
-                                    tools=[RESPONSES_TOOL])
+    first = client.responses.create(
+        model="gpt-4o-mini", instructions="Be brief.", input="What is 2 + 3?", tools=[RESPONSES_TOOL]
+    )
     (call,) = first.output
     assert call.type == "function_call" and call.name == "calculator"
-    history = [{"role": "user", "content": "What is 2 + 3?"},
-               {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
-               {"type": "function_call_output", "call_id": call.call_id, "output": "5"}]
-    second = client.responses.create(model="gpt-4o-mini", instructions="Be brief.", input=history,
-                                      tools=[RESPONSES_TOOL])
+    history = [
+        {"role": "user", "content": "What is 2 + 3?"},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "5"},
+    ]
+    second = client.responses.create(
+        model="gpt-4o-mini", instructions="Be brief.", input=history, tools=[RESPONSES_TOOL]
+    )
     assert second.output_text == "The answer is 5."
     sent = stub.requests[1]
     assert [m["role"] for m in sent["messages"]] == ["system", "user", "assistant", "tool"]
@@ -143,8 +156,12 @@ def test_responses_api_streamed_events(memory_store, proxy, attempt) -> None:
 
 
 def test_headers_attribute_calls_and_name_the_agent(memory_store, proxy, attempt) -> None:
-    headers = {"X-Rollout-Id": attempt.rollout.rollout_id, "X-Attempt-Id": attempt.attempt.attempt_id,
-               "X-Agent-Name": "solver", "traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"}
+    headers = {
+        "X-Rollout-Id": attempt.rollout.rollout_id,
+        "X-Attempt-Id": attempt.attempt.attempt_id,
+        "X-Agent-Name": "solver",
+        "traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01",
+    }
     client = openai.OpenAI(base_url=proxy.base_url, api_key="k", default_headers=headers)
     client.chat.completions.create(model="m", messages=MESSAGES)
     (span,) = llm_spans(memory_store, attempt)
@@ -161,8 +178,10 @@ def test_call_without_rollout_is_forwarded_and_counted(memory_store, proxy) -> N
 
 
 def test_sdk_retry_after_upstream_error_is_one_span(memory_store, attempt) -> None:
-    with StubUpstream(["ok"], fail_first=1) as stub, \
-            LLMProxy(memory_store, f"http://127.0.0.1:{stub.port}/v1") as proxy:
+    with (
+        StubUpstream(["ok"], fail_first=1) as stub,
+        LLMProxy(memory_store, f"http://127.0.0.1:{stub.port}/v1") as proxy,
+    ):
         client = client_for(proxy, attempt, max_retries=2)
         client._client.timeout = 5  # noqa: SLF001 - keep the SDK's backoff short
         assert client.chat.completions.create(model="m", messages=MESSAGES).choices[0].message.content == "ok"
@@ -174,8 +193,15 @@ def test_retry_of_a_recorded_call_is_deduplicated(memory_store, proxy, attempt) 
     url = proxy.endpoint_for(attempt.rollout.rollout_id, attempt.attempt.attempt_id) + "/chat/completions"
     body = json.dumps({"model": "m", "messages": MESSAGES}).encode()
     for retry in ("0", "1"):
-        assert httpx.post(url, content=body, headers={"x-stainless-retry-count": retry, "Content-Type": "application/json"}).status_code == 200
-    httpx.post(url, content=body, headers={"Content-Type": "application/json"})  # a fresh call with the same prompt is a new sample
+        assert (
+            httpx.post(
+                url, content=body, headers={"x-stainless-retry-count": retry, "Content-Type": "application/json"}
+            ).status_code
+            == 200
+        )
+    httpx.post(
+        url, content=body, headers={"Content-Type": "application/json"}
+    )  # a fresh call with the same prompt is a new sample
     assert len(llm_spans(memory_store, attempt)) == 2
     assert proxy.metrics.retries_deduplicated == 1
 
@@ -187,8 +213,9 @@ def test_instrumented_shared_async_client_keeps_concurrent_rollouts_apart(memory
     client = openai.AsyncOpenAI(base_url=proxy.base_url, api_key="k")  # one client, no URL prefix
 
     async def run(one: AttemptedRollout, name: str) -> None:
-        context = RolloutContext(store=memory_store, rollout=one.rollout, attempt=one.attempt, agent_name=name,
-                                 parent_span_id=f"sp-{name}")
+        context = RolloutContext(
+            store=memory_store, rollout=one.rollout, attempt=one.attempt, agent_name=name, parent_span_id=f"sp-{name}"
+        )
         with use_context(context):
             for _ in range(2):
                 await client.chat.completions.create(model="m", messages=MESSAGES)
@@ -224,8 +251,9 @@ def test_sync_mode_stores_every_call_before_the_client_has_the_answer(memory_sto
             for _ in client.responses.create(model="m", input="hi", stream=True):
                 pass
         # no flush: in sync mode the span is committed before the stream's last event
-        spans = memory_store.query_spans(attempt.rollout.rollout_id, attempt.attempt.attempt_id,
-                                         name=semconv.SPAN_LLM_CALL)
+        spans = memory_store.query_spans(
+            attempt.rollout.rollout_id, attempt.attempt.attempt_id, name=semconv.SPAN_LLM_CALL
+        )
         assert len(spans) == 1
         assert proxy.metrics.recorded == 1 and proxy.metrics.store_batches == 1
         proxy.flush(attempt.rollout.rollout_id, attempt.attempt.attempt_id, timeout=0)  # nothing pending

@@ -36,8 +36,9 @@ def silent_agent(task: dict, llm: LLM) -> float:
 
 def test_resources_hook_rewrites_llm_endpoints(memory_store) -> None:
     claimed: AttemptedRollout = new_attempt(memory_store)
-    resources = Resources(resources_id="r", version=1, items={"policy": LLM(endpoint="http://engine/v1", model="p"),
-                                                             "temperature": 0.5})
+    resources = Resources(
+        resources_id="r", version=1, items={"policy": LLM(endpoint="http://engine/v1", model="p"), "temperature": 0.5}
+    )
     hooked = ProxyResourcesHook("http://127.0.0.1:9/v1")(resources, claimed)
     expected = f"http://127.0.0.1:9/rollout/{claimed.rollout.rollout_id}/attempt/{claimed.attempt.attempt_id}/v1"
     assert hooked.items["policy"].endpoint == expected and hooked.items["policy"].model == "p"
@@ -48,9 +49,13 @@ def test_resources_hook_rewrites_llm_endpoints(memory_store) -> None:
 
 def test_trainer_with_proxy_captures_every_rollout(memory_store, proxy) -> None:
     trainer = Trainer(memory_store, proxy=proxy, concurrency=2, console=None)
-    report = trainer.dev(calling_agent, [{"q": f"What is {i} + 1?"} for i in range(4)],
-                         {"llm": LLM(endpoint="http://unused.invalid/v1", model="gpt-4o-mini")},
-                         timeout=60, print_summary=False)
+    report = trainer.dev(
+        calling_agent,
+        [{"q": f"What is {i} + 1?"} for i in range(4)],
+        {"llm": LLM(endpoint="http://unused.invalid/v1", model="gpt-4o-mini")},
+        timeout=60,
+        print_summary=False,
+    )
     assert report.succeeded
     rollouts = memory_store.query_rollouts()
     assert len(rollouts) == 4 and all(r.llm_calls == 1 for r in rollouts)
@@ -80,16 +85,31 @@ def test_cli_serves_until_sigterm(tmp_path, stub) -> None:
         claimed = new_attempt(s)
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     process = subprocess.Popen(
-        [sys.executable, "-m", "agentgrad", "proxy", "--store", f"sqlite://{db}",
-         "--upstream", f"http://127.0.0.1:{stub.port}/v1", "--port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        [
+            sys.executable,
+            "-m",
+            "agentgrad",
+            "proxy",
+            "--store",
+            f"sqlite://{db}",
+            "--upstream",
+            f"http://127.0.0.1:{stub.port}/v1",
+            "--port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     try:
         line = process.stdout.readline()
         assert "LLM proxy on http://127.0.0.1:" in line, line
         base = line.split()[3]
         endpoint = base[:-3] + f"/rollout/{claimed.rollout.rollout_id}/attempt/{claimed.attempt.attempt_id}/v1"
         openai.OpenAI(base_url=endpoint, api_key="k").chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "hi"}])
+            model="m", messages=[{"role": "user", "content": "hi"}]
+        )
     finally:
         process.send_signal(signal.SIGTERM)
         output, _ = process.communicate(timeout=20)

@@ -33,8 +33,11 @@ def _spans(store, claimed) -> list:
 
 def test_token_is_required_on_every_route_but_health(guarded, stub, memory_store, attempt) -> None:
     url = guarded.endpoint_for(attempt.rollout.rollout_id, attempt.attempt.attempt_id)
-    for path, kwargs in (("/chat/completions", {"json": CHAT}), ("/completions", {"json": {"prompt": "x"}}),
-                         ("/responses", {"json": {"model": "m", "input": "x"}})):
+    for path, kwargs in (
+        ("/chat/completions", {"json": CHAT}),
+        ("/completions", {"json": {"prompt": "x"}}),
+        ("/responses", {"json": {"model": "m", "input": "x"}}),
+    ):
         for auth in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
             response = httpx.post(url + path, headers=auth, timeout=30, **kwargs)
             assert response.status_code == 401, (path, auth)
@@ -53,8 +56,14 @@ def test_token_is_required_on_every_route_but_health(guarded, stub, memory_store
     client = openai.OpenAI(base_url=url, api_key=TOKEN, max_retries=0)  # the SDK sends it as a bearer token
     assert client.chat.completions.create(**CHAT).choices[0].finish_reason == "tool_calls"  # the stub's script
     assert len(stub.requests) == 1
-    assert httpx.post(guarded.url + "/agentgrad/flush", json=flush, headers={"Authorization": f"Bearer {TOKEN}"},
-                      ).status_code == 200
+    assert (
+        httpx.post(
+            guarded.url + "/agentgrad/flush",
+            json=flush,
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        ).status_code
+        == 200
+    )
 
 
 def test_only_json_bodies_are_accepted(proxy, stub, memory_store, attempt) -> None:
@@ -62,14 +71,22 @@ def test_only_json_bodies_are_accepted(proxy, stub, memory_store, attempt) -> No
     import json
 
     raw = json.dumps(CHAT).encode()
-    for content_type in ("text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
-                         "multipart/form-data; boundary=x", None):
+    for content_type in (
+        "text/plain",
+        "text/plain;charset=UTF-8",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+        None,
+    ):
         headers = {"Content-Type": content_type} if content_type else {}
         response = httpx.post(url, content=raw, headers=headers)
         assert response.status_code == 415, content_type
         assert "application/json" in response.json()["error"]["message"]
-    flush = httpx.post(proxy.url + "/agentgrad/flush", content=b'{"rollout_id":"r","attempt_id":"a"}',
-                       headers={"Content-Type": "text/plain"})
+    flush = httpx.post(
+        proxy.url + "/agentgrad/flush",
+        content=b'{"rollout_id":"r","attempt_id":"a"}',
+        headers={"Content-Type": "text/plain"},
+    )
     assert flush.status_code == 415
     assert not stub.requests
     proxy.flush(attempt.rollout.rollout_id, attempt.attempt.attempt_id, timeout=10)
@@ -115,8 +132,9 @@ def test_binding_beyond_loopback_without_a_token_warns(memory_store, stub, caplo
 
 
 def test_hook_gives_agents_the_token_as_their_api_key(monkeypatch, memory_store, attempt) -> None:
-    resources = Resources(resources_id="r", version=1, items={"policy": LLM(endpoint="http://e/v1", model="p",
-                                                                            api_key="engine-key")})
+    resources = Resources(
+        resources_id="r", version=1, items={"policy": LLM(endpoint="http://e/v1", model="p", api_key="engine-key")}
+    )
     assert ProxyResourcesHook("http://127.0.0.1:9")(resources, attempt).items["policy"].api_key == "engine-key"
     monkeypatch.setenv(PROXY_TOKEN_ENV, TOKEN)
     hook = ProxyResourcesHook("http://127.0.0.1:9")
@@ -131,8 +149,9 @@ def token_agent(task: dict, llm: LLM) -> float:
     return 1.0
 
 
-def test_a_runner_reaches_a_guarded_proxy_with_the_token_from_its_environment(guarded, memory_store,
-                                                                               monkeypatch) -> None:
+def test_a_runner_reaches_a_guarded_proxy_with_the_token_from_its_environment(
+    guarded, memory_store, monkeypatch
+) -> None:
     monkeypatch.setenv(PROXY_TOKEN_ENV, TOKEN)  # what `agentgrad runner` inherits
     memory_store.enqueue_rollout({"q": "x"})
     runner = Runner(token_agent, memory_store, max_rollouts=1, llm_proxy_url=guarded.url, poll_timeout=0.1)
@@ -143,22 +162,27 @@ def test_a_runner_reaches_a_guarded_proxy_with_the_token_from_its_environment(gu
 
 
 @pytest.mark.tiny_model
-def test_proxy_sends_the_model_token_upstream_never_its_own(memory_store, tiny_model_dir, monkeypatch,
-                                                            attempt) -> None:
+def test_proxy_sends_the_model_token_upstream_never_its_own(memory_store, tiny_model_dir, monkeypatch, attempt) -> None:
     from agentgrad.inference import ModelServer
 
     with ModelServer(tiny_model_dir, token="model-s3cret") as server:
         upstream = server.base_url
         monkeypatch.delenv(MODEL_TOKEN_ENV, raising=False)
         with LLMProxy(memory_store, upstream, token=TOKEN) as proxy:  # no upstream key: the client's is ours
-            client = openai.OpenAI(base_url=proxy.endpoint_for(attempt.rollout.rollout_id, attempt.attempt.attempt_id),
-                                   api_key=TOKEN, max_retries=0)
+            client = openai.OpenAI(
+                base_url=proxy.endpoint_for(attempt.rollout.rollout_id, attempt.attempt.attempt_id),
+                api_key=TOKEN,
+                max_retries=0,
+            )
             with pytest.raises(openai.AuthenticationError):
                 client.chat.completions.create(**CHAT, max_tokens=2)
         monkeypatch.setenv(MODEL_TOKEN_ENV, "model-s3cret")
         with LLMProxy(memory_store, upstream, token=TOKEN) as proxy:
-            client = openai.OpenAI(base_url=proxy.endpoint_for(attempt.rollout.rollout_id, attempt.attempt.attempt_id),
-                                   api_key=TOKEN, max_retries=0)
+            client = openai.OpenAI(
+                base_url=proxy.endpoint_for(attempt.rollout.rollout_id, attempt.attempt.attempt_id),
+                api_key=TOKEN,
+                max_retries=0,
+            )
             reply = client.chat.completions.create(**CHAT, max_tokens=2)
             assert reply.model_extra["model_version"] == server.engine.model_version
             proxy.flush(attempt.rollout.rollout_id, attempt.attempt.attempt_id, timeout=10)
@@ -173,17 +197,35 @@ def test_cli_takes_the_token_and_hosts_from_flags_and_environment(tmp_path, stub
 
     env = {**os.environ, PROXY_TOKEN_ENV: TOKEN, ALLOWED_HOSTS_ENV: "ci.lan"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "agentgrad", "proxy", "--store", f"sqlite://{tmp_path / 'store.db'}",
-         "--upstream", f"http://127.0.0.1:{stub.port}/v1", "--port", "0", "--allowed-host", "team.lan"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        [
+            sys.executable,
+            "-m",
+            "agentgrad",
+            "proxy",
+            "--store",
+            f"sqlite://{tmp_path / 'store.db'}",
+            "--upstream",
+            f"http://127.0.0.1:{stub.port}/v1",
+            "--port",
+            "0",
+            "--allowed-host",
+            "team.lan",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     try:
         line = process.stdout.readline()
         assert "LLM proxy on http://127.0.0.1:" in line, line
         base = line.split()[3]
         assert httpx.post(base + "/chat/completions", json=CHAT).status_code == 401
         auth = {"Authorization": f"Bearer {TOKEN}"}
-        assert httpx.post(base + "/chat/completions", json=CHAT, headers={**auth, "Host": "evil.example"}
-                          ).status_code == 421
+        assert (
+            httpx.post(base + "/chat/completions", json=CHAT, headers={**auth, "Host": "evil.example"}).status_code
+            == 421
+        )
         for host in ("team.lan", "ci.lan"):
             assert httpx.post(base + "/chat/completions", json=CHAT, headers={**auth, "Host": host}).status_code == 200
     finally:

@@ -71,12 +71,18 @@ def test_answer_does_not_wait_for_the_store_and_flush_is_the_barrier(memory_stor
         assert stored(memory_store, attempt) == 0
         with pytest.raises(FlushTimeout):
             proxy.flush(*ids(attempt), timeout=0.2)
-        timed_out = httpx.post(proxy.url + "/agentgrad/flush", timeout=10, json={
-            "rollout_id": attempt.rollout.rollout_id, "attempt_id": attempt.attempt.attempt_id, "timeout": 0.1})
+        timed_out = httpx.post(
+            proxy.url + "/agentgrad/flush",
+            timeout=10,
+            json={"rollout_id": attempt.rollout.rollout_id, "attempt_id": attempt.attempt.attempt_id, "timeout": 0.1},
+        )
         assert timed_out.status_code == 504 and timed_out.json()["error"]["code"] == "flush_timeout"
         slow.gate.set()
-        done = httpx.post(proxy.url + "/agentgrad/flush", timeout=10, json={
-            "rollout_id": attempt.rollout.rollout_id, "attempt_id": attempt.attempt.attempt_id, "timeout": 10})
+        done = httpx.post(
+            proxy.url + "/agentgrad/flush",
+            timeout=10,
+            json={"rollout_id": attempt.rollout.rollout_id, "attempt_id": attempt.attempt.attempt_id, "timeout": 10},
+        )
         assert done.status_code == 200
         assert stored(memory_store, attempt) == 1
         assert proxy.metrics.recorded == 1 and proxy.metrics.as_dict()["store_batches"] == 1
@@ -85,9 +91,16 @@ def test_answer_does_not_wait_for_the_store_and_flush_is_the_barrier(memory_stor
 
 
 def test_flush_endpoint_refuses_bad_bodies(proxy) -> None:
-    for body in (b"nope", b"[]", b'{"rollout_id": "r"}', b'{"rollout_id": "r", "attempt_id": 3}',
-                 b'{"rollout_id": "r", "attempt_id": "a", "timeout": -1}'):
-        response = httpx.post(proxy.url + "/agentgrad/flush", content=body, headers={"Content-Type": "application/json"})
+    for body in (
+        b"nope",
+        b"[]",
+        b'{"rollout_id": "r"}',
+        b'{"rollout_id": "r", "attempt_id": 3}',
+        b'{"rollout_id": "r", "attempt_id": "a", "timeout": -1}',
+    ):
+        response = httpx.post(
+            proxy.url + "/agentgrad/flush", content=body, headers={"Content-Type": "application/json"}
+        )
         assert response.status_code == 400, body
         assert "rollout_id" in response.json()["error"]["message"]
 
@@ -115,8 +128,9 @@ def test_flush_waits_for_an_in_flight_stream(memory_store, stub, proxy, attempt)
 
 def test_aborted_stream_releases_the_barrier(memory_store, stub, proxy, attempt) -> None:
     stub.stream_gate = threading.Event()
-    with httpx.stream("POST", url_for(proxy, attempt), timeout=10,
-                      json={"model": "m", "messages": MESSAGES, "stream": True}) as response:
+    with httpx.stream(
+        "POST", url_for(proxy, attempt), timeout=10, json={"model": "m", "messages": MESSAGES, "stream": True}
+    ) as response:
         next(response.iter_raw())  # first event, then the client goes away
     deadline = time.monotonic() + 5
     while proxy.metrics.streams_aborted < 1 and time.monotonic() < deadline:
@@ -135,8 +149,11 @@ def test_concurrent_calls_share_store_transactions(memory_store, stub) -> None:
 
         async def main() -> None:
             async with httpx.AsyncClient(timeout=20) as client:
-                calls = [client.post(url_for(proxy, one), json={"model": "m", "messages": MESSAGES})
-                         for one in claimed for _ in range(6)]
+                calls = [
+                    client.post(url_for(proxy, one), json={"model": "m", "messages": MESSAGES})
+                    for one in claimed
+                    for _ in range(6)
+                ]
                 replies = await asyncio.gather(*calls)
             assert all(r.status_code == 200 for r in replies)
 
@@ -192,8 +209,11 @@ def test_lost_spans_are_counted_and_fail_the_flush(memory_store, stub, attempt, 
         assert httpx.get(proxy.url + "/metrics").json()["store_errors"] == 1
         # reported once: the next failure is reported by the next flush, over HTTP with a 500
         assert httpx.post(url_for(proxy, attempt), json={"model": "m", "messages": MESSAGES}).status_code == 200
-        response = httpx.post(proxy.url + "/agentgrad/flush", timeout=10, json={
-            "rollout_id": attempt.rollout.rollout_id, "attempt_id": attempt.attempt.attempt_id})
+        response = httpx.post(
+            proxy.url + "/agentgrad/flush",
+            timeout=10,
+            json={"rollout_id": attempt.rollout.rollout_id, "attempt_id": attempt.attempt.attempt_id},
+        )
         assert response.status_code == 500 and response.json()["error"]["code"] == "store_error"
         proxy.flush(*ids(attempt), timeout=1)
 
@@ -230,6 +250,7 @@ def test_stop_drains_the_queue(memory_store, stub, attempt) -> None:
 
 
 # ---- the runner flushes before it reports -------------------------------------------------------------
+
 
 def calling_agent(task: dict, llm: LLM) -> float:
     client = openai.OpenAI(base_url=llm.endpoint, api_key="k")

@@ -58,11 +58,35 @@ def skyrl_server(qwen3_twin: Path, tmp_path: Path) -> Iterator[str]:
     log = (tmp_path / "skyrl-server.log").open("w")
     env = {**os.environ, "PATH": f"{uv.parent}:{os.environ['PATH']}"}  # the server spawns its engine with `uv run`
     process = subprocess.Popen(
-        [str(uv), "run", "--no-sync", "--extra", "tinker", "--extra", "jax", "-m", "skyrl.tinker.api",
-         "--base-model", str(qwen3_twin), "--backend", "jax", "--host", "127.0.0.1", "--port", str(port),
-         "--checkpoints-base", str(tmp_path / "checkpoints"),
-         "--database-url", f"sqlite:///{tmp_path / 'tinker.db'}"],
-        cwd=SERVER_PROJECT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            str(uv),
+            "run",
+            "--no-sync",
+            "--extra",
+            "tinker",
+            "--extra",
+            "jax",
+            "-m",
+            "skyrl.tinker.api",
+            "--base-model",
+            str(qwen3_twin),
+            "--backend",
+            "jax",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--checkpoints-base",
+            str(tmp_path / "checkpoints"),
+            "--database-url",
+            f"sqlite:///{tmp_path / 'tinker.db'}",
+        ],
+        cwd=SERVER_PROJECT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_until_serving(url, process, tmp_path / "skyrl-server.log")

@@ -28,9 +28,16 @@ def _grpo(model_dir: Path, out: Path) -> object:
     from agentgrad.algorithms.grpo import GRPO, GRPOConfig
     from agentgrad.training.policy import LoraSettings, TrainConfig
 
-    config = GRPOConfig(steps=STEPS, batch_size=4, group_size=4, val_every=0, checkpoint_every=2,
-                        output_dir=out, sampling={"temperature": 1.0, "max_tokens": 48},
-                        train=TrainConfig(lr=5e-3, lora=LoraSettings(r=8)))
+    config = GRPOConfig(
+        steps=STEPS,
+        batch_size=4,
+        group_size=4,
+        val_every=0,
+        checkpoint_every=2,
+        output_dir=out,
+        sampling={"temperature": 1.0, "max_tokens": 48},
+        train=TrainConfig(lr=5e-3, lora=LoraSettings(r=8)),
+    )
     return GRPO(model_dir, config)
 
 
@@ -44,7 +51,8 @@ def _run(policy: object, model_dir: Path, out: Path) -> tuple[object, object, fl
     started = time.monotonic()
     with policy.serving(store):  # type: ignore[attr-defined]
         result = Trainer(store, algorithm=grpo, policy=policy, n_runners=1, concurrency=16).fit(
-            calc_agent, train_tasks(64, seed=3), val_tasks(16))
+            calc_agent, train_tasks(64, seed=3), val_tasks(16)
+        )
     return result, store, time.monotonic() - started
 
 
@@ -57,10 +65,13 @@ def _phases(rows: list[dict[str, float]]) -> dict[str, float]:
     import statistics
 
     update = [r["tokens"] / r["tokens_per_second"] for r in rows]
-    return {"rollout_seconds": statistics.median(r["rollout_seconds"] for r in rows),
-            "update_seconds": statistics.median(update),
-            "publish_seconds": statistics.median(r["train_seconds"] - u for r, u in zip(rows, update)),
-            "step_seconds": statistics.median(r["step_seconds"] for r in rows), "steps_trained": len(rows)}
+    return {
+        "rollout_seconds": statistics.median(r["rollout_seconds"] for r in rows),
+        "update_seconds": statistics.median(update),
+        "publish_seconds": statistics.median(r["train_seconds"] - u for r, u in zip(rows, update)),
+        "step_seconds": statistics.median(r["step_seconds"] for r in rows),
+        "steps_trained": len(rows),
+    }
 
 
 @pytest.mark.timeout(3600)
@@ -92,9 +103,14 @@ def test_grpo_trains_the_calculator_agent_through_a_skyrl_tinker_server(skyrl_se
     # the same run on the local backend, for the per-phase comparison
     local_out = tmp_path / "local"
     _run(LocalPolicy(qwen3_twin), qwen3_twin, local_out)
-    timings = {"tinker": {**_phases(rows), "run_seconds": seconds}, "local": _phases(_metrics(local_out)),
-               "steps": STEPS, "batch": "4 tasks x 4 rollouts", "model": "tiny-calc Qwen3 twin (0.9M)",
-               "server": "SkyRL 0.3.0 Tinker API, JAX backend, CPU"}
+    timings = {
+        "tinker": {**_phases(rows), "run_seconds": seconds},
+        "local": _phases(_metrics(local_out)),
+        "steps": STEPS,
+        "batch": "4 tasks x 4 rollouts",
+        "model": "tiny-calc Qwen3 twin (0.9M)",
+        "server": "SkyRL 0.3.0 Tinker API, JAX backend, CPU",
+    }
     artifacts = REPO / "test-artifacts" / "scale"
     artifacts.mkdir(parents=True, exist_ok=True)
     (artifacts / "timings.json").write_text(json.dumps(timings, indent=2))

@@ -12,11 +12,30 @@ from agentgrad.demo.calc import generate_problems
 
 
 def test_generate_writes_the_demo_problems(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["scenarios", "math", "generate", str(tmp_path), "--seed", "2", "--train", "20", "--val", "5",
-                 "--test", "7"]) == 0
+    assert (
+        main(
+            [
+                "scenarios",
+                "math",
+                "generate",
+                str(tmp_path),
+                "--seed",
+                "2",
+                "--train",
+                "20",
+                "--val",
+                "5",
+                "--test",
+                "7",
+            ]
+        )
+        == 0
+    )
     assert "test: 7 tasks" in capsys.readouterr().out
-    written = {split: [json.loads(line) for line in (tmp_path / f"{split}.jsonl").read_text().splitlines()]
-               for split in ("train", "val", "test")}
+    written = {
+        split: [json.loads(line) for line in (tmp_path / f"{split}.jsonl").read_text().splitlines()]
+        for split in ("train", "val", "test")
+    }
     assert written["test"] == generate_problems(7, 2, "test")  # the demo's own generator, not a copy
     assert len(written["train"]) == 20 and len(written["val"]) == 5
     questions = [{t["question"] for t in tasks} for tasks in written.values()]

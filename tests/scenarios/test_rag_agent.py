@@ -28,8 +28,9 @@ AGENT = Path(__file__).parents[2] / "examples" / "rag" / "rag_agent.py"
 def test_rag_agent_through_the_proxy(capture: Capture, tmp_path: Path) -> None:
     files = write_split(tmp_path, "val", seed=0, questions=2)  # one 1-hop, one 2-hop question
     questions = generate_split("val", 0).questions
-    tasks = [task_of(q, files.corpus) for q in questions if q.hops == 1][:1] + \
-        [task_of(q, files.corpus) for q in questions if q.hops == 2][:1]
+    tasks = [task_of(q, files.corpus) for q in questions if q.hops == 1][:1] + [
+        task_of(q, files.corpus) for q in questions if q.hops == 2
+    ][:1]
     spans = run_and_check(capture, load_agent(f"{AGENT}:rag_agent"), tasks=tasks)
     assert {s.attributes[semconv.AGENT_NAME] for s in spans} == {"searcher"}  # Agent.name, not the function's
     rollouts = {s.rollout_id for s in spans}
@@ -57,13 +58,24 @@ def test_rag_agent_searches_twice_and_scores_with_a_scripted_model(tmp_path: Pat
     world = generate_split("val", 0)
     question = next(q for q in world.questions if q.hops == 2)
     first, bridge = (world.by_id[i] for i in question.support)
-    script = [tool_reply("search", {"query": ""}, "call_1"), tool_reply("search", {"query": first.title}, "call_2"),
-              tool_reply("search", {"query": bridge.title}, "call_3"), f"<answer>{question.answer}</answer>"]
-    with StubUpstream(script) as stub, open_store("memory", watchdog=False) as store, \
-            LLMProxy(store, f"http://127.0.0.1:{stub.port}/v1") as proxy:
-        Trainer(store, proxy=proxy).dev(load_agent(f"{AGENT}:rag_agent"), [task_of(question, files.corpus)],
-                                        {"llm": LLM(endpoint=f"http://127.0.0.1:{stub.port}/v1", model=STUB_MODEL)},
-                                        timeout=120, print_summary=False)
+    script = [
+        tool_reply("search", {"query": ""}, "call_1"),
+        tool_reply("search", {"query": first.title}, "call_2"),
+        tool_reply("search", {"query": bridge.title}, "call_3"),
+        f"<answer>{question.answer}</answer>",
+    ]
+    with (
+        StubUpstream(script) as stub,
+        open_store("memory", watchdog=False) as store,
+        LLMProxy(store, f"http://127.0.0.1:{stub.port}/v1") as proxy,
+    ):
+        Trainer(store, proxy=proxy).dev(
+            load_agent(f"{AGENT}:rag_agent"),
+            [task_of(question, files.corpus)],
+            {"llm": LLM(endpoint=f"http://127.0.0.1:{stub.port}/v1", model=STUB_MODEL)},
+            timeout=120,
+            print_summary=False,
+        )
         (rollout,) = store.query_rollouts()
         calls = store.query_spans(rollout.rollout_id, name=semconv.SPAN_LLM_CALL)
         (reward,) = store.query_spans(rollout.rollout_id, name=semconv.SPAN_REWARD)

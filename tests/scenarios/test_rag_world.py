@@ -102,18 +102,21 @@ def test_written_split(test_files) -> None:
     assert test_files.index == index_path(test_files.corpus) and test_files.index.is_file()
 
 
-@pytest.mark.parametrize("reply, gold, em, f1", [
-    ("<answer>Mermere</answer>", "Mermere", 1.0, 1.0),
-    ("The answer is <answer>the Farrow Isles.</answer>", "Farrow Isles", 1.0, 1.0),  # article, punctuation
-    ("<answer>1853</answer>", "1853", 1.0, 1.0),
-    ("<answer>Farrow</answer>", "Farrow Isles", 0.0, 2 / 3),
-    ("<answer>Tainholm</answer>", "Mermere", 0.0, 0.0),
-    ("Mermere", "Mermere", 1.0, 1.0),  # no tags: the whole reply
-    ("It is Mermere.", "Mermere", 0.0, 0.5),  # precision 1/3, recall 1
-    ("<answer>1852</answer><answer>1853</answer>", "1853", 1.0, 1.0),  # the last answer counts
-    ("", "Mermere", 0.0, 0.0),
-    (None, "Mermere", 0.0, 0.0),
-])
+@pytest.mark.parametrize(
+    "reply, gold, em, f1",
+    [
+        ("<answer>Mermere</answer>", "Mermere", 1.0, 1.0),
+        ("The answer is <answer>the Farrow Isles.</answer>", "Farrow Isles", 1.0, 1.0),  # article, punctuation
+        ("<answer>1853</answer>", "1853", 1.0, 1.0),
+        ("<answer>Farrow</answer>", "Farrow Isles", 0.0, 2 / 3),
+        ("<answer>Tainholm</answer>", "Mermere", 0.0, 0.0),
+        ("Mermere", "Mermere", 1.0, 1.0),  # no tags: the whole reply
+        ("It is Mermere.", "Mermere", 0.0, 0.5),  # precision 1/3, recall 1
+        ("<answer>1852</answer><answer>1853</answer>", "1853", 1.0, 1.0),  # the last answer counts
+        ("", "Mermere", 0.0, 0.0),
+        (None, "Mermere", 0.0, 0.0),
+    ],
+)
 def test_reward_on_hand_made_answers(reply, gold, em, f1) -> None:
     score = score_reply(reply, gold)
     assert score.em == em and score.f1 == pytest.approx(f1)
@@ -126,13 +129,16 @@ def test_normaliser_pieces() -> None:
     assert extract_answer("<ANSWER> 12 </answer>") == "12"
 
 
-@pytest.mark.parametrize("query, message", [
-    ("", "empty query"),
-    ("   ?!  ", "empty query"),
-    ("x" * (MAX_QUERY_CHARS + 1), "query too long"),
-    (" ".join(["word"] * 40 + [f"w{i}" for i in range(40)]), "query too long"),
-    (None, "must be text"),
-])
+@pytest.mark.parametrize(
+    "query, message",
+    [
+        ("", "empty query"),
+        ("   ?!  ", "empty query"),
+        ("x" * (MAX_QUERY_CHARS + 1), "query too long"),
+        (" ".join(["word"] * 40 + [f"w{i}" for i in range(40)]), "query too long"),
+        (None, "must be text"),
+    ],
+)
 def test_search_tool_refuses_bad_queries_with_a_message(test_files, query, message) -> None:
     index = open_index(test_files.corpus)
     with pytest.raises(QueryError, match=message):
@@ -193,8 +199,12 @@ def test_example_configs_are_valid_grpo_settings(example: str) -> None:
 def test_generate_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from agentgrad.cli import main
 
-    assert main(["scenarios", "rag", "generate", str(tmp_path), "--seed", "3", "--train", "10", "--val", "4",
-                 "--test", "6"]) == 0
+    assert (
+        main(
+            ["scenarios", "rag", "generate", str(tmp_path), "--seed", "3", "--train", "10", "--val", "4", "--test", "6"]
+        )
+        == 0
+    )
     assert "test: 6 tasks over 350 documents" in capsys.readouterr().out
     assert json.loads((tmp_path / "world.json").read_text())["seed"] == 3
     lines = (tmp_path / "train.jsonl").read_text().splitlines()

@@ -43,8 +43,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_config_trains_the_writer_and_rewriter_only() -> None:
     config = resolve(GRPOConfig, EXAMPLE / "train.yaml")
     pattern = re.compile(config.agent_match)
-    assert [bool(pattern.search(name)) for name in ("write_query", "rewrite_query", "check_query")] == \
-        [True, True, False]
+    assert [bool(pattern.search(name)) for name in ("write_query", "rewrite_query", "check_query")] == [
+        True,
+        True,
+        False,
+    ]
 
 
 def test_extract_query_reads_what_models_reply() -> None:
@@ -59,20 +62,32 @@ def test_a_rejected_query_is_rewritten_and_the_accepted_one_scores_one(world: Pa
     from agentgrad.testing.stub import StubUpstream
 
     task = read_tasks(world / "test.jsonl")[0]
-    replies = ["```sql\nSELECT nme FROM nowhere\n```", "Wrong table. THE QUERY IS INCORRECT.",
-               f"```sql\n{task['query']}\n```", "THE QUERY IS CORRECT."]
-    with StubUpstream(replies) as stub, open_store("memory", watchdog=False) as store, \
-            LLMProxy(store, f"http://127.0.0.1:{stub.port}/v1") as proxy:
+    replies = [
+        "```sql\nSELECT nme FROM nowhere\n```",
+        "Wrong table. THE QUERY IS INCORRECT.",
+        f"```sql\n{task['query']}\n```",
+        "THE QUERY IS CORRECT.",
+    ]
+    with (
+        StubUpstream(replies) as stub,
+        open_store("memory", watchdog=False) as store,
+        LLMProxy(store, f"http://127.0.0.1:{stub.port}/v1") as proxy,
+    ):
         llm = LLM(endpoint=f"http://127.0.0.1:{stub.port}/v1", model="stand-in", sampling={"temperature": 0.0})
         agent = load_agent(f"{EXAMPLE / 'sql_agent.py'}:sql_agent")
         Trainer(store, proxy=proxy).dev(agent, [task], {"llm": llm}, timeout=60, print_summary=False)
         (rollout,) = store.query_rollouts()
-        calls = sorted(store.query_spans(rollout.rollout_id, name=semconv.SPAN_LLM_CALL),
-                       key=lambda s: s.sequence_id or 0)
+        calls = sorted(
+            store.query_spans(rollout.rollout_id, name=semconv.SPAN_LLM_CALL), key=lambda s: s.sequence_id or 0
+        )
         (reward,) = store.query_spans(rollout.rollout_id, name=semconv.SPAN_REWARD)
         (message,) = store.query_spans(rollout.rollout_id, name=semconv.SPAN_MESSAGE)
-    assert [s.attributes.get(semconv.AGENT_NAME) for s in calls] == \
-        ["write_query", "check_query", "rewrite_query", "check_query"]
+    assert [s.attributes.get(semconv.AGENT_NAME) for s in calls] == [
+        "write_query",
+        "check_query",
+        "rewrite_query",
+        "check_query",
+    ]
     assert "Error: error: no such table: nowhere" in str(stub.requests[1]["messages"])  # the checker saw why
     assert reward.attributes[semconv.REWARD_VALUE] == 1.0
     assert message.attributes[semconv.MESSAGE_BODY].startswith("match (after 2 write(s))")
@@ -88,8 +103,9 @@ def test_the_agent_runs_end_to_end_with_its_node_names(capture: Capture, world: 
     (rollout,) = [r for r in capture.store.query_rollouts() if r.input == task]
     attempts = capture.store.get_attempts(rollout.rollout_id)
     assert rollout.status.value == "succeeded", [a.error for a in attempts]
-    calls = sorted(capture.store.query_spans(rollout.rollout_id, name=semconv.SPAN_LLM_CALL),
-                   key=lambda s: s.sequence_id or 0)
+    calls = sorted(
+        capture.store.query_spans(rollout.rollout_id, name=semconv.SPAN_LLM_CALL), key=lambda s: s.sequence_id or 0
+    )
     names = [s.attributes.get(semconv.AGENT_NAME) for s in calls]
     if capture.model_dir is not None:  # the real tiny model never accepts a query: both turns run
         assert names == ["write_query", "check_query", "rewrite_query", "check_query"], names
@@ -100,12 +116,14 @@ def test_the_agent_runs_end_to_end_with_its_node_names(capture: Capture, world: 
     assert reward.attributes[semconv.REWARD_VALUE] in (0.0, 1.0)
     (message,) = capture.store.query_spans(rollout.rollout_id, name=semconv.SPAN_MESSAGE)
     body = message.attributes[semconv.MESSAGE_BODY]
-    assert ("match" in body if reward.attributes[semconv.REWARD_VALUE] else
-            body.startswith(("the query failed", "different result", "the rows are right"))), body
+    assert (
+        "match" in body
+        if reward.attributes[semconv.REWARD_VALUE]
+        else body.startswith(("the query failed", "different result", "the rows are right"))
+    ), body
 
     config = resolve(GRPOConfig, EXAMPLE / "train.yaml")
-    transitions, stats = TransitionAdapter(agent_match=config.agent_match, merge=False).adapt(
-        capture.store, [rollout])
+    transitions, stats = TransitionAdapter(agent_match=config.agent_match, merge=False).adapt(capture.store, [rollout])
     trained = [name for name in names if name != "check_query"]
     assert [t.agent_name for t in transitions] == trained
     assert stats.calls_other_agents == names.count("check_query") and stats.other_agents <= {"check_query"}

@@ -33,32 +33,51 @@ def score(db: Path, query: str, gold: str) -> tuple[float, str]:
     return result.reward, result.message
 
 
-@pytest.mark.parametrize(("query", "gold"), [
-    ("SELECT count(id) FROM customers", "SELECT count(*) FROM customers"),
-    ("select NAME from CUSTOMERS where city='Oslo'", "SELECT name FROM customers WHERE city = 'Oslo'"),
-    ("SELECT c.name FROM customers c WHERE c.id IN (SELECT customer_id FROM orders WHERE total = 7)",
-     "SELECT T2.name FROM orders AS T1 JOIN customers AS T2 ON T1.customer_id = T2.id WHERE T1.total = 7"),
-    ("SELECT name FROM customers WHERE city = 'Oslo' ORDER BY age DESC",  # order where none is asked: fine
-     "SELECT name FROM customers WHERE city = 'Oslo'"),
-    ("SELECT total, customer_id FROM orders", "SELECT customer_id, total FROM orders"),  # columns swapped
-    ("SELECT sum(age) * 1.0 / count(age) FROM customers", "SELECT avg(age) FROM customers"),  # float bits
-    ("SELECT name FROM customers ORDER BY age DESC LIMIT 2", "SELECT name FROM customers ORDER BY age DESC LIMIT 2"),
-])
+@pytest.mark.parametrize(
+    ("query", "gold"),
+    [
+        ("SELECT count(id) FROM customers", "SELECT count(*) FROM customers"),
+        ("select NAME from CUSTOMERS where city='Oslo'", "SELECT name FROM customers WHERE city = 'Oslo'"),
+        (
+            "SELECT c.name FROM customers c WHERE c.id IN (SELECT customer_id FROM orders WHERE total = 7)",
+            "SELECT T2.name FROM orders AS T1 JOIN customers AS T2 ON T1.customer_id = T2.id WHERE T1.total = 7",
+        ),
+        (
+            "SELECT name FROM customers WHERE city = 'Oslo' ORDER BY age DESC",  # order where none is asked: fine
+            "SELECT name FROM customers WHERE city = 'Oslo'",
+        ),
+        ("SELECT total, customer_id FROM orders", "SELECT customer_id, total FROM orders"),  # columns swapped
+        ("SELECT sum(age) * 1.0 / count(age) FROM customers", "SELECT avg(age) FROM customers"),  # float bits
+        (
+            "SELECT name FROM customers ORDER BY age DESC LIMIT 2",
+            "SELECT name FROM customers ORDER BY age DESC LIMIT 2",
+        ),
+    ],
+)
 def test_right_answers_score_one(db: Path, query: str, gold: str) -> None:
     assert score(db, query, gold) == (1.0, "match")
 
 
-@pytest.mark.parametrize(("query", "gold", "why"), [
-    ("SELECT name FROM customers", "SELECT name FROM customers WHERE city = 'Oslo'", "4 row(s), expected 2"),
-    ("SELECT name, city FROM customers WHERE city = 'Oslo'", "SELECT name FROM customers WHERE city = 'Oslo'",
-     "different result"),
-    ("SELECT max(age) FROM customers", "SELECT min(age) FROM customers", "different result"),
-    ("SELECT name FROM customers ORDER BY age ASC", "SELECT name FROM customers ORDER BY age DESC",
-     "the rows are right but their order is not"),
-    ("SELECT city FROM customers", "SELECT DISTINCT city FROM customers", "4 row(s), expected 3"),  # duplicates
-    ("SELECT DISTINCT total FROM orders", "SELECT total FROM orders", "3 row(s), expected 4"),
-    ("SELECT coalesce(age, 0) FROM customers", "SELECT age FROM customers", "different result"),  # NULL is not 0
-])
+@pytest.mark.parametrize(
+    ("query", "gold", "why"),
+    [
+        ("SELECT name FROM customers", "SELECT name FROM customers WHERE city = 'Oslo'", "4 row(s), expected 2"),
+        (
+            "SELECT name, city FROM customers WHERE city = 'Oslo'",
+            "SELECT name FROM customers WHERE city = 'Oslo'",
+            "different result",
+        ),
+        ("SELECT max(age) FROM customers", "SELECT min(age) FROM customers", "different result"),
+        (
+            "SELECT name FROM customers ORDER BY age ASC",
+            "SELECT name FROM customers ORDER BY age DESC",
+            "the rows are right but their order is not",
+        ),
+        ("SELECT city FROM customers", "SELECT DISTINCT city FROM customers", "4 row(s), expected 3"),  # duplicates
+        ("SELECT DISTINCT total FROM orders", "SELECT total FROM orders", "3 row(s), expected 4"),
+        ("SELECT coalesce(age, 0) FROM customers", "SELECT age FROM customers", "different result"),  # NULL is not 0
+    ],
+)
 def test_wrong_answers_score_zero_and_say_how(db: Path, query: str, gold: str, why: str) -> None:
     reward, message = score(db, query, gold)
     assert reward == 0.0 and why in message, message
@@ -84,17 +103,20 @@ def test_order_matters_only_for_the_outermost_order_by() -> None:
     assert order_matters("SELEC name FRM t ORDER BY x (((")  # unparsable: the reference's text test
 
 
-@pytest.mark.parametrize(("query", "why"), [
-    ("SELECT nme FROM customers", "no such column: nme"),
-    ("SELEC name FROM customers", "syntax error"),
-    ("", "empty query"),
-    ("   ", "empty query"),
-    ("SELECT 1; SELECT 2", "one statement at a time"),
-    ("DELETE FROM customers", "readonly"),
-    ("DROP TABLE orders", "readonly"),
-    ("ATTACH DATABASE 'other.sqlite' AS other", "too many attached databases"),
-    ("SELECT zeroblob(100000000)", "too big"),
-])
+@pytest.mark.parametrize(
+    ("query", "why"),
+    [
+        ("SELECT nme FROM customers", "no such column: nme"),
+        ("SELEC name FROM customers", "syntax error"),
+        ("", "empty query"),
+        ("   ", "empty query"),
+        ("SELECT 1; SELECT 2", "one statement at a time"),
+        ("DELETE FROM customers", "readonly"),
+        ("DROP TABLE orders", "readonly"),
+        ("ATTACH DATABASE 'other.sqlite' AS other", "too many attached databases"),
+        ("SELECT zeroblob(100000000)", "too big"),
+    ],
+)
 def test_failing_queries_score_zero_with_the_reason(db: Path, query: str, why: str) -> None:
     before = sqlite3.connect(db).execute("SELECT count(*) FROM customers").fetchone()
     reward, message = score(db, query, "SELECT name FROM customers")
@@ -108,8 +130,10 @@ def test_a_query_that_never_ends_times_out(db: Path) -> None:
     endless = "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n) SELECT count(*) FROM n"
     result = execution_match(endless, "SELECT 1", db, timeout=0.3)
     assert result.reward == 0.0 and "timed out after 0.3 s" in result.message
-    quadratic = "SELECT count(*) FROM customers a, customers b, customers c, customers d, customers e, " \
-                "(WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n) SELECT x FROM n)"
+    quadratic = (
+        "SELECT count(*) FROM customers a, customers b, customers c, customers d, customers e, "
+        "(WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n) SELECT x FROM n)"
+    )
     assert "timed out" in run_query(db, quadratic, timeout=0.3).error
 
 

@@ -108,11 +108,26 @@ def test_bad_settings_are_refused() -> None:
         WorldConfig(train_databases=-1)
 
 
-def test_the_command_writes_a_world_and_will_not_overwrite_one(tmp_path: Path,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_command_writes_a_world_and_will_not_overwrite_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "w"
-    argv = ["scenarios", "sql", "generate", str(out), "--seed", "3", "--train-databases", "2",
-            "--val-databases", "1", "--test-databases", "1", "--questions", "4"]
+    argv = [
+        "scenarios",
+        "sql",
+        "generate",
+        str(out),
+        "--seed",
+        "3",
+        "--train-databases",
+        "2",
+        "--val-databases",
+        "1",
+        "--test-databases",
+        "1",
+        "--questions",
+        "4",
+    ]
     assert main(argv) == 0
     assert "train: 8 tasks over 2 databases" in capsys.readouterr().out
     assert json.loads((out / "world.json").read_text())["config"]["seed"] == 3

@@ -194,8 +194,9 @@ def test_duplicate_rollout_id_is_refused(store, kit):
 def test_batch_with_existing_id_stores_nothing(store):
     store.enqueue_rollout("orig", rollout_id="ro-taken")
     with pytest.raises(AlreadyExistsError):
-        store.enqueue_rollouts([RolloutRequest(input="new", rollout_id="ro-new"),
-                                RolloutRequest(input="dup", rollout_id="ro-taken")])
+        store.enqueue_rollouts(
+            [RolloutRequest(input="new", rollout_id="ro-new"), RolloutRequest(input="dup", rollout_id="ro-taken")]
+        )
     assert store.count_rollouts() == 1
     assert store.get_rollout("ro-taken").input == "orig"
     with pytest.raises(NotFoundError):
@@ -204,8 +205,9 @@ def test_batch_with_existing_id_stores_nothing(store):
 
 def test_batch_with_repeated_id_stores_nothing(store):
     with pytest.raises((AlreadyExistsError, InvalidInputError)):
-        store.enqueue_rollouts([RolloutRequest(input=1, rollout_id="ro-twice"),
-                                RolloutRequest(input=2, rollout_id="ro-twice")])
+        store.enqueue_rollouts(
+            [RolloutRequest(input=1, rollout_id="ro-twice"), RolloutRequest(input=2, rollout_id="ro-twice")]
+        )
     assert store.count_rollouts() == 0
 
 
@@ -334,7 +336,7 @@ def test_garbled_store_file_is_refused(backend, tmp_path):
         {"logprobs": [-0.5] * 30 + [1], "flags": [True, False] * 10},
         {"keys": {str(i): i for i in range(20)} | {7: "int key"}},
         {"mixed": list(range(20)) + [(1, "a")]},
-        {"big": [2 ** 80] * 20, "huge_floats": [1e308] * 20},
+        {"big": [2**80] * 20, "huge_floats": [1e308] * 20},
     ],
     ids=["long-list-and-tuple", "numbers", "int-key-in-long-dict", "tuple-in-long-list", "overflowing-sums"],
 )

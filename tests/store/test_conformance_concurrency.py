@@ -53,7 +53,7 @@ def test_concurrent_dequeue_claims_each_rollout_once(store):
     assert set(claimed_ids.values()) == {1}, "a rollout was handed out twice"
     assert len({c.attempt.attempt_id for c in results}) == 200
     assert all(c.attempt.sequence_id == 1 for c in results)
-    for rid in ids[:: 20]:
+    for rid in ids[::20]:
         assert len(store.get_attempts(rid)) == 1
 
 
@@ -64,7 +64,7 @@ def test_concurrent_batch_dequeue_claims_each_rollout_once(store):
     counts = Counter(c.rollout.rollout_id for c in results)
     assert len(counts) == 120 and set(counts.values()) == {1}
     # The worker id recorded on each attempt is the one that received it.
-    for c in results[:: 10]:
+    for c in results[::10]:
         assert store.get_latest_attempt(c.rollout.rollout_id).worker_id == c.attempt.worker_id
 
 

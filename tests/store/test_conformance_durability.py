@@ -30,21 +30,31 @@ def _populate(store, kit):
     store.add_resources({"temperature": 0.3}, resources_id="res-2")
     done = kit.start(store, {"task": "done"}, metadata={"group_id": "g"}, resources_id="res-2")
     rid, aid = done.rollout.rollout_id, done.attempt.attempt_id
-    store.add_spans([
-        kit.span(rid, aid, semconv.SPAN_LLM_CALL, attributes={semconv.LLM_PROMPT_TOKEN_IDS: [1, 2, 3]}),
-        kit.span(rid, aid, semconv.SPAN_REWARD, attributes={semconv.REWARD_VALUE: 0.5}),
-    ])
+    store.add_spans(
+        [
+            kit.span(rid, aid, semconv.SPAN_LLM_CALL, attributes={semconv.LLM_PROMPT_TOKEN_IDS: [1, 2, 3]}),
+            kit.span(rid, aid, semconv.SPAN_REWARD, attributes={semconv.REWARD_VALUE: 0.5}),
+        ]
+    )
     store.update_attempt(rid, aid, "succeeded")
     retried = kit.start(store, "retry", config=RolloutConfig(max_attempts=3, retry_on=["failed"]))
-    store.update_attempt(retried.rollout.rollout_id, retried.attempt.attempt_id, "failed",
-                         error=AttemptError(type="E", message="m", traceback="tb"))
+    store.update_attempt(
+        retried.rollout.rollout_id,
+        retried.attempt.attempt_id,
+        "failed",
+        error=AttemptError(type="E", message="m", traceback="tb"),
+    )
     cancelled = store.enqueue_rollout("cancel-me").rollout_id
     store.cancel_rollout(cancelled)
     store.enqueue_rollout({"queued": [1, 2]}, mode="val")
     store.update_rollout_metadata(rid, {"note": "kept"})
     store.update_worker(Worker(worker_id="w-1", status="busy", metadata={"pid": 1}))
-    store.add_metrics([MetricRecord(run_id="r", step=1, values={"loss": 0.5}),
-                       MetricRecord(run_id="r", step=2, values={"loss": 0.25})])
+    store.add_metrics(
+        [
+            MetricRecord(run_id="r", step=1, values={"loss": 0.5}),
+            MetricRecord(run_id="r", step=2, values={"loss": 0.25}),
+        ]
+    )
 
 
 def test_reopen_empty_store(durable):
@@ -132,8 +142,9 @@ def test_acknowledged_writes_survive_sigkill(durable, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC_DIR), os.environ.get("PYTHONPATH", "")])}
     stderr_path = tmp_path / "child.err"
     with open(stderr_path, "wb") as stderr:
-        proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=stderr,
-                                env=env, text=True, bufsize=1)
+        proc = subprocess.Popen(
+            [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=stderr, env=env, text=True, bufsize=1
+        )
     lines = []
     deadline = time.monotonic() + 30
     try:

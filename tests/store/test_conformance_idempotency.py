@@ -46,36 +46,48 @@ def _attempts(store: Any, ids: list[str]) -> int:
 
 
 WRITES = [
-    Write("enqueue",
-          prepare=lambda store: None,
-          call=lambda store, _, key: store.enqueue_rollouts([{"input": {"task": 1}}], idempotency_key=key),
-          other=lambda store, _, key: store.enqueue_rollouts([{"input": {"task": 2}}], idempotency_key=key),
-          effects=lambda store, _: store.count_rollouts()),
-    Write("enqueue_named",
-          prepare=lambda store: None,
-          call=lambda store, _, key: store.enqueue_rollout("x", rollout_id="ro-named", idempotency_key=key),
-          other=lambda store, _, key: store.enqueue_rollout("x", rollout_id="ro-other", idempotency_key=key),
-          effects=lambda store, _: store.count_rollouts()),
-    Write("dequeue",
-          prepare=_two_queued,
-          call=lambda store, _, key: store.dequeue_rollouts(1, worker_id="w", idempotency_key=key),
-          other=lambda store, _, key: store.dequeue_rollouts(1, worker_id="another", idempotency_key=key),
-          effects=_attempts),
-    Write("cancel",
-          prepare=_two_queued,
-          call=lambda store, ids, key: store.cancel_rollout(ids[0], idempotency_key=key),
-          other=lambda store, ids, key: store.cancel_rollout(ids[1], idempotency_key=key),
-          effects=lambda store, _: store.count_rollouts(RolloutFilter(status=["cancelled"]))),
-    Write("add_resources",
-          prepare=lambda store: None,
-          call=lambda store, _, key: store.add_resources({"temperature": 0.5}, idempotency_key=key),
-          other=lambda store, _, key: store.add_resources({"temperature": 0.9}, idempotency_key=key),
-          effects=lambda store, _: len(store.query_resources())),
-    Write("add_metrics",  # a record is stamped when made: a retry sends the same one
-          prepare=lambda store: [MetricRecord(run_id="r", step=step, values={"loss": 0.5}) for step in (1, 2)],
-          call=lambda store, records, key: store.add_metrics(records[:1], idempotency_key=key),
-          other=lambda store, records, key: store.add_metrics(records[1:], idempotency_key=key),
-          effects=lambda store, _: len(store.query_metrics())),
+    Write(
+        "enqueue",
+        prepare=lambda store: None,
+        call=lambda store, _, key: store.enqueue_rollouts([{"input": {"task": 1}}], idempotency_key=key),
+        other=lambda store, _, key: store.enqueue_rollouts([{"input": {"task": 2}}], idempotency_key=key),
+        effects=lambda store, _: store.count_rollouts(),
+    ),
+    Write(
+        "enqueue_named",
+        prepare=lambda store: None,
+        call=lambda store, _, key: store.enqueue_rollout("x", rollout_id="ro-named", idempotency_key=key),
+        other=lambda store, _, key: store.enqueue_rollout("x", rollout_id="ro-other", idempotency_key=key),
+        effects=lambda store, _: store.count_rollouts(),
+    ),
+    Write(
+        "dequeue",
+        prepare=_two_queued,
+        call=lambda store, _, key: store.dequeue_rollouts(1, worker_id="w", idempotency_key=key),
+        other=lambda store, _, key: store.dequeue_rollouts(1, worker_id="another", idempotency_key=key),
+        effects=_attempts,
+    ),
+    Write(
+        "cancel",
+        prepare=_two_queued,
+        call=lambda store, ids, key: store.cancel_rollout(ids[0], idempotency_key=key),
+        other=lambda store, ids, key: store.cancel_rollout(ids[1], idempotency_key=key),
+        effects=lambda store, _: store.count_rollouts(RolloutFilter(status=["cancelled"])),
+    ),
+    Write(
+        "add_resources",
+        prepare=lambda store: None,
+        call=lambda store, _, key: store.add_resources({"temperature": 0.5}, idempotency_key=key),
+        other=lambda store, _, key: store.add_resources({"temperature": 0.9}, idempotency_key=key),
+        effects=lambda store, _: len(store.query_resources()),
+    ),
+    Write(
+        "add_metrics",  # a record is stamped when made: a retry sends the same one
+        prepare=lambda store: [MetricRecord(run_id="r", step=step, values={"loss": 0.5}) for step in (1, 2)],
+        call=lambda store, records, key: store.add_metrics(records[:1], idempotency_key=key),
+        other=lambda store, records, key: store.add_metrics(records[1:], idempotency_key=key),
+        effects=lambda store, _: len(store.query_metrics()),
+    ),
 ]
 BY_NAME = {write.name: write for write in WRITES}
 
@@ -105,8 +117,9 @@ def test_a_new_key_is_a_new_write(store):
     first = store.enqueue_rollouts([{"input": 1}], idempotency_key="a")
     second = store.enqueue_rollouts([{"input": 1}], idempotency_key="b")
     assert first[0].rollout_id != second[0].rollout_id and store.count_rollouts() == 2
-    assert store.dequeue_rollout(idempotency_key="a").rollout.rollout_id == first[0].rollout_id, \
+    assert store.dequeue_rollout(idempotency_key="a").rollout.rollout_id == first[0].rollout_id, (
         "keys belong to one operation: the enqueue's key is free for a dequeue"
+    )
 
 
 def test_same_key_with_another_request_is_refused_and_changes_nothing(store, write):

@@ -124,8 +124,12 @@ def sortable(store, kit):
         attempts[name] = claimed.attempt.attempt_id
         store.update_attempt(f"ro-{name}", claimed.attempt.attempt_id, "running")
         store.add_span(
-            kit.span(f"ro-{name}", claimed.attempt.attempt_id, semconv.SPAN_REWARD,
-                     attributes={semconv.REWARD_VALUE: rewards[name]})
+            kit.span(
+                f"ro-{name}",
+                claimed.attempt.attempt_id,
+                semconv.SPAN_REWARD,
+                attributes={semconv.REWARD_VALUE: rewards[name]},
+            )
         )
         time.sleep(0.005)
     for name in ["d", "b", "c", "a"]:

@@ -95,8 +95,10 @@ def test_typed_items_round_trip(store):
 
 def test_items_given_as_dicts_are_typed(store):
     res = store.add_resources(
-        {"llm": {"resource_type": "llm", "endpoint": "http://e/v1", "model": "m"},
-         "prompt": {"resource_type": "prompt_template", "template": "T {x}"}}
+        {
+            "llm": {"resource_type": "llm", "endpoint": "http://e/v1", "model": "m"},
+            "prompt": {"resource_type": "prompt_template", "template": "T {x}"},
+        }
     )
     fetched = store.get_resources(res.resources_id)
     assert isinstance(fetched.items["llm"], LLM) and fetched.items["llm"].model == "m"

@@ -15,8 +15,14 @@ def test_no_workers_initially(store):
 
 
 def test_update_worker_inserts(store):
-    worker = Worker(worker_id="w-1", status="busy", current_rollout_id="ro-1", current_attempt_id="at-1",
-                    last_heartbeat_time=123.5, metadata={"pid": 42, "host": "box"})
+    worker = Worker(
+        worker_id="w-1",
+        status="busy",
+        current_rollout_id="ro-1",
+        current_attempt_id="at-1",
+        last_heartbeat_time=123.5,
+        metadata={"pid": 42, "host": "box"},
+    )
     returned = store.update_worker(worker)
     assert returned == worker
     assert store.query_workers() == [worker]
@@ -48,8 +54,10 @@ def test_no_metrics_initially(store):
 
 
 def test_metrics_in_insertion_order(store):
-    records = [MetricRecord(run_id="r", step=s, time=1000.0 + s, values={"loss": 1.0 / (s + 1), "acc": 0.1 * s})
-               for s in (3, 1, 2)]
+    records = [
+        MetricRecord(run_id="r", step=s, time=1000.0 + s, values={"loss": 1.0 / (s + 1), "acc": 0.1 * s})
+        for s in (3, 1, 2)
+    ]
     store.add_metrics(records[:2])
     store.add_metrics(records[2:])
     assert store.query_metrics("r") == records
@@ -57,9 +65,13 @@ def test_metrics_in_insertion_order(store):
 
 
 def test_metrics_by_run_id(store):
-    store.add_metrics([MetricRecord(run_id="a", step=1, values={"x": 1.0}),
-                       MetricRecord(run_id="b", step=1, values={"x": 2.0}),
-                       MetricRecord(run_id="a", step=2, values={"x": 3.0})])
+    store.add_metrics(
+        [
+            MetricRecord(run_id="a", step=1, values={"x": 1.0}),
+            MetricRecord(run_id="b", step=1, values={"x": 2.0}),
+            MetricRecord(run_id="a", step=2, values={"x": 3.0}),
+        ]
+    )
     store.add_metrics([MetricRecord(step=7, values={"y": 0.5})])
     assert [(m.step, m.values["x"]) for m in store.query_metrics("a")] == [(1, 1.0), (2, 3.0)]
     assert [m.values["x"] for m in store.query_metrics("b")] == [2.0]

@@ -85,23 +85,49 @@ def test_span_attributes_override_resource_and_unattributed_spans_are_reported(s
 
 
 def _json_request(rid: str, aid: str, span_id: str = "00f067aa0ba902b7") -> dict:
-    return {"resourceSpans": [{
-        "resource": {"attributes": [{"key": semconv.ROLLOUT_ID, "value": {"stringValue": rid}},
-                                    {"key": semconv.ATTEMPT_ID, "value": {"stringValue": aid}}]},
-        "scopeSpans": [{"spans": [{
-            "traceId": "4bf92f3577b34da6a3ce929d0e0e4736", "spanId": span_id, "name": "json-span",
-            "startTimeUnixNano": "1700000000000000000", "endTimeUnixNano": "1700000001500000000",
-            "attributes": [{"key": "n", "value": {"intValue": "42"}},
-                           {"key": "xs", "value": {"arrayValue": {"values": [{"doubleValue": 1.5}]}}},
-                           {"key": "kv", "value": {"kvlistValue": {"values": [
-                               {"key": "a", "value": {"stringValue": "b"}}]}}}],
-            "status": {"code": 1}}]}]}]}
+    return {
+        "resourceSpans": [
+            {
+                "resource": {
+                    "attributes": [
+                        {"key": semconv.ROLLOUT_ID, "value": {"stringValue": rid}},
+                        {"key": semconv.ATTEMPT_ID, "value": {"stringValue": aid}},
+                    ]
+                },
+                "scopeSpans": [
+                    {
+                        "spans": [
+                            {
+                                "traceId": "4bf92f3577b34da6a3ce929d0e0e4736",
+                                "spanId": span_id,
+                                "name": "json-span",
+                                "startTimeUnixNano": "1700000000000000000",
+                                "endTimeUnixNano": "1700000001500000000",
+                                "attributes": [
+                                    {"key": "n", "value": {"intValue": "42"}},
+                                    {"key": "xs", "value": {"arrayValue": {"values": [{"doubleValue": 1.5}]}}},
+                                    {
+                                        "key": "kv",
+                                        "value": {
+                                            "kvlistValue": {"values": [{"key": "a", "value": {"stringValue": "b"}}]}
+                                        },
+                                    },
+                                ],
+                                "status": {"code": 1},
+                            }
+                        ]
+                    }
+                ],
+            }
+        ]
+    }
 
 
 def test_otlp_json_with_hex_ids(served):
     rid, aid = _claim(served.store)
-    response = httpx.post(f"{served.url}/v1/traces", json=_json_request(rid, aid),
-                          headers={"Authorization": "Bearer t"})
+    response = httpx.post(
+        f"{served.url}/v1/traces", json=_json_request(rid, aid), headers={"Authorization": "Bearer t"}
+    )
     assert response.status_code == 200 and response.json() == {}
     (span,) = served.store.query_spans(rid)
     assert span.span_id == "00f067aa0ba902b7" and span.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -112,8 +138,9 @@ def test_otlp_json_with_hex_ids(served):
 
 def test_unknown_attempt_is_a_partial_success(served):
     rid, _ = _claim(served.store)
-    response = httpx.post(f"{served.url}/v1/traces", json=_json_request(rid, "at-nope"),
-                          headers={"Authorization": "Bearer t"})
+    response = httpx.post(
+        f"{served.url}/v1/traces", json=_json_request(rid, "at-nope"), headers={"Authorization": "Bearer t"}
+    )
     assert response.status_code == 200
     partial = response.json()["partialSuccess"]
     assert partial["rejectedSpans"] == "1" and "at-nope" in partial["errorMessage"]
@@ -122,13 +149,18 @@ def test_unknown_attempt_is_a_partial_success(served):
 
 @pytest.mark.parametrize(
     ("content", "content_type"),
-    [(b"\xff\xfe garbage", "application/x-protobuf"), (b"{broken", "application/json"),
-     (b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"spanId": "zz"}]}]}]}', "application/json"),
-     (b"[]", "application/json"), (b"hello", "text/plain")],
+    [
+        (b"\xff\xfe garbage", "application/x-protobuf"),
+        (b"{broken", "application/json"),
+        (b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"spanId": "zz"}]}]}]}', "application/json"),
+        (b"[]", "application/json"),
+        (b"hello", "text/plain"),
+    ],
 )
 def test_malformed_otlp_is_400(served, content, content_type):
-    response = httpx.post(f"{served.url}/v1/traces", content=content,
-                          headers={"Authorization": "Bearer t", "Content-Type": content_type})
+    response = httpx.post(
+        f"{served.url}/v1/traces", content=content, headers={"Authorization": "Bearer t", "Content-Type": content_type}
+    )
     assert response.status_code == 400, response.text
     assert response.json()["message"]
 

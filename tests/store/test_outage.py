@@ -28,8 +28,10 @@ class Flaky:
         return "ok"
 
 
-UNREACHABLE = StoreUnavailableError("store service http://127.0.0.1:9 failed 6 time(s) on POST /v1/rollouts/dequeue: "
-                                    "ConnectionRefusedError: [Errno 111] Connection refused")
+UNREACHABLE = StoreUnavailableError(
+    "store service http://127.0.0.1:9 failed 6 time(s) on POST /v1/rollouts/dequeue: "
+    "ConnectionRefusedError: [Errno 111] Connection refused"
+)
 
 
 @pytest.fixture
@@ -72,8 +74,9 @@ def test_an_outage_is_waited_out_and_logged_once_each_way(patient, caplog):
     assert patient.outage.outages == 1 and not patient.outage.down
 
 
-@pytest.mark.parametrize("error", [InvalidInputError("limit must be ≥ 1"), NotFoundError("rollout", "ro-x"),
-                                   ValueError("a bug")])
+@pytest.mark.parametrize(
+    "error", [InvalidInputError("limit must be ≥ 1"), NotFoundError("rollout", "ro-x"), ValueError("a bug")]
+)
 def test_errors_a_retry_cannot_fix_are_raised_at_once(patient, error):
     flaky = Flaky(1, error)
     with pytest.raises(type(error)):

@@ -92,8 +92,9 @@ def test_schema_of_something_else_is_refused_untouched(schema):
         _open(schema)
     assert "customers" in str(info.value)
     with psycopg.connect(PG_URL) as conn:
-        tables = conn.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
-                              (schema,)).fetchall()
+        tables = conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,)
+        ).fetchall()
     assert tables == [("customers",)]
 
 

@@ -67,20 +67,25 @@ def _open(prefix: str, **options) -> RedisStore:
 def test_url_prefix_and_database_are_read():
     assert parse_url("redis://h:6379/2?prefix=run7") == ("redis://h:6379/2", "run7")
     assert parse_url("rediss://u:pw@h:6380/0?socket_timeout=3&prefix=a.b-c") == (
-        "rediss://u:pw@h:6380/0?socket_timeout=3", "a.b-c")
+        "rediss://u:pw@h:6380/0?socket_timeout=3",
+        "a.b-c",
+    )
     assert parse_url("redis://h") == ("redis://h", None)
 
 
-@pytest.mark.parametrize(("url", "named"), [
-    ("redis://h:notaport/0", "port"),
-    ("redis://h:6379/zero", "database 'zero' is not a number"),
-    ("redis://:6379/0", "names no host"),
-    ("redis://h:6379/0?prefix=has space", "letters, digits"),
-    ("redis://h:6379/0?prefix=", "letters, digits"),
-    ("redis://h:6379/0?pool=3", "unknown parameter(s) pool"),
-    ("redis://h:6379/0?protocol=3", "unknown parameter(s) protocol"),
-    ("http://h:6379/0", "not a Redis URL"),
-])
+@pytest.mark.parametrize(
+    ("url", "named"),
+    [
+        ("redis://h:notaport/0", "port"),
+        ("redis://h:6379/zero", "database 'zero' is not a number"),
+        ("redis://:6379/0", "names no host"),
+        ("redis://h:6379/0?prefix=has space", "letters, digits"),
+        ("redis://h:6379/0?prefix=", "letters, digits"),
+        ("redis://h:6379/0?pool=3", "unknown parameter(s) pool"),
+        ("redis://h:6379/0?protocol=3", "unknown parameter(s) protocol"),
+        ("http://h:6379/0", "not a Redis URL"),
+    ],
+)
 def test_bad_urls_are_refused_naming_the_problem(url, named):
     with pytest.raises(ValueError, match=named.replace("(", r"\(").replace(")", r"\)")):
         parse_url(url)
@@ -148,8 +153,9 @@ def test_unfiltered_pages_come_from_the_enqueue_index_in_the_order_of_a_full_sca
         for offset, limit in ((0, None), (0, 0), (0, 2), (1, 3), (4, 10), (9, 2), (2, None)):
             indexed = RolloutFilter(descending=descending, offset=offset, limit=limit)
             scanned = indexed.model_copy(update={"status": every_status})
-            assert [r.rollout_id for r in store.query_rollouts(indexed)] == \
-                [r.rollout_id for r in store.query_rollouts(scanned)], (descending, offset, limit)
+            assert [r.rollout_id for r in store.query_rollouts(indexed)] == [
+                r.rollout_id for r in store.query_rollouts(scanned)
+            ], (descending, offset, limit)
     assert store.count_rollouts() == store.count_rollouts(RolloutFilter(status=every_status)) == 6
     store.close()
 
@@ -191,13 +197,18 @@ def test_a_trainer_runs_its_runner_processes_over_redis(prefix):
     from agentgrad.trainer import Trainer
 
     store = _open(prefix)
-    trainer = Trainer(store, n_runners=2, runner_options={"poll_timeout": 0.05, "heartbeat_interval": 0.2},
-                      console=Console(file=io.StringIO(), width=120))
+    trainer = Trainer(
+        store,
+        n_runners=2,
+        runner_options={"poll_timeout": 0.05, "heartbeat_interval": 0.2},
+        console=Console(file=io.StringIO(), width=120),
+    )
     report = trainer.dev(agents_for_tests.reward_agent, [{"x": x} for x in range(8)], timeout=120)
     assert report.total == report.succeeded == 8
     assert report.reward_mean == pytest.approx(sum(range(8)) / 80)
-    pids = {s.attributes["pid"] for r in report.rollouts
-            for s in store.query_spans(r.rollout_id, name="agentgrad.message")}
+    pids = {
+        s.attributes["pid"] for r in report.rollouts for s in store.query_spans(r.rollout_id, name="agentgrad.message")
+    }
     assert os.getpid() not in pids, "the rollouts ran in the runner processes"
     store.close()
 
@@ -314,8 +325,21 @@ class _Server:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory),
-             "--save", "", *self.settings], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.directory),
+                "--save",
+                "",
+                *self.settings,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -376,8 +400,10 @@ def test_without_persistence_a_server_crash_loses_the_store_and_opening_says_so(
     server = private_server("--appendonly", "no")
     with caplog.at_level(logging.WARNING, logger="agentgrad.store.redis"):
         _write_and_crash(server)
-    assert any("persists nothing" in record.getMessage() and str(server.port) in record.getMessage()
-               for record in caplog.records)
+    assert any(
+        "persists nothing" in record.getMessage() and str(server.port) in record.getMessage()
+        for record in caplog.records
+    )
     store = RedisStore(server.url, watchdog_interval=None)
     assert store.query_rollouts() == [], "no persistence: the restart emptied the store"
     store.close()

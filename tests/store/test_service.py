@@ -69,8 +69,16 @@ def test_health_needs_no_token_but_everything_else_does(served):
 
 def test_openapi_documents_every_store_method(http):
     paths = http.get("/openapi.json").json()["paths"]
-    for path in ("/v1/rollouts/enqueue", "/v1/rollouts/dequeue", "/v1/rollouts/wait", "/v1/spans",
-                 "/v1/attempts/update", "/v1/watchdog/check", "/v1/resources/latest", "/v1/traces"):
+    for path in (
+        "/v1/rollouts/enqueue",
+        "/v1/rollouts/dequeue",
+        "/v1/rollouts/wait",
+        "/v1/spans",
+        "/v1/attempts/update",
+        "/v1/watchdog/check",
+        "/v1/resources/latest",
+        "/v1/traces",
+    ):
         assert path in paths
     assert "ErrorBody" in http.get("/openapi.json").json()["components"]["schemas"]
 
@@ -94,8 +102,7 @@ def test_span_receipt_sends_back_only_what_differs(client, http):
     client.enqueue_rollout("t")
     claimed = client.dequeue_rollout()
     ids = {"rollout_id": claimed.rollout.rollout_id, "attempt_id": claimed.attempt.attempt_id}
-    first = {**ids, "span_id": "s1", "name": "call", "start_time": 5.0, "trace_id": "t1",
-             "attributes": {"v": 1}}
+    first = {**ids, "span_id": "s1", "name": "call", "start_time": 5.0, "trace_id": "t1", "attributes": {"v": 1}}
     assert http.post("/v1/spans/receipt", json={"spans": [first]}).json() == {"sequence_ids": [1], "stored": {}}
     changed = {**first, "attributes": {"v": 2}}
     fresh = {**ids, "span_id": "s2", "name": "call"}
@@ -109,8 +116,9 @@ def test_cors_is_off_unless_configured(http, served):
     assert "access-control-allow-origin" not in http.get("/health", headers={"Origin": "http://x.test"}).headers
     store = MemoryStore(watchdog_interval=None)
     with StoreServer(store, cors_origins=["http://ui.test"], owns_store=True) as cors:
-        preflight = httpx.options(f"{cors.url}/v1/resources", headers={
-            "Origin": "http://ui.test", "Access-Control-Request-Method": "GET"})
+        preflight = httpx.options(
+            f"{cors.url}/v1/resources", headers={"Origin": "http://ui.test", "Access-Control-Request-Method": "GET"}
+        )
         assert preflight.headers["access-control-allow-origin"] == "http://ui.test"
 
 
@@ -134,8 +142,9 @@ def test_app_exposes_store_and_mounts_extra_routers():
 
 
 def test_malformed_json_is_422(http):
-    body = _error(http.post("/v1/rollouts/enqueue", content=b"{not json", headers={"Content-Type": "application/json"}),
-                  422)
+    body = _error(
+        http.post("/v1/rollouts/enqueue", content=b"{not json", headers={"Content-Type": "application/json"}), 422
+    )
     assert body["error"] == "validation_error" and "JSON" in body["message"]
 
 
@@ -155,7 +164,10 @@ def test_store_refusals_map_to_their_status(http, client):
     assert body["error"] == "already_exists"
     client.cancel_rollout("taken")
     body = _error(http.post("/v1/rollouts/cancel", json={"rollout_id": "taken"}), 409)
-    assert body["error"] == "invalid_transition" and body["fields"] == {"current": "cancelled", "requested": "cancelled"}
+    assert body["error"] == "invalid_transition" and body["fields"] == {
+        "current": "cancelled",
+        "requested": "cancelled",
+    }
     body = _error(http.post("/v1/rollouts/dequeue", json={"limit": 0}), 400)
     assert body["error"] == "invalid_input"
     _error(http.get("/v1/no/such/route"), 404)
@@ -237,8 +249,10 @@ def test_retried_dequeue_after_lost_response_claims_once(served, client):
 
 def test_retried_span_batch_and_resources_are_idempotent(served, client):
     claimed = (client.enqueue_rollout(), client.dequeue_rollout())[1]
-    spans = [Span(rollout_id=claimed.rollout.rollout_id, attempt_id=claimed.attempt.attempt_id, name=f"s{i}")
-             for i in range(5)]
+    spans = [
+        Span(rollout_id=claimed.rollout.rollout_id, attempt_id=claimed.attempt.attempt_id, name=f"s{i}")
+        for i in range(5)
+    ]
     flaky, _ = _flaky(served, 1)
     assert [s.sequence_id for s in flaky.add_spans(spans)] == [1, 2, 3, 4, 5]
     assert len(client.query_spans(claimed.rollout.rollout_id)) == 5
@@ -266,8 +280,9 @@ def test_idempotency_key_replays_the_first_answer(http):
     first = http.post("/v1/rollouts/enqueue", json={"rollouts": [{"rollout_id": "a"}]}, headers=headers)
     again = http.post("/v1/rollouts/enqueue", json={"rollouts": [{"rollout_id": "a"}]}, headers=headers)
     assert first.status_code == again.status_code == 200 and first.json() == again.json()
-    other_key = http.post("/v1/rollouts/enqueue", json={"rollouts": [{"rollout_id": "a"}]},
-                          headers={"Idempotency-Key": "k-2"})
+    other_key = http.post(
+        "/v1/rollouts/enqueue", json={"rollouts": [{"rollout_id": "a"}]}, headers={"Idempotency-Key": "k-2"}
+    )
     assert other_key.status_code == 409
 
 
@@ -360,8 +375,12 @@ def test_error_bodies_are_json_everywhere(http):
 def test_store_api_refuses_unreadable_requests_with_4xx(http):
     response = http.put("/v1/rollouts/enqueue", content=b"{}")
     assert _error(response, 405)["error"] == "method_not_allowed" and response.headers["allow"] == "POST"
-    assert "Content-Type" in _error(http.post("/v1/rollouts/count", content=b"{}",
-                                              headers={"Content-Type": "text/plain"}), 422)["message"]
+    assert (
+        "Content-Type"
+        in _error(http.post("/v1/rollouts/count", content=b"{}", headers={"Content-Type": "text/plain"}), 422)[
+            "message"
+        ]
+    )
     assert "empty" in _error(http.post("/v1/rollouts/count"), 422)["message"]
     assert "limit" in _error(http.get("/v1/spans", params={"rollout_id": "r", "limit": "many"}), 422)["message"]
 
@@ -435,8 +454,13 @@ def test_client_encodes_models_exactly_as_model_dump_would():
         def loud(self, word: str) -> str:
             return word.upper()
 
-    span = Span(rollout_id="r", attempt_id="a", name="s", attributes={"t": (1, 2), "m": Shouting(word="hi")},
-                events=[SpanEvent(name="e")])
+    span = Span(
+        rollout_id="r",
+        attempt_id="a",
+        name="s",
+        attributes={"t": (1, 2), "m": Shouting(word="hi")},
+        events=[SpanEvent(name="e")],
+    )
     payload = {"spans": [span], "extra": Shouting(word="hey")}
     expected = json.dumps(payload, default=lambda m: m.model_dump(), separators=(",", ":")).encode()
     assert _encode(payload) == expected and b'"HEY"' in expected

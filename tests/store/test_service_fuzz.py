@@ -24,6 +24,7 @@ from store_contents import store_contents  # noqa: E402
 from agentgrad.store.memory import MemoryStore  # noqa: E402
 from agentgrad.store.service.server import create_app  # noqa: E402
 
+
 @pytest.fixture(scope="module")
 def service():
     store = MemoryStore(watchdog_interval=None)
@@ -51,24 +52,38 @@ def _operations(spec: dict[str, Any]) -> list[tuple[str, str, dict[str, Any] | N
 def test_no_5xx_and_refusals_change_nothing(service, data):
     client, store, spec = service
     method, path, body_schema = data.draw(st.sampled_from(_operations(spec)), label="operation")
-    params = data.draw(st.dictionaries(st.sampled_from(["rollout_id", "attempt_id", "resources_id", "limit",
-                                                        "after_sequence_id", "name", "run_id"]),
-                                       st.sampled_from(["r1", "nope", "-1", "x", "0", "latest"]), max_size=3))
+    params = data.draw(
+        st.dictionaries(
+            st.sampled_from(
+                ["rollout_id", "attempt_id", "resources_id", "limit", "after_sequence_id", "name", "run_id"]
+            ),
+            st.sampled_from(["r1", "nope", "-1", "x", "0", "latest"]),
+            max_size=3,
+        )
+    )
     before = store_contents(store)
     if method == "GET":
         response = client.get(path, params=params)
     elif path == "/v1/traces":
         raw = data.draw(st.binary(max_size=64))
-        response = client.post(path, content=raw, headers={"Content-Type": data.draw(
-            st.sampled_from(["application/x-protobuf", "application/json"]))})
+        response = client.post(
+            path,
+            content=raw,
+            headers={"Content-Type": data.draw(st.sampled_from(["application/x-protobuf", "application/json"]))},
+        )
     else:
         body = data.draw(from_schema(body_schema, spec) if body_schema else JSON, label="body")
         if data.draw(st.booleans(), label="raw bytes"):
-            response = client.request(method, path, content=data.draw(st.binary(max_size=32)),
-                                      headers={"Content-Type": "application/json"})
+            response = client.request(
+                method, path, content=data.draw(st.binary(max_size=32)), headers={"Content-Type": "application/json"}
+            )
         else:
-            response = client.request(method, path, content=encode(body),  # NaN, surrogates as drawn
-                                      headers={"Content-Type": "application/json"})
+            response = client.request(
+                method,
+                path,
+                content=encode(body),  # NaN, surrogates as drawn
+                headers={"Content-Type": "application/json"},
+            )
     assert response.status_code < 500, (method, path, response.text)
     if response.status_code >= 400:
         assert response.json()["message"], response.text

@@ -19,8 +19,9 @@ TOKEN = "t0ken"
 
 @pytest.fixture
 def served() -> Iterator[StoreServer]:
-    server = StoreServer(MemoryStore(watchdog_interval=None), token=TOKEN, owns_store=True,
-                         cors_origins=["http://ui.test"])
+    server = StoreServer(
+        MemoryStore(watchdog_interval=None), token=TOKEN, owns_store=True, cors_origins=["http://ui.test"]
+    )
     server.start()
     yield server
     server.stop()
@@ -43,8 +44,9 @@ def direct_answers(served: StoreServer, monkeypatch: pytest.MonkeyPatch) -> list
     return answered
 
 
-def _request(method: str, target: str, body: object = None, headers: dict[str, str] | None = None,
-             token: bool = True) -> bytes:
+def _request(
+    method: str, target: str, body: object = None, headers: dict[str, str] | None = None, token: bool = True
+) -> bytes:
     content = b"" if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
     fields = {"Host": "127.0.0.1", **({"Authorization": f"Bearer {TOKEN}"} if token else {}), **(headers or {})}
     if body is not None:
@@ -92,9 +94,11 @@ def _connect(server: StoreServer) -> tuple[socket.socket, _Reader]:
 def test_store_calls_are_answered_directly_and_pipelined_ones_in_order(served, direct_answers):
     sock, reader = _connect(served)
     with sock:
-        sock.sendall(_request("POST", "/v1/rollouts/enqueue", {"rollouts": [{"input": 1, "rollout_id": "ro-a"}]})
-                     + _request("GET", "/v1/rollouts/get?rollout_id=ro-a")
-                     + _request("GET", "/v1/rollouts/get?rollout_id=ro-missing"))
+        sock.sendall(
+            _request("POST", "/v1/rollouts/enqueue", {"rollouts": [{"input": 1, "rollout_id": "ro-a"}]})
+            + _request("GET", "/v1/rollouts/get?rollout_id=ro-a")
+            + _request("GET", "/v1/rollouts/get?rollout_id=ro-missing")
+        )
         first, second, third = reader.response(), reader.response(), reader.response()
     assert first[0] == 200 and json.loads(first[2])["rollouts"][0]["rollout_id"] == "ro-a"
     assert second[0] == 200 and json.loads(second[2])["rollout_id"] == "ro-a"
@@ -109,8 +113,10 @@ def test_a_long_poll_is_declined_after_its_body_and_the_connection_goes_on(serve
         sock.sendall(_request("POST", "/v1/rollouts/dequeue", {"limit": 1, "timeout": 0.2}))
         status, _, body = reader.response()
         assert status == 200 and json.loads(body) == {"claimed": []}
-        sock.sendall(_request("POST", "/v1/rollouts/enqueue", {"rollouts": [{"input": 2}]})
-                     + _request("POST", "/v1/rollouts/dequeue", {"limit": 1, "timeout": 0}))
+        sock.sendall(
+            _request("POST", "/v1/rollouts/enqueue", {"rollouts": [{"input": 2}]})
+            + _request("POST", "/v1/rollouts/dequeue", {"limit": 1, "timeout": 0})
+        )
         assert reader.response()[0] == 200
         status, _, body = reader.response()
     assert status == 200 and json.loads(body)["claimed"][0]["rollout"]["input"] == 2
@@ -120,11 +126,13 @@ def test_a_long_poll_is_declined_after_its_body_and_the_connection_goes_on(serve
 def test_refusals_and_metrics_are_the_same_on_the_direct_path(served, direct_answers):
     sock, reader = _connect(served)
     with sock:
-        sock.sendall(_request("GET", "/v1/workers", token=False)
-                     + _request("POST", "/v1/rollouts/enqueue", {"rollouts": [{"mode": "nope"}]})
-                     + _request("POST", "/v1/rollouts/enqueue", b"not json", headers={"Content-Type": "text/plain"})
-                     + _request("GET", "/v1/workers")
-                     + _request("GET", "/metrics"))
+        sock.sendall(
+            _request("GET", "/v1/workers", token=False)
+            + _request("POST", "/v1/rollouts/enqueue", {"rollouts": [{"mode": "nope"}]})
+            + _request("POST", "/v1/rollouts/enqueue", b"not json", headers={"Content-Type": "text/plain"})
+            + _request("GET", "/v1/workers")
+            + _request("GET", "/metrics")
+        )
         unauthorized, invalid, not_json, workers, metrics = (reader.response() for _ in range(5))
     assert unauthorized[0] == 401 and unauthorized[1]["www-authenticate"] == "Bearer"
     assert invalid[0] == 422 and "rollouts.0.mode" in json.loads(invalid[2])["message"]
@@ -138,8 +146,9 @@ def test_refusals_and_metrics_are_the_same_on_the_direct_path(served, direct_ans
     assert direct_answers == ["/v1/workers", "/v1/rollouts/enqueue", "/v1/rollouts/enqueue"]
 
 
-@pytest.mark.parametrize("case", ["connection close", "expect continue", "chunked", "escaped path", "cors origin",
-                                  "too large"])
+@pytest.mark.parametrize(
+    "case", ["connection close", "expect continue", "chunked", "escaped path", "cors origin", "too large"]
+)
 def test_requests_the_direct_path_leaves_to_asgi_are_answered_as_before(served, direct_answers, case):
     body = {"rollouts": [{"input": case}]}
     encoded = json.dumps(body).encode()

@@ -23,7 +23,9 @@ HARNESS = "import sys\nfrom agentgrad.cli import main\nsys.exit(main(sys.argv[1:
 def _start(*argv: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [sys.executable, "-c", HARNESS, "store", "serve", "--port", "0", *argv],
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(SRC), **(env or {})},
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(SRC), **(env or {})},
     )
     deadline = time.monotonic() + 30
     seen = []
@@ -65,7 +67,12 @@ def test_serve_sqlite_with_token_then_stop_on_signal(tmp_path, sig):
 
 
 def test_help_lists_the_options():
-    out = subprocess.run([sys.executable, "-c", HARNESS, "store", "serve", "--help"], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(SRC)}, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", HARNESS, "store", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+        check=True,
+    ).stdout
     for option in ("--backend", "--host", "--port", "--token", "--max-body-mb"):
         assert option in out

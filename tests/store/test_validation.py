@@ -70,8 +70,12 @@ def test_metric_step_fits_every_backend(store: Store, step: int) -> None:
 
 @pytest.mark.parametrize(
     "request_fields",
-    [{"rollout_id": "a\x00b"}, {"resources_id": "r\x00"}, {"rollout_id": "x" * (MAX_ID_LENGTH + 1)},
-     {"metadata": {"group_id": "g\x00"}}],
+    [
+        {"rollout_id": "a\x00b"},
+        {"resources_id": "r\x00"},
+        {"rollout_id": "x" * (MAX_ID_LENGTH + 1)},
+        {"metadata": {"group_id": "g\x00"}},
+    ],
     ids=["nul-rollout-id", "nul-resources-id", "long-rollout-id", "nul-group-id"],
 )
 def test_ids_every_backend_can_store(store: Store, request_fields: dict) -> None:
@@ -144,8 +148,9 @@ def test_a_long_rollout_reads_whole_and_in_pages(store: Store, kit) -> None:
     everything = store.query_spans(rid)
     assert [s.sequence_id for s in everything] == list(range(1, total + 1))
     assert [s.attributes["i"] for s in store.query_spans(rid, "latest")] == list(range(total))
-    assert [s.sequence_id for s in store.query_spans(rid, limit=wire.DEFAULT_SPAN_PAGE + 3)] == \
-        list(range(1, wire.DEFAULT_SPAN_PAGE + 4))
+    assert [s.sequence_id for s in store.query_spans(rid, limit=wire.DEFAULT_SPAN_PAGE + 3)] == list(
+        range(1, wire.DEFAULT_SPAN_PAGE + 4)
+    )
     assert [s.sequence_id for s in store.query_spans(rid, after_sequence_id=total - 2)] == [total - 1, total]
     assert store.query_spans(rid, limit=0) == []
     pages, after = [], 0

@@ -82,8 +82,13 @@ def test_a_held_sqlite_read_does_not_block_writes(tmp_path: Path) -> None:
         store.hold.set()
         reader, read = _in_thread(lambda: store.query_spans(rid))
         assert store.inside.wait(HANG)
-        writer, wrote = _in_thread(lambda: (store.heartbeat(rid, aid), store.add_span(Span(
-            rollout_id=rid, attempt_id=aid, name="while-reading")), store.dequeue_rollout(worker_id="w2")))
+        writer, wrote = _in_thread(
+            lambda: (
+                store.heartbeat(rid, aid),
+                store.add_span(Span(rollout_id=rid, attempt_id=aid, name="while-reading")),
+                store.dequeue_rollout(worker_id="w2"),
+            )
+        )
         writer.join(HANG)
         assert wrote and not writer.is_alive(), "a write waited for a read"
         assert reader.is_alive(), "the read was not held while the writes ran"
@@ -109,10 +114,13 @@ def test_a_held_read_through_the_service_does_not_stall_it(tmp_path: Path) -> No
         reader, read = _in_thread(lambda: client.query_spans(rid))
         try:
             assert store.inside.wait(HANG)
-            others, answered = _in_thread(lambda: (
-                client.heartbeat(rid, aid).status.value,
-                client.dequeue_rollout(worker_id="w2").rollout.rollout_id,
-                httpx.get(f"{server.url}/health", timeout=HANG).status_code))
+            others, answered = _in_thread(
+                lambda: (
+                    client.heartbeat(rid, aid).status.value,
+                    client.dequeue_rollout(worker_id="w2").rollout.rollout_id,
+                    httpx.get(f"{server.url}/health", timeout=HANG).status_code,
+                )
+            )
             others.join(HANG)
             assert answered == [("running", "r2", 200)]
             assert reader.is_alive()
@@ -152,8 +160,10 @@ def _poison(kind: str, store: Store, data_dir: Path) -> None:
     worker_id = f"w-bad-{kind}"
     worker = json.loads(Worker(worker_id=worker_id).model_dump_json()) | {"last_heartbeat_time": None}
     metric = json.loads(MetricRecord(run_id="run", step=2, values={"loss": 1.0}).model_dump_json()) | {"time": None}
-    rows = [("INSERT INTO workers (worker_id, data) VALUES (?, ?)", (worker_id, json.dumps(worker))),
-            ("INSERT INTO metrics (run_id, step, data) VALUES (?, ?, ?)", ("run", 2, json.dumps(metric)))]
+    rows = [
+        ("INSERT INTO workers (worker_id, data) VALUES (?, ?)", (worker_id, json.dumps(worker))),
+        ("INSERT INTO metrics (run_id, step, data) VALUES (?, ?, ?)", ("run", 2, json.dumps(metric))),
+    ]
     if kind == "sqlite":
         with sqlite3.connect(data_dir / "store.db") as conn:
             for statement, params in rows:
@@ -174,8 +184,9 @@ def _open(kind: str, data_dir: Path) -> Store:
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
-def test_poisoned_records_are_skipped_with_a_warning(kind: str, tmp_path: Path,
-                                                      caplog: pytest.LogCaptureFixture) -> None:
+def test_poisoned_records_are_skipped_with_a_warning(
+    kind: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Before, GET /v1/workers, GET /v1/metrics, query_workers() and the runners and training
     pages failed for good (also after a restart) once one such record was stored."""
     store = _open(kind, tmp_path)
@@ -213,13 +224,18 @@ def test_otlp_span_the_store_cannot_hold_is_rejected_not_a_500(tmp_path: Path) -
         request = ExportTraceServiceRequest()
         spans = request.resource_spans.add().scope_spans.add().spans
         for name in ("good", "bad\x00name"):
-            span = spans.add(name=name, span_id=bytes([len(name)] * 8), trace_id=b"\x01" * 16,
-                             start_time_unix_nano=10**18)
+            span = spans.add(
+                name=name, span_id=bytes([len(name)] * 8), trace_id=b"\x01" * 16, start_time_unix_nano=10**18
+            )
             for key, value in ((semconv.ROLLOUT_ID, rid), (semconv.ATTEMPT_ID, aid)):
                 attribute = span.attributes.add(key=key)
                 attribute.value.string_value = value
-        response = httpx.post(f"{server.url}/v1/traces", content=request.SerializeToString(),
-                              headers={"Content-Type": "application/x-protobuf"}, timeout=HANG)
+        response = httpx.post(
+            f"{server.url}/v1/traces",
+            content=request.SerializeToString(),
+            headers={"Content-Type": "application/x-protobuf"},
+            timeout=HANG,
+        )
         assert response.status_code == 200, response.text
         answer = ExportTraceServiceResponse.FromString(response.content)
         assert answer.partial_success.rejected_spans == 1

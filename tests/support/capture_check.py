@@ -101,10 +101,20 @@ def serve_upstream() -> Iterator[Capture]:
 def received(api: str, response: dict[str, Any]) -> tuple[str | None, list[tuple[str, Any]]]:
     """(text, [(tool name, arguments)]) of a stored response: what the framework was given."""
     if api == "responses":
-        text = "".join(part.get("text", "") for item in response["output"] if item["type"] == "message"
-                       for part in item["content"]) or None
-        calls = [(item["name"], json.loads(item["arguments"])) for item in response["output"]
-                 if item["type"] == "function_call"]
+        text = (
+            "".join(
+                part.get("text", "")
+                for item in response["output"]
+                if item["type"] == "message"
+                for part in item["content"]
+            )
+            or None
+        )
+        calls = [
+            (item["name"], json.loads(item["arguments"]))
+            for item in response["output"]
+            if item["type"] == "function_call"
+        ]
         return text, calls
     message = response["choices"][0]["message"]
     calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls") or []]
@@ -124,18 +134,24 @@ def check_faithful(span: Any, decode: Callable[[list[int]], str]) -> None:
     assert got_calls == [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
 
 
-def run_and_check(capture: Capture, agent: Callable[..., Any], *,
-                  tasks: list[str] | list[dict[str, Any]] = QUESTIONS[:1], model: str = "gpt-4o-mini",
-                  min_calls: int = 1) -> list[Any]:
+def run_and_check(
+    capture: Capture,
+    agent: Callable[..., Any],
+    *,
+    tasks: list[str] | list[dict[str, Any]] = QUESTIONS[:1],
+    model: str = "gpt-4o-mini",
+    min_calls: int = 1,
+) -> list[Any]:
     """Run ``agent`` on ``tasks`` (questions, or whole task dicts) like training does and check what
     was captured; returns the spans."""
     before = dict(capture.proxy.metrics.as_dict())
     trainer = Trainer(capture.store, proxy=capture.proxy)
     inputs = [t if isinstance(t, dict) else {"question": t} for t in tasks]
-    report = trainer.dev(agent, inputs, {"llm": LLM(endpoint=capture.engine_url, model=model)}, timeout=180,
-                         print_summary=False)
+    report = trainer.dev(
+        agent, inputs, {"llm": LLM(endpoint=capture.engine_url, model=model)}, timeout=180, print_summary=False
+    )
     ids = [r.rollout_id for r in capture.store.query_rollouts() if r.input in inputs]
-    rollouts = [capture.store.get_rollout(i) for i in ids[-len(tasks):]]
+    rollouts = [capture.store.get_rollout(i) for i in ids[-len(tasks) :]]
     failures = [a.error for r in rollouts for a in capture.store.get_attempts(r.rollout_id) if a.error]
     assert all(r.status.value == "succeeded" for r in rollouts), failures or report
     spans = [s for r in rollouts for s in capture.store.query_spans(r.rollout_id, name=semconv.SPAN_LLM_CALL)]

@@ -43,8 +43,9 @@ class _Process:
 
     def _spawn(self, *args: str) -> None:
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "agentgrad", *args], stdout=out,
-                                         stderr=subprocess.STDOUT, env=child_env())
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "agentgrad", *args], stdout=out, stderr=subprocess.STDOUT, env=child_env()
+            )
 
     @property
     def pid(self) -> int:
@@ -86,8 +87,18 @@ class StoreService(_Process):
 
     def start(self, timeout: float = 60) -> StoreService:
         """Start it and return once ``/health`` answers."""
-        self._spawn("store", "serve", "--backend", f"sqlite:///{self.db}", "--host", "127.0.0.1",
-                    "--port", str(self.port), "--log-level", "warning")
+        self._spawn(
+            "store",
+            "serve",
+            "--backend",
+            f"sqlite:///{self.db}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--log-level",
+            "warning",
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not self.alive():

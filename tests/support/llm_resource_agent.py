@@ -13,6 +13,7 @@ from agentgrad.types import Resources
 def main_llm_agent(task: dict, resources: Resources) -> float:
     llm = resources.get("main_llm")
     client = openai.OpenAI(base_url=llm.endpoint, api_key="none", max_retries=0)
-    reply = client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": str(task)}],
-                                           max_tokens=8)
+    reply = client.chat.completions.create(
+        model=llm.model, messages=[{"role": "user", "content": str(task)}], max_tokens=8
+    )
     return 1.0 if reply.choices[0].message.content else 0.0

@@ -17,8 +17,16 @@ from agentgrad import semconv
 from agentgrad.adapters.transitions import TransitionAdapter
 
 
-def run_and_check_names(capture: Capture, agent: Callable[..., Any], *, names: list[str] | None = None,
-                        agents: set[str], match: str, selected: str, **kwargs: Any) -> list[Any]:
+def run_and_check_names(
+    capture: Capture,
+    agent: Callable[..., Any],
+    *,
+    names: list[str] | None = None,
+    agents: set[str],
+    match: str,
+    selected: str,
+    **kwargs: Any,
+) -> list[Any]:
     """Run ``agent``; each rollout's calls must be named ``names`` in order (when given), use
     exactly the names ``agents``, and ``agent_match=match`` must keep only ``selected``'s calls."""
     spans = run_and_check(capture, agent, min_calls=2, **kwargs)

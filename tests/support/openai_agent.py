@@ -22,11 +22,14 @@ def _tool_result(call: Any) -> str:
 def openai_agent(task: dict, llm: LLM) -> float:
     """A tool loop with the sync client, as in the OpenAI cookbook."""
     client = openai.OpenAI(base_url=llm.endpoint, api_key="sk-none")
-    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT},
-                                      {"role": "user", "content": task["question"]}]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": task["question"]},
+    ]
     for _ in range(3):
-        reply = client.chat.completions.create(model=llm.model, messages=messages, tools=[CALCULATOR_TOOL],
-                                               max_tokens=MAX_TOKENS)
+        reply = client.chat.completions.create(
+            model=llm.model, messages=messages, tools=[CALCULATOR_TOOL], max_tokens=MAX_TOKENS
+        )
         message = reply.choices[0].message
         if not message.tool_calls:
             return 1.0
@@ -38,18 +41,22 @@ def openai_agent(task: dict, llm: LLM) -> float:
 async def openai_streaming_agent(task: dict, llm: LLM) -> float:
     """The same loop with the async client, streamed, accumulating tool-call deltas by hand."""
     client = openai.AsyncOpenAI(base_url=llm.endpoint, api_key="sk-none")
-    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT},
-                                      {"role": "user", "content": task["question"]}]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": task["question"]},
+    ]
     for _ in range(3):
-        stream = await client.chat.completions.create(model=llm.model, messages=messages, tools=[CALCULATOR_TOOL],
-                                                      max_tokens=MAX_TOKENS, stream=True)
+        stream = await client.chat.completions.create(
+            model=llm.model, messages=messages, tools=[CALCULATOR_TOOL], max_tokens=MAX_TOKENS, stream=True
+        )
         text, calls = "", {}
         async for chunk in stream:
             delta = chunk.choices[0].delta if chunk.choices else None
             text += (delta.content or "") if delta else ""
             for call in (delta.tool_calls or []) if delta else []:
-                entry = calls.setdefault(call.index, {"id": call.id, "type": "function",
-                                                      "function": {"name": "", "arguments": ""}})
+                entry = calls.setdefault(
+                    call.index, {"id": call.id, "type": "function", "function": {"name": "", "arguments": ""}}
+                )
                 entry["function"]["name"] += call.function.name or ""
                 entry["function"]["arguments"] += call.function.arguments or ""
         if not calls:

@@ -18,14 +18,34 @@ from hypothesis import strategies as st
 #: Integers at and around the edges every backend must agree on.
 EDGE_INTEGERS = (0, -1, 1, 2**31, 2**53 + 1, 2**63 - 1, 2**63, -(2**63) - 1, 2**64, 2**70, -(2**70))
 #: Strings that have broken one backend or another.
-HOSTILE_TEXT = ("", "\x00", "a\x00b", "\ud800", "\udfff x", "../../etc", "%00", "x" * 300,
-                "\U0001f600" * 300, "latest", "null")
+HOSTILE_TEXT = (
+    "",
+    "\x00",
+    "a\x00b",
+    "\ud800",
+    "\udfff x",
+    "../../etc",
+    "%00",
+    "x" * 300,
+    "\U0001f600" * 300,
+    "latest",
+    "null",
+)
 
-SCALAR = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.sampled_from(EDGE_INTEGERS)
-          | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=8) | st.sampled_from(HOSTILE_TEXT))
-JSON = st.recursive(SCALAR, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
-                                                                                            max_size=3),
-                    max_leaves=8)
+SCALAR = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.sampled_from(EDGE_INTEGERS)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=8)
+    | st.sampled_from(HOSTILE_TEXT)
+)
+JSON = st.recursive(
+    SCALAR,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
 
 
 def encode(value: Any) -> bytes:
@@ -61,8 +81,12 @@ def _texts(schema: dict[str, Any], known: tuple[str, ...]) -> st.SearchStrategy[
     return st.one_of(options)
 
 
-def from_schema(schema: dict[str, Any], spec: dict[str, Any], known: tuple[str, ...] = (), depth: int = 0,
-                ) -> st.SearchStrategy[Any]:
+def from_schema(
+    schema: dict[str, Any],
+    spec: dict[str, Any],
+    known: tuple[str, ...] = (),
+    depth: int = 0,
+) -> st.SearchStrategy[Any]:
     """Values shaped like ``schema``, often wrong on purpose; ``known``: strings to use often
     (ids the store holds, so that requests also reach records, not only 404s)."""
     schema = resolve(schema, spec)
@@ -80,22 +104,32 @@ def from_schema(schema: dict[str, Any], spec: dict[str, Any], known: tuple[str, 
         props = schema.get("properties", {})
         fields = {name: from_schema(sub, spec, known, depth + 1) for name, sub in props.items()}
         required = set(schema.get("required", []))
-        shaped = st.fixed_dictionaries({k: v for k, v in fields.items() if k in required},
-                                       optional={k: v for k, v in fields.items() if k not in required})
+        shaped = st.fixed_dictionaries(
+            {k: v for k, v in fields.items() if k in required},
+            optional={k: v for k, v in fields.items() if k not in required},
+        )
         extra = st.dictionaries(st.text(max_size=4), JSON, max_size=1)
         return shaped | st.builds(lambda d, e: {**d, **e}, shaped, extra)
     if kind == "array":
         return st.lists(from_schema(schema.get("items", {}), spec, known, depth + 1), max_size=3)
-    leaf = {"string": _texts(schema, known), "integer": _integers(schema),
-            "number": st.floats(-1e3, 1e3) | st.sampled_from([float("nan"), float("inf"), -float("inf"), 1e308]),
-            "boolean": st.booleans(), "null": st.none()}.get(kind)
+    leaf = {
+        "string": _texts(schema, known),
+        "integer": _integers(schema),
+        "number": st.floats(-1e3, 1e3) | st.sampled_from([float("nan"), float("inf"), -float("inf"), 1e308]),
+        "boolean": st.booleans(),
+        "null": st.none(),
+    }.get(kind)
     return (leaf | JSON) if leaf is not None else JSON
 
 
 def operations(spec: dict[str, Any], prefix: str = "/v1/") -> list[tuple[str, str, dict[str, Any]]]:
     """(method, path, operation) of every operation under ``prefix``."""
-    return [(method.upper(), path, op) for path, methods in spec["paths"].items() if path.startswith(prefix)
-            for method, op in methods.items()]
+    return [
+        (method.upper(), path, op)
+        for path, methods in spec["paths"].items()
+        if path.startswith(prefix)
+        for method, op in methods.items()
+    ]
 
 
 def query_params(operation: dict[str, Any], spec: dict[str, Any], known: tuple[str, ...]) -> st.SearchStrategy[Any]:

@@ -56,12 +56,17 @@ class StandInChatServer:
             reply = script(body["messages"])
             if isinstance(reply, int):
                 return JSONResponse({"error": {"message": "scripted failure"}}, status_code=reply)
-            return JSONResponse({
-                "id": f"chatcmpl-{len(self.requests)}", "object": "chat.completion", "created": int(time.time()),
-                "model": body["model"],
-                "choices": [{"index": 0, "finish_reason": "stop",
-                             "message": {"role": "assistant", "content": reply}}],
-            })
+            return JSONResponse(
+                {
+                    "id": f"chatcmpl-{len(self.requests)}",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": body["model"],
+                    "choices": [
+                        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": reply}}
+                    ],
+                }
+            )
 
         return app
 

@@ -13,8 +13,12 @@ def short_answer_agent(task: dict, llm: LLM) -> float:
     """One LLM call; the reward is 1 for a reply shorter than ``task["max_chars"]`` (a random tiny
     model writes replies of every length, so groups have reward variance to learn from)."""
     client = openai.OpenAI(base_url=llm.endpoint, api_key="none", max_retries=0)
-    reply = client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": task["question"]}],
-                                           max_tokens=8, temperature=llm.sampling.get("temperature", 1.0))
+    reply = client.chat.completions.create(
+        model=llm.model,
+        messages=[{"role": "user", "content": task["question"]}],
+        max_tokens=8,
+        temperature=llm.sampling.get("temperature", 1.0),
+    )
     return 1.0 if len(reply.choices[0].message.content or "") < task["max_chars"] else 0.0
 
 
@@ -29,6 +33,10 @@ def parity_agent(task: dict, llm: LLM) -> float:
     """One LLM call; the reward is the parity of the reply's length: about half of a group's
     samples differ from the other half, so nearly every group has a learning signal."""
     client = openai.OpenAI(base_url=llm.endpoint, api_key="none", max_retries=0)
-    reply = client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": task["question"]}],
-                                           max_tokens=8, temperature=llm.sampling.get("temperature", 1.0))
+    reply = client.chat.completions.create(
+        model=llm.model,
+        messages=[{"role": "user", "content": task["question"]}],
+        max_tokens=8,
+        temperature=llm.sampling.get("temperature", 1.0),
+    )
     return float(len(reply.choices[0].message.content or "") % 2)

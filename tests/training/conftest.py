@@ -42,15 +42,35 @@ def build_model(kind: str, out: Path, seed: int = 0) -> Path:
     im_end, pad = tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")
     torch.manual_seed(seed)
     if kind == "gpt2":
-        config = GPT2Config(vocab_size=len(tokenizer), n_positions=256, n_embd=64, n_layer=2, n_head=4,
-                            resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1, bos_token_id=im_end,
-                            eos_token_id=im_end, pad_token_id=pad)
+        config = GPT2Config(
+            vocab_size=len(tokenizer),
+            n_positions=256,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            resid_pdrop=0.1,
+            embd_pdrop=0.1,
+            attn_pdrop=0.1,
+            bos_token_id=im_end,
+            eos_token_id=im_end,
+            pad_token_id=pad,
+        )
         model = GPT2LMHeadModel(config)
         tokenizer.chat_template = PLAIN_CHATML
     else:
-        config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                             bos_token_id=None, eos_token_id=im_end, pad_token_id=pad, tie_word_embeddings=False)
+        config = LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            bos_token_id=None,
+            eos_token_id=im_end,
+            pad_token_id=pad,
+            tie_word_embeddings=False,
+        )
         model = LlamaForCausalLM(config)
     model.generation_config = GenerationConfig(eos_token_id=[im_end, pad], pad_token_id=pad)
     model.save_pretrained(str(out))
@@ -72,6 +92,8 @@ def model_zoo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture
 def copy_model(tmp_path: Path):
     """A copy of a model directory at a new path (the same model, moved)."""
+
     def copy(src: Path, name: str = "moved") -> Path:
         return Path(shutil.copytree(src, tmp_path / name))
+
     return copy

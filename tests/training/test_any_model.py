@@ -21,9 +21,14 @@ from agentgrad.training import (  # noqa: E402
 
 ARCHITECTURES = ("qwen2", "llama", "gpt2")
 MESSAGES = [{"role": "system", "content": "You are a calculator."}, {"role": "user", "content": "What is 2 + 3?"}]
-TOOL = {"type": "function", "function": {"name": "calculator", "description": "Evaluate an expression.",
-                                         "parameters": {"type": "object", "properties": {
-                                             "expression": {"type": "string"}}, "required": ["expression"]}}}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an expression.",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+    },
+}
 
 
 @pytest.mark.parametrize("kind", ARCHITECTURES)
@@ -32,14 +37,24 @@ def test_engine_samples_and_trainer_learns_on_policy(model_zoo, kind, tmp_path):
     dropout 0.1 included), and the trained policy exports and serves."""
     model_dir = model_zoo[kind]
     with Engine(model_dir, max_batch_size=8) as engine:
-        prompts = [engine.tokenizer.apply_chat_template(
-            [*MESSAGES[:1], {"role": "user", "content": f"What is {i} + {2 * i}?"}], add_generation_prompt=True,
-            tokenize=True, return_dict=False) for i in range(6)]
-        futures = [engine.submit(p, SamplingParams(max_tokens=12, temperature=1.0, seed=i, logprobs=0))
-                   for i, p in enumerate(prompts)]  # submitted together: batched, left-padded
+        prompts = [
+            engine.tokenizer.apply_chat_template(
+                [*MESSAGES[:1], {"role": "user", "content": f"What is {i} + {2 * i}?"}],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+            )
+            for i in range(6)
+        ]
+        futures = [
+            engine.submit(p, SamplingParams(max_tokens=12, temperature=1.0, seed=i, logprobs=0))
+            for i, p in enumerate(prompts)
+        ]  # submitted together: batched, left-padded
         results = [f.result() for f in futures]
-    samples = [Sample(r.prompt_token_ids, r.token_ids, old_logprobs=r.logprobs, advantage=(-1.0) ** i)
-               for i, r in enumerate(results)]
+    samples = [
+        Sample(r.prompt_token_ids, r.token_ids, old_logprobs=r.logprobs, advantage=(-1.0) ** i)
+        for i, r in enumerate(results)
+    ]
     trainer = PolicyTrainer(model_dir, TrainConfig())
     metrics = trainer.ppo_step(samples)
     assert metrics.clip_fraction == 0.0 and metrics.ratio_mean == pytest.approx(1.0, abs=1e-4)

@@ -24,8 +24,14 @@ from agentgrad.training import (  # noqa: E402
 def _samples() -> list[Sample]:
     rng = random.Random(0)
     prefix = [rng.randrange(5, 500) for _ in range(40)]  # shared: the step runs it once, batched
-    return [Sample(prefix + [rng.randrange(5, 500) for _ in range(5)], [rng.randrange(5, 500) for _ in range(30)],
-                   advantage=rng.choice([-1.0, 1.0])) for _ in range(16)]
+    return [
+        Sample(
+            prefix + [rng.randrange(5, 500) for _ in range(5)],
+            [rng.randrange(5, 500) for _ in range(30)],
+            advantage=rng.choice([-1.0, 1.0]),
+        )
+        for _ in range(16)
+    ]
 
 
 def _first_step(trainer: PolicyTrainer, monkeypatch) -> tuple[policy.StepMetrics, list, list]:
@@ -82,7 +88,7 @@ def test_default_lr_rule():
     assert default_lr(124_000_000) == 6.5e-6 and default_lr(500_000_000) == 1.9e-6
     assert default_lr(500_000_000, lora=True) == 1.9e-5
     assert default_lr(870_000, lora=True) == policy.LORA_LR_MAX
-    sizes = [10 ** k for k in range(5, 11)]
+    sizes = [10**k for k in range(5, 11)]
     assert all(default_lr(a) >= default_lr(b) for a, b in zip(sizes, sizes[1:]))
 
 

@@ -30,11 +30,16 @@ def _prompts(model_dir: Path, n: int = 20) -> list[list[int]]:
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     problems = calc.generate_problems(n, 3, "test")
-    return [tokenizer.apply_chat_template([{"role": "system", "content": calc.SYSTEM_PROMPT},
-                                          {"role": "user", "content": p["question"]}],
-                                         tools=[calc.CALCULATOR_TOOL], add_generation_prompt=True, tokenize=True,
-                                         return_dict=False)
-            for p in problems]
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "system", "content": calc.SYSTEM_PROMPT}, {"role": "user", "content": p["question"]}],
+            tools=[calc.CALCULATOR_TOOL],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        for p in problems
+    ]
 
 
 def _greedy(model, prompts: list[list[int]], max_new_tokens: int = 10) -> list[list[int]]:
@@ -44,9 +49,14 @@ def _greedy(model, prompts: list[list[int]], max_new_tokens: int = 10) -> list[l
     with torch.no_grad():
         for ids in prompts:
             x = torch.tensor([ids])
-            y = model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
-                               do_sample=False, pad_token_id=0)
-            out.append(y[0, len(ids):].tolist())
+            y = model.generate(
+                input_ids=x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
+            out.append(y[0, len(ids) :].tolist())
     return out
 
 
@@ -75,8 +85,15 @@ def test_exported_model_answers_like_the_checkpoint(tiny_model_dir, tmp_path, lo
     out = export_model(run, tmp_path / "exported")  # a run directory: its latest checkpoint
     assert out == tmp_path / "exported"
     names = {p.name for p in out.iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
-            "generation_config.json", MANIFEST} <= names
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "generation_config.json",
+        MANIFEST,
+    } <= names
     assert not any(n.startswith(".") for n in {p.name for p in tmp_path.iterdir()})  # no temp dir left
     assert (out / "chat_template.jinja").read_bytes() == (tiny_model_dir / "chat_template.jinja").read_bytes()
     assert json.loads((out / "config.json").read_text())["use_cache"] is True
@@ -107,8 +124,9 @@ def test_the_engine_serves_the_export_with_the_same_greedy_answers(tiny_model_di
     out = export_model(run / "checkpoints", tmp_path / "exported")  # a checkpoint root: its latest
     prompts = _prompts(tiny_model_dir, 6)
     with Engine(out) as engine:
-        served = [engine.generate(p, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)).token_ids
-                  for p in prompts]
+        served = [
+            engine.generate(p, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)).token_ids for p in prompts
+        ]
     assert served == _greedy(AutoModelForCausalLM.from_pretrained(str(out)), prompts)
 
 
@@ -148,7 +166,9 @@ def test_old_checkpoint_without_model_record_needs_the_base_model(tiny_model_dir
     (target / "state.json").write_text(json.dumps(state))
     with pytest.raises(InvalidInputError, match="base_model"):
         export_model(tmp_path / "ckpt", tmp_path / "out")
-    assert (export_model(tmp_path / "ckpt", tmp_path / "out", base_model=tiny_model_dir) / "model.safetensors").is_file()
+    assert (
+        export_model(tmp_path / "ckpt", tmp_path / "out", base_model=tiny_model_dir) / "model.safetensors"
+    ).is_file()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

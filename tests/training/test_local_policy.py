@@ -29,8 +29,9 @@ def ask(task: dict, llm: LLM) -> float:
     import openai
 
     client = openai.OpenAI(base_url=llm.endpoint, api_key="none", max_retries=0)
-    client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": task["q"]}],
-                                   max_tokens=4, **llm.sampling)
+    client.chat.completions.create(
+        model=llm.model, messages=[{"role": "user", "content": task["q"]}], max_tokens=4, **llm.sampling
+    )
     return 1.0
 
 
@@ -101,8 +102,9 @@ class PolicyProbe(Algorithm):
 
         assert context.policy is not None
         version, publisher = context.policy.model_version, context.policy.publisher()
-        batch = run_batch(context.store, [RolloutRequest(input=t) for t in context.train_tasks], timeout=60,
-                          on_straggler="cancel")
+        batch = run_batch(
+            context.store, [RolloutRequest(input=t) for t in context.train_tasks], timeout=60, on_straggler="cancel"
+        )
         return version, type(publisher).__name__, [r.status.value for r in batch.rollouts], context.initial_resources
 
 

@@ -36,9 +36,20 @@ def served(tiny_model_dir: Path):
 
 
 def _greedy(url: str, prompt: list[int]) -> dict:
-    reply = request_json("POST", f"{url}/completions", {
-        "model": "m", "prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 0,
-        "return_token_ids": True, "ignore_eos": True}, timeout=60)
+    reply = request_json(
+        "POST",
+        f"{url}/completions",
+        {
+            "model": "m",
+            "prompt": prompt,
+            "max_tokens": 8,
+            "temperature": 0,
+            "logprobs": 0,
+            "return_token_ids": True,
+            "ignore_eos": True,
+        },
+        timeout=60,
+    )
     assert reply.status == 200, reply.text
     return reply.json()
 
@@ -59,8 +70,9 @@ def test_publish_swaps_the_servers_weights(served, tiny_model_dir: Path, tmp_pat
     assert before["model_version"] == "v0"
 
     trainer = PolicyTrainer(tiny_model_dir, TrainConfig(lr=1e-2))
-    samples = [Sample([rng.randrange(5, 500) for _ in range(10)], [rng.randrange(5, 500) for _ in range(10)])
-               for _ in range(4)]
+    samples = [
+        Sample([rng.randrange(5, 500) for _ in range(10)], [rng.randrange(5, 500) for _ in range(10)]) for _ in range(4)
+    ]
     trainer.nll_step(samples)
     assert trainer.step == 1
     publisher = ModelServerPublisher(url, tmp_path / "weights")  # the /v1 URL serve-model prints

@@ -25,9 +25,17 @@ def test_checkpoint_records_the_model(model_zoo, tmp_path):
     record = json.loads((target / "state.json").read_text())["model"]
     assert record["path"] == str(model_zoo["llama"].resolve())
     assert record["fingerprint"] == {
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 556, "hidden_size": 64,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
-        "max_position_embeddings": 512, "tie_word_embeddings": False}
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": 556,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": False,
+    }
     assert record["lora"] == {"r": 4, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"}
     assert record["dtype"] == "float32" and len(record["weights"]) == 16
 

@@ -62,8 +62,12 @@ def _server_loss(samples: list[Sample], current: list[list[float]], reduction: s
 def test_a_datum_shifts_tokens_masks_the_prompt_and_scales_advantages():
     model_input, fields = datum_fields(Sample([1, 2, 3], [4, 5], [1, 1], [-0.5, -1.0], advantage=2.0), scale=0.5)
     assert model_input == [1, 2, 3, 4]
-    assert fields == {"target_tokens": [2, 3, 4, 5], "weights": [0.0, 0.0, 1.0, 1.0],
-                      "logprobs": [0.0, 0.0, -0.5, -1.0], "advantages": [0.0, 0.0, 1.0, 1.0]}
+    assert fields == {
+        "target_tokens": [2, 3, 4, 5],
+        "weights": [0.0, 0.0, 1.0, 1.0],
+        "logprobs": [0.0, 0.0, -0.5, -1.0],
+        "advantages": [0.0, 0.0, 1.0, 1.0],
+    }
 
 
 def test_untrained_response_tokens_carry_no_weight_and_no_advantage():
@@ -99,8 +103,7 @@ def test_agentgrads_own_loss_function_agrees_with_the_hand_value():
 
 
 def test_step_diagnostics_from_the_returned_logprobs():
-    stats = ppo_stats([S1, S2], [_current(S1, NEW_1), _current(S2, NEW_2)], 5.0,
-                      clip_low=CLIP_LOW, clip_high=CLIP_HIGH)
+    stats = ppo_stats([S1, S2], [_current(S1, NEW_1), _current(S2, NEW_2)], 5.0, clip_low=CLIP_LOW, clip_high=CLIP_HIGH)
     assert stats.loss == pytest.approx(HAND_LOSS)
     assert stats.tokens == 5
     assert stats.clipped == 2  # ratio 1.5 with A > 0, ratio 0.5 with A < 0
@@ -115,12 +118,15 @@ def test_a_sample_without_sampled_logprobs_is_refused():
         datum_fields(Sample([1], [2, 3], [1, 1], [-1.0, float("nan")], advantage=1.0))
 
 
-@pytest.mark.parametrize(("config", "named"), [
-    (TrainConfig(kl_coef=0.1), "kl_coef"),
-    (TrainConfig(entropy_coef=0.01), "entropy_coef"),
-    (TrainConfig(dropout=True), "dropout"),
-    (TrainConfig(lora=LoraSettings(r=8, alpha=64)), "lora alpha"),
-])
+@pytest.mark.parametrize(
+    ("config", "named"),
+    [
+        (TrainConfig(kl_coef=0.1), "kl_coef"),
+        (TrainConfig(entropy_coef=0.01), "entropy_coef"),
+        (TrainConfig(dropout=True), "dropout"),
+        (TrainConfig(lora=LoraSettings(r=8, alpha=64)), "lora alpha"),
+    ],
+)
 def test_settings_the_server_cannot_honour_are_refused(config, named):
     with pytest.raises(TinkerError, match=named):
         _refuse_unsupported(config)

@@ -42,22 +42,31 @@ def test_ppo_clip_loss_matches_hand_computation():
     assert loss_kl.item() == pytest.approx(expected + 0.5 * k3 / 3, abs=1e-5)
 
 
-@pytest.mark.parametrize(("decay", "step", "expected"), [
-    ("none", 3, 1e-3),
-    # linear over 5 steps to 0.1: t = step / 4; lr × (0.1 + 0.9 × (1 − t))
-    ("linear", 0, 1e-3), ("linear", 1, 0.775e-3), ("linear", 4, 0.1e-3),
-    # cosine: lr × (0.1 + 0.9 × (1 + cos(π t)) / 2); t = 0.5 → 0.55
-    ("cosine", 2, 0.55e-3), ("cosine", 1, (0.1 + 0.45 * (1 + math.cos(math.pi / 4))) * 1e-3),
-    ("cosine", 4, 0.1e-3), ("cosine", 9, 0.1e-3),  # past the horizon (a resumed, longer run): the final rate
-])
+@pytest.mark.parametrize(
+    ("decay", "step", "expected"),
+    [
+        ("none", 3, 1e-3),
+        # linear over 5 steps to 0.1: t = step / 4; lr × (0.1 + 0.9 × (1 − t))
+        ("linear", 0, 1e-3),
+        ("linear", 1, 0.775e-3),
+        ("linear", 4, 0.1e-3),
+        # cosine: lr × (0.1 + 0.9 × (1 + cos(π t)) / 2); t = 0.5 → 0.55
+        ("cosine", 2, 0.55e-3),
+        ("cosine", 1, (0.1 + 0.45 * (1 + math.cos(math.pi / 4))) * 1e-3),
+        ("cosine", 4, 0.1e-3),
+        ("cosine", 9, 0.1e-3),  # past the horizon (a resumed, longer run): the final rate
+    ],
+)
 def test_decayed_lr_matches_hand_computation(decay, step, expected):
     from agentgrad.training.policy import decayed_lr
 
     assert decayed_lr(1e-3, step, 5, decay=decay, final=0.1) == pytest.approx(expected, rel=1e-9)
 
 
-@pytest.mark.parametrize(("setting", "message"), [({"lr_decay": "step"}, "lr_decay must be"),
-                                                  ({"lr_decay": "cosine", "lr_final": 1.5}, "lr_final must be")])
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [({"lr_decay": "step"}, "lr_decay must be"), ({"lr_decay": "cosine", "lr_final": 1.5}, "lr_final must be")],
+)
 def test_bad_lr_decay_settings_are_refused_when_configured(setting, message):
     with pytest.raises(ValueError, match=message):
         TrainConfig(**setting)
@@ -195,8 +204,9 @@ def test_sigkill_during_training_then_resume_continues_step_and_cursor(tiny_mode
     script.write_text(_RESUME_SCRIPT)
     ckpt = tmp_path / "ckpt"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    proc = subprocess.Popen([sys.executable, str(script), str(tiny_model_dir), str(ckpt), "100"],
-                            stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tiny_model_dir), str(ckpt), "100"], stdout=subprocess.PIPE, text=True, env=env
+    )
     seen = 0
     deadline = time.monotonic() + 120
     for line in proc.stdout:  # type: ignore[union-attr]
@@ -211,8 +221,13 @@ def test_sigkill_during_training_then_resume_continues_step_and_cursor(tiny_mode
 
     saved = json.loads((ckpt / (ckpt / "latest").read_text() / "state.json").read_text())
     assert saved["step"] >= 3 and saved["cursor"] == saved["step"] * 4
-    out = subprocess.run([sys.executable, str(script), str(tiny_model_dir), str(ckpt), str(saved["step"] + 2)],
-                         capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, str(script), str(tiny_model_dir), str(ckpt), str(saved["step"] + 2)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     lines = out.stdout.splitlines()
     assert lines[0] == f"start {saved['step']} {saved['cursor']}", out.stderr[-2000:]
     assert lines[1] == f"step {saved['step'] + 1}"

@@ -29,15 +29,22 @@ if TYPE_CHECKING:
     from agentgrad.adapters.transitions import TransitionAdapter as TransitionAdapter
 
 _EXPORTS = {
-    "LLMCall": "agentgrad.adapters.calls", "agent_name_of": "agentgrad.adapters.calls",
+    "LLMCall": "agentgrad.adapters.calls",
+    "agent_name_of": "agentgrad.adapters.calls",
     "extract_calls": "agentgrad.adapters.calls",
-    "AIR": "agentgrad.adapters.credit", "CreditRule": "agentgrad.adapters.credit",
-    "Discounted": "agentgrad.adapters.credit", "Emitted": "agentgrad.adapters.credit",
-    "FinalReward": "agentgrad.adapters.credit", "RolloutTrace": "agentgrad.adapters.credit",
+    "AIR": "agentgrad.adapters.credit",
+    "CreditRule": "agentgrad.adapters.credit",
+    "Discounted": "agentgrad.adapters.credit",
+    "Emitted": "agentgrad.adapters.credit",
+    "FinalReward": "agentgrad.adapters.credit",
+    "RolloutTrace": "agentgrad.adapters.credit",
     "credit_rule": "agentgrad.adapters.credit",
-    "ESTIMATORS": "agentgrad.adapters.advantages", "GroupStats": "agentgrad.adapters.advantages",
-    "group_advantages": "agentgrad.adapters.advantages", "preference_pairs": "agentgrad.adapters.advantages",
-    "AdaptStats": "agentgrad.adapters.transitions", "TransitionAdapter": "agentgrad.adapters.transitions",
+    "ESTIMATORS": "agentgrad.adapters.advantages",
+    "GroupStats": "agentgrad.adapters.advantages",
+    "group_advantages": "agentgrad.adapters.advantages",
+    "preference_pairs": "agentgrad.adapters.advantages",
+    "AdaptStats": "agentgrad.adapters.transitions",
+    "TransitionAdapter": "agentgrad.adapters.transitions",
 }
 
 __all__ = list(_EXPORTS)

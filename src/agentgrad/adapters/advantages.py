@@ -45,8 +45,11 @@ class GroupStats:
     dropped_transitions: int = 0
 
     def as_metrics(self) -> dict[str, float]:
-        return {"grpo/groups": self.groups, "grpo/zero_variance_groups": self.zero_variance_groups,
-                "grpo/dropped_transitions": self.dropped_transitions}
+        return {
+            "grpo/groups": self.groups,
+            "grpo/zero_variance_groups": self.zero_variance_groups,
+            "grpo/dropped_transitions": self.dropped_transitions,
+        }
 
 
 def groups_of(transitions: Sequence[Transition]) -> list[list[Transition]]:
@@ -57,8 +60,9 @@ def groups_of(transitions: Sequence[Transition]) -> list[list[Transition]]:
     return list(groups.values())
 
 
-def group_advantages(transitions: Sequence[Transition], estimator: Estimator = "grpo",
-                     eps: float = 1e-6) -> tuple[list[Transition], GroupStats]:
+def group_advantages(
+    transitions: Sequence[Transition], estimator: Estimator = "grpo", eps: float = 1e-6
+) -> tuple[list[Transition], GroupStats]:
     """Set each transition's ``advantage`` by ``estimator`` (see the module's table) and return
     those of groups with reward variance, with the group counts. A group of one is dropped
     (it has σ = 0, and RLOO has no other member to compare with)."""

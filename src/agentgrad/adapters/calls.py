@@ -131,8 +131,9 @@ def _float_list(value: Any, key: str = "", problems: list[str] | None = None) ->
     if value is None:
         return None
     parsed = _json_list(value)
-    if parsed is not None and all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
-                                  for v in parsed):
+    if parsed is not None and all(
+        v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in parsed
+    ):
         return [math.nan if v is None else float(v) for v in parsed]
     if problems is not None:
         problems.append(f"{key} is not a list of numbers: {_preview(value)}")
@@ -186,15 +187,22 @@ def read_call(span: Span, index: int, by_id: dict[str, Span]) -> LLMCall:
         return str(value) if value is not None and value != "" else None
 
     return LLMCall(
-        rollout_id=span.rollout_id, attempt_id=span.attempt_id, index=index, span_id=span.span_id,
-        sequence_id=span.sequence_id or 0, start_time=span.start_time, end_time=done_at(span),
+        rollout_id=span.rollout_id,
+        attempt_id=span.attempt_id,
+        index=index,
+        span_id=span.span_id,
+        sequence_id=span.sequence_id or 0,
+        start_time=span.start_time,
+        end_time=done_at(span),
         agent_name=agent_name_of(span, by_id),
         prompt_ids=_int_list(attrs.get(semconv.LLM_PROMPT_TOKEN_IDS), semconv.LLM_PROMPT_TOKEN_IDS, problems),
-        completion_ids=_int_list(attrs.get(semconv.LLM_COMPLETION_TOKEN_IDS), semconv.LLM_COMPLETION_TOKEN_IDS,
-                                 problems),
+        completion_ids=_int_list(
+            attrs.get(semconv.LLM_COMPLETION_TOKEN_IDS), semconv.LLM_COMPLETION_TOKEN_IDS, problems
+        ),
         logprobs=_float_list(attrs.get(semconv.LLM_LOGPROBS), semconv.LLM_LOGPROBS, problems),
         model_version=text(semconv.MODEL_VERSION),
-        request=_as_dict(attrs.get(semconv.LLM_REQUEST)), response=_as_dict(attrs.get(semconv.LLM_RESPONSE)),
+        request=_as_dict(attrs.get(semconv.LLM_REQUEST)),
+        response=_as_dict(attrs.get(semconv.LLM_RESPONSE)),
         model=text(semconv.GEN_AI_RESPONSE_MODEL) or text(semconv.GEN_AI_REQUEST_MODEL),
         finish_reason=text(semconv.LLM_FINISH_REASON),
         usage_input_tokens=_count(attrs.get(semconv.GEN_AI_USAGE_INPUT_TOKENS)),

@@ -121,10 +121,14 @@ class AIR:
 
     name = "air"
 
-    def __init__(self, unparsable_tool_call: float = -0.5, tool_error: float = -0.25,
-                 repeated_call: float = -0.25) -> None:
-        self.penalties = {"unparsable_tool_call": unparsable_tool_call, "tool_error": tool_error,
-                          "repeated_call": repeated_call}
+    def __init__(
+        self, unparsable_tool_call: float = -0.5, tool_error: float = -0.25, repeated_call: float = -0.25
+    ) -> None:
+        self.penalties = {
+            "unparsable_tool_call": unparsable_tool_call,
+            "tool_error": tool_error,
+            "repeated_call": repeated_call,
+        }
 
     def signals(self, trace: RolloutTrace) -> list[list[str]]:
         """The signal names that fired for each call (for metrics and debugging)."""

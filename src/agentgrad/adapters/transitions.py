@@ -49,12 +49,15 @@ class AdaptStats:
 
     def as_metrics(self) -> dict[str, float]:
         return {
-            "adapter/rollouts": self.rollouts, "adapter/rollouts_used": self.rollouts_used,
+            "adapter/rollouts": self.rollouts,
+            "adapter/rollouts_used": self.rollouts_used,
             "adapter/rollouts_without_calls": self.rollouts_without_calls,
             "adapter/rollouts_without_reward": self.rollouts_without_reward,
-            "adapter/calls": self.calls, "adapter/calls_other_agents": self.calls_other_agents,
+            "adapter/calls": self.calls,
+            "adapter/calls_other_agents": self.calls_other_agents,
             "adapter/calls_without_token_ids": len(self.calls_without_token_ids),
-            "adapter/merged_calls": self.merged_calls, "adapter/transitions": self.transitions,
+            "adapter/merged_calls": self.merged_calls,
+            "adapter/transitions": self.transitions,
         }
 
 
@@ -67,8 +70,7 @@ class TransitionAdapter:
         merge: merge multi-turn calls that extend each other into one masked sequence.
     """
 
-    def __init__(self, credit: str | CreditRule = "final", agent_match: str | None = None,
-                 merge: bool = True) -> None:
+    def __init__(self, credit: str | CreditRule = "final", agent_match: str | None = None, merge: bool = True) -> None:
         self.credit = credit_rule(credit)
         self.agent_match = re.compile(agent_match) if agent_match else None
         self.merge = merge
@@ -83,8 +85,11 @@ class TransitionAdapter:
                 continue
             transitions.extend(self.adapt_rollout(rollout, store.query_spans(rollout.rollout_id, "latest"), stats))
         if stats.calls_without_token_ids:
-            log.warning("%d trainable LLM call(s) had no token ids and were excluded (rollout, call): %s",
-                        len(stats.calls_without_token_ids), stats.calls_without_token_ids[:10])
+            log.warning(
+                "%d trainable LLM call(s) had no token ids and were excluded (rollout, call): %s",
+                len(stats.calls_without_token_ids),
+                stats.calls_without_token_ids[:10],
+            )
         return transitions, stats
 
     def adapt_rollout(self, rollout: Rollout, spans: Sequence, stats: AdaptStats) -> list[Transition]:
@@ -106,8 +111,7 @@ class TransitionAdapter:
             return []
         rewards = self.credit.assign(trace)
         if len(rewards) != len(calls):
-            raise ValueError(f"credit rule {self.credit.name!r} returned {len(rewards)} rewards for "
-                             f"{len(calls)} calls")
+            raise ValueError(f"credit rule {self.credit.name!r} returned {len(rewards)} rewards for {len(calls)} calls")
         chosen: list[tuple[LLMCall, float]] = []
         for call, reward in zip(calls, rewards):
             if not matches_agent(call, self.agent_match):
@@ -126,9 +130,14 @@ class TransitionAdapter:
         out: list[Transition] = []
         for call, reward in chosen:
             last = out[-1] if out else None
-            if (self.merge and last is not None and last.reward == reward
-                    and last.agent_name == call.agent_name and _extends(last, call)):
-                inserted = call.prompt_ids[len(last.prompt_ids) + len(last.response_ids):]  # type: ignore[index]
+            if (
+                self.merge
+                and last is not None
+                and last.reward == reward
+                and last.agent_name == call.agent_name
+                and _extends(last, call)
+            ):
+                inserted = call.prompt_ids[len(last.prompt_ids) + len(last.response_ids) :]  # type: ignore[index]
                 completion = call.completion_ids or []
                 last.response_ids += inserted + completion
                 last.response_mask += [0] * len(inserted) + [1] * len(completion)  # type: ignore[operator]
@@ -138,13 +147,22 @@ class TransitionAdapter:
                 stats.merged_calls += 1
                 continue
             completion = list(call.completion_ids or [])
-            out.append(Transition(
-                rollout_id=call.rollout_id, attempt_id=call.attempt_id, group_id=rollout.group_id,
-                index=len(out), agent_name=call.agent_name, prompt_ids=list(call.prompt_ids or []),
-                response_ids=completion, response_logprobs=_logprobs(call),
-                response_mask=[1] * len(completion), reward=reward, model_version=call.model_version,
-                metadata={"calls": [call.index], "model_versions": [call.model_version]},
-            ))
+            out.append(
+                Transition(
+                    rollout_id=call.rollout_id,
+                    attempt_id=call.attempt_id,
+                    group_id=rollout.group_id,
+                    index=len(out),
+                    agent_name=call.agent_name,
+                    prompt_ids=list(call.prompt_ids or []),
+                    response_ids=completion,
+                    response_logprobs=_logprobs(call),
+                    response_mask=[1] * len(completion),
+                    reward=reward,
+                    model_version=call.model_version,
+                    metadata={"calls": [call.index], "model_versions": [call.model_version]},
+                )
+            )
             stats.transitions += 1
         return out
 

@@ -21,11 +21,16 @@ if TYPE_CHECKING:
     from agentgrad.algorithms.trackers import make_trackers as make_trackers
 
 _EXPORTS = {
-    "Algorithm": "agentgrad.algorithms.base", "AlgorithmContext": "agentgrad.algorithms.base",
-    "Evaluate": "agentgrad.algorithms.baseline", "EvaluationReport": "agentgrad.algorithms.baseline",
-    "GRPO": "agentgrad.algorithms.grpo", "GRPOConfig": "agentgrad.algorithms.grpo",
-    "TensorBoardTracker": "agentgrad.algorithms.trackers", "WandbTracker": "agentgrad.algorithms.trackers",
-    "MLflowTracker": "agentgrad.algorithms.trackers", "make_trackers": "agentgrad.algorithms.trackers",
+    "Algorithm": "agentgrad.algorithms.base",
+    "AlgorithmContext": "agentgrad.algorithms.base",
+    "Evaluate": "agentgrad.algorithms.baseline",
+    "EvaluationReport": "agentgrad.algorithms.baseline",
+    "GRPO": "agentgrad.algorithms.grpo",
+    "GRPOConfig": "agentgrad.algorithms.grpo",
+    "TensorBoardTracker": "agentgrad.algorithms.trackers",
+    "WandbTracker": "agentgrad.algorithms.trackers",
+    "MLflowTracker": "agentgrad.algorithms.trackers",
+    "make_trackers": "agentgrad.algorithms.trackers",
     "APO": "agentgrad.algorithms.apo",
     "SFT": "agentgrad.algorithms.sft",
 }

@@ -115,8 +115,12 @@ class ChatEndpoint:
 
         url = self.base_url.rstrip("/") + "/chat/completions"
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        body = {"model": self.model, "messages": messages, "temperature": self.temperature,
-                "max_tokens": self.max_tokens}
+        body = {
+            "model": self.model,
+            "messages": messages,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+        }
         problem = ""
         for attempt in range(self.retries + 1):
             if attempt:
@@ -131,8 +135,9 @@ class ChatEndpoint:
                 problem = f"HTTP {response.status}: {response.text[:300]}"
                 continue
             if response.status >= 400:
-                raise APOError(f"{url} (model {self.model!r}) refused the request: "
-                               f"HTTP {response.status}: {response.text[:300]}")
+                raise APOError(
+                    f"{url} (model {self.model!r}) refused the request: HTTP {response.status}: {response.text[:300]}"
+                )
             try:
                 choices = response.json().get("choices") or [{}]
                 return str((choices[0].get("message") or {}).get("content") or "")
@@ -186,8 +191,14 @@ class APOState:
             template = snapshot.items.get(prompt_name)
             if not isinstance(template, PromptTemplate):
                 continue
-            candidate = Candidate(snapshot.resources_id, snapshot.version, template, int(info["round"]),
-                                  info.get("parent"), info.get("critique"))
+            candidate = Candidate(
+                snapshot.resources_id,
+                snapshot.version,
+                template,
+                int(info["round"]),
+                info.get("parent"),
+                info.get("critique"),
+            )
             rollouts = store.query_rollouts(RolloutFilter(group_id=val_group(run_id, candidate.resources_id)))
             if rollouts and all(r.status.is_terminal for r in rollouts):
                 candidate.score = score_of(rollouts)
@@ -196,8 +207,9 @@ class APOState:
 
     def ranked(self, max_round: int | None = None) -> list[Candidate]:
         """Scored candidates (up to ``max_round``), best first; ties go to the older snapshot."""
-        scored = [c for c in self.candidates.values()
-                  if c.score is not None and (max_round is None or c.round <= max_round)]
+        scored = [
+            c for c in self.candidates.values() if c.score is not None and (max_round is None or c.round <= max_round)
+        ]
         return sorted(scored, key=lambda c: (-c.score, c.version))  # type: ignore[operator]
 
     def children(self, parent: str, round_: int) -> list[Candidate]:
@@ -244,8 +256,10 @@ def render_trace(store: Store, rollout: Rollout, max_chars: int) -> str:
         elif span.name == semconv.SPAN_EXCEPTION:
             lines.append(f"[exception] {attrs.get(semconv.EXCEPTION_TYPE)}: {attrs.get(semconv.EXCEPTION_MESSAGE)}")
         elif span.name == semconv.SPAN_OPERATION and semconv.OPERATION_OUTPUT in attrs:
-            lines.append(f"[{attrs.get(semconv.OPERATION_NAME)}] {json.dumps(attrs.get(semconv.OPERATION_INPUT))}"
-                         f" → {json.dumps(attrs[semconv.OPERATION_OUTPUT])}")
+            lines.append(
+                f"[{attrs.get(semconv.OPERATION_NAME)}] {json.dumps(attrs.get(semconv.OPERATION_INPUT))}"
+                f" → {json.dumps(attrs[semconv.OPERATION_OUTPUT])}"
+            )
     if rollout.status != RolloutStatus.SUCCEEDED:
         attempt = store.get_latest_attempt(rollout.rollout_id)
         error = attempt.error if attempt else None
@@ -295,8 +309,12 @@ class APO(Algorithm):
         max_trace_chars: int = 1500,
         max_prompt_chars: int = 8000,
     ) -> None:
-        for name, value in (("beam_width", beam_width), ("branch_factor", branch_factor),
-                            ("train_batch_size", train_batch_size), ("val_batch_size", val_batch_size)):
+        for name, value in (
+            ("beam_width", beam_width),
+            ("branch_factor", branch_factor),
+            ("train_batch_size", train_batch_size),
+            ("val_batch_size", val_batch_size),
+        ):
             if value < 1:
                 raise ValueError(f"{name} must be ≥ 1, got {value}")
         if rounds < 0:
@@ -304,7 +322,9 @@ class APO(Algorithm):
         self.critic = critic
         self.editor = editor or critic
         self.prompt_name = prompt_name
-        self.initial_prompt = PromptTemplate(template=initial_prompt) if isinstance(initial_prompt, str) else initial_prompt
+        self.initial_prompt = (
+            PromptTemplate(template=initial_prompt) if isinstance(initial_prompt, str) else initial_prompt
+        )
         self.variables = set(variables) if variables is not None else None
         self.required_variables = set(required_variables) if required_variables is not None else None
         self.beam_width, self.branch_factor, self.rounds = beam_width, branch_factor, rounds
@@ -336,15 +356,19 @@ class APO(Algorithm):
             raise APOError("APO needs train tasks (the critic reads rollouts of them)")
         seed_template, base_items = self._seed_and_items(context)
         allowed = self.variables if self.variables is not None else seed_template.referenced_variables()
-        required = self.required_variables if self.required_variables is not None else seed_template.referenced_variables()
+        required = (
+            self.required_variables if self.required_variables is not None else seed_template.referenced_variables()
+        )
         validate_template(seed_template, allowed, required)  # a bad seed is refused, naming the variables
         self._allowed, self._required, self._base_items = allowed, required, base_items
         self.state = state = APOState.load(store, self.run_id, self.prompt_name)
         if state.candidates:
             context.console.log(f"APO run {self.run_id!r}: resuming with {len(state.candidates)} stored candidate(s)")
         val_batch = _sample(val_tasks, self.val_batch_size, f"{self.seed}:val")
-        seed = self._publish(store, seed_template, round_=0, parent=None, critique=None) \
+        seed = (
+            self._publish(store, seed_template, round_=0, parent=None, critique=None)
             or state.candidates[candidate_id(self.run_id, seed_template)]
+        )
         self._evaluate(store, [seed], val_batch)
         context.console.log(f"APO round 0: seed prompt scores {seed.score:.3f}")
         history: list[dict[str, float]] = []
@@ -354,17 +378,23 @@ class APO(Algorithm):
             children, rejected = self._expand(store, beam, round_, train_batch)
             self._evaluate(store, children, val_batch)
             ranked = state.ranked(max_round=round_)
-            summary = {"best_score": float(ranked[0].score),  # type: ignore[arg-type]
-                       "beam_mean": statistics.fmean(c.score for c in ranked[: self.beam_width]),  # type: ignore[misc]
-                       "new_candidates": float(len(children)), "rejected_replies": float(rejected)}
+            summary = {
+                "best_score": float(ranked[0].score),  # type: ignore[arg-type]
+                "beam_mean": statistics.fmean(c.score for c in ranked[: self.beam_width]),  # type: ignore[misc]
+                "new_candidates": float(len(children)),
+                "rejected_replies": float(rejected),
+            }
             history.append(summary)
             self._record(store, f"apo:{self.run_id}", round_, summary)
-            context.console.log(f"APO round {round_}: {len(children)} new candidate(s), {rejected} refused "
-                                f"reply(ies); best {summary['best_score']:.3f}, beam mean {summary['beam_mean']:.3f}")
+            context.console.log(
+                f"APO round {round_}: {len(children)} new candidate(s), {rejected} refused "
+                f"reply(ies); best {summary['best_score']:.3f}, beam mean {summary['beam_mean']:.3f}"
+            )
         best = state.ranked()[0]
         self._publish_best(store, best)
-        return APOResult(best=best, seed=seed, candidates=sorted(state.candidates.values(), key=lambda c: c.version),
-                         rounds=history)
+        return APOResult(
+            best=best, seed=seed, candidates=sorted(state.candidates.values(), key=lambda c: c.version), rounds=history
+        )
 
     # ---- seed -----------------------------------------------------------------------------------
     def _seed_and_items(self, context: AlgorithmContext) -> tuple[PromptTemplate, dict[str, Any]]:
@@ -381,21 +411,30 @@ class APO(Algorithm):
         elif isinstance(seed, str):
             seed = PromptTemplate(template=seed)
         if not isinstance(seed, PromptTemplate):
-            raise APOError(f"APO needs a seed prompt: pass initial_prompt=… or a PromptTemplate resource named "
-                           f"{self.prompt_name!r} (found {type(seed).__name__})")
+            raise APOError(
+                f"APO needs a seed prompt: pass initial_prompt=… or a PromptTemplate resource named "
+                f"{self.prompt_name!r} (found {type(seed).__name__})"
+            )
         return seed, items
 
     # ---- publishing -------------------------------------------------------------------------------
-    def _publish(self, store: Store, template: PromptTemplate, *, round_: int, parent: str | None,
-                 critique: str | None) -> Candidate | None:
+    def _publish(
+        self, store: Store, template: PromptTemplate, *, round_: int, parent: str | None, critique: str | None
+    ) -> Candidate | None:
         """Validate and publish a candidate; None when the same prompt is already a candidate."""
         validate_template(template, self._allowed, self._required)
         resources_id = candidate_id(self.run_id, template)
         assert self.state is not None
         if resources_id in self.state.candidates:
             return None
-        lineage = {"run_id": self.run_id, "kind": "candidate", "round": round_, "parent": parent,
-                   "critique": critique, "prompt_name": self.prompt_name}
+        lineage = {
+            "run_id": self.run_id,
+            "kind": "candidate",
+            "round": round_,
+            "parent": parent,
+            "critique": critique,
+            "prompt_name": self.prompt_name,
+        }
         items = {**self._base_items, self.prompt_name: template, APO_ITEM: JsonResource(value=lineage)}
         try:
             snapshot = store.add_resources(items, resources_id=resources_id)
@@ -407,9 +446,13 @@ class APO(Algorithm):
 
     def _publish_best(self, store: Store, best: Candidate) -> None:
         """Make the winner the latest snapshot (once per winner), for agents started later."""
-        items = {**self._base_items, self.prompt_name: best.template,
-                 APO_ITEM: JsonResource(value={"run_id": self.run_id, "kind": "best", "source": best.resources_id,
-                                               "score": best.score})}
+        items = {
+            **self._base_items,
+            self.prompt_name: best.template,
+            APO_ITEM: JsonResource(
+                value={"run_id": self.run_id, "kind": "best", "source": best.resources_id, "score": best.score}
+            ),
+        }
         try:
             store.add_resources(items, resources_id=f"{best.resources_id}-best")
         except AlreadyExistsError:
@@ -426,10 +469,18 @@ class APO(Algorithm):
         for group, (resources_id, mode, tasks) in groups.items():
             existing = store.query_rollouts(RolloutFilter(group_id=group))
             if not existing:
-                existing = store.enqueue_rollouts([
-                    RolloutRequest(input=task, mode=mode, resources_id=resources_id, config=self.rollout_config,
-                                   metadata={"group_id": group, "apo_run": self.run_id})
-                    for task in tasks])
+                existing = store.enqueue_rollouts(
+                    [
+                        RolloutRequest(
+                            input=task,
+                            mode=mode,
+                            resources_id=resources_id,
+                            config=self.rollout_config,
+                            metadata={"group_id": group, "apo_run": self.run_id},
+                        )
+                        for task in tasks
+                    ]
+                )
             ids[group] = [r.rollout_id for r in existing]
         every = [rid for group_ids in ids.values() for rid in group_ids]
         # Scores from part of a batch would compare candidates unfairly: stop instead, leaving the
@@ -448,8 +499,12 @@ class APO(Algorithm):
         results = self._batch(store, groups)
         for candidate in pending:
             candidate.score = score_of(results[val_group(self.run_id, candidate.resources_id)])
-            self._record(store, f"apo:{self.run_id}:candidates", candidate.version,
-                         {"val_score": candidate.score, "round": float(candidate.round)})
+            self._record(
+                store,
+                f"apo:{self.run_id}:candidates",
+                candidate.version,
+                {"val_score": candidate.score, "round": float(candidate.round)},
+            )
 
     @staticmethod
     def _record(store: Store, run: str, step: int, values: dict[str, float]) -> None:
@@ -459,19 +514,29 @@ class APO(Algorithm):
                 run_log.log(step, values)
 
     # ---- critic and editor --------------------------------------------------------------------------
-    def _expand(self, store: Store, beam: list[Candidate], round_: int,
-                train_batch: list[Any]) -> tuple[list[Candidate], int]:
+    def _expand(
+        self, store: Store, beam: list[Candidate], round_: int, train_batch: list[Any]
+    ) -> tuple[list[Candidate], int]:
         """Critique every beam prompt on its own rollouts and publish the editor's proposals."""
         assert self.state is not None
-        groups = {critique_group(self.run_id, round_, p.resources_id): (p.resources_id, "train", train_batch)
-                  for p in beam}
+        groups = {
+            critique_group(self.run_id, round_, p.resources_id): (p.resources_id, "train", train_batch) for p in beam
+        }
         batches = self._batch(store, groups)
         workers = max(1, min(len(beam) * self.branch_factor, self.critic.concurrency + self.editor.concurrency))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="apo") as pool:
-            critiques = list(pool.map(
-                lambda p: self._critique(store, p, batches[critique_group(self.run_id, round_, p.resources_id)]), beam))
-            jobs = [(parent, critique) for parent, critique in zip(beam, critiques) if critique is not None
-                    for _ in range(self.branch_factor - len(self.state.children(parent.resources_id, round_)))]
+            critiques = list(
+                pool.map(
+                    lambda p: self._critique(store, p, batches[critique_group(self.run_id, round_, p.resources_id)]),
+                    beam,
+                )
+            )
+            jobs = [
+                (parent, critique)
+                for parent, critique in zip(beam, critiques)
+                if critique is not None
+                for _ in range(self.branch_factor - len(self.state.children(parent.resources_id, round_)))
+            ]
             replies = list(pool.map(lambda job: self._edit(*job), jobs))
         children: list[Candidate] = []
         rejected: dict[str, list[dict[str, str]]] = {}
@@ -486,7 +551,12 @@ class APO(Algorithm):
         for parent_id, entries in rejected.items():
             for rollout in batches[critique_group(self.run_id, round_, parent_id)]:
                 store.update_rollout_metadata(rollout.rollout_id, {"apo_rejected": entries})
-        resumed = [c for p in beam for c in self.state.children(p.resources_id, round_) if all(c is not new for new in children)]
+        resumed = [
+            c
+            for p in beam
+            for c in self.state.children(p.resources_id, round_)
+            if all(c is not new for new in children)
+        ]
         return resumed + children, refused_critiques + sum(map(len, rejected.values()))
 
     def _critique(self, store: Store, parent: Candidate, rollouts: list[Rollout]) -> str | None:
@@ -497,17 +567,23 @@ class APO(Algorithm):
         runs = []
         for number, rollout in enumerate(sorted(rollouts, key=lambda r: r.reward or 0.0), 1):
             reward = "none (failed)" if rollout.reward is None else f"{rollout.reward:g}"
-            runs.append(f"### Run {number} — reward {reward}\nTask: {json.dumps(rollout.input)}\n"
-                        f"Trace:\n{render_trace(store, rollout, self.max_trace_chars)}")
-        user = (f"## Prompt template ({parent.template.engine})\n<prompt>\n{parent.template.template}\n</prompt>\n\n"
-                f"## Runs with this prompt (worst first)\n\n" + "\n\n".join(runs))
+            runs.append(
+                f"### Run {number} — reward {reward}\nTask: {json.dumps(rollout.input)}\n"
+                f"Trace:\n{render_trace(store, rollout, self.max_trace_chars)}"
+            )
+        user = (
+            f"## Prompt template ({parent.template.engine})\n<prompt>\n{parent.template.template}\n</prompt>\n\n"
+            f"## Runs with this prompt (worst first)\n\n" + "\n\n".join(runs)
+        )
         reply = self.critic.complete([{"role": "system", "content": CRITIC_SYSTEM}, {"role": "user", "content": user}])
         if not reply.strip():
-            log.warning("APO: critic gave an empty critique for %s; skipping this prompt this round",
-                        parent.resources_id)
+            log.warning(
+                "APO: critic gave an empty critique for %s; skipping this prompt this round", parent.resources_id
+            )
             for rollout in rollouts:
-                store.update_rollout_metadata(rollout.rollout_id, {"apo_rejected": [
-                    {"reason": "empty critique", "reply": reply[:500]}]})
+                store.update_rollout_metadata(
+                    rollout.rollout_id, {"apo_rejected": [{"reason": "empty critique", "reply": reply[:500]}]}
+                )
             return None
         for rollout in rollouts:
             store.update_rollout_metadata(rollout.rollout_id, {"apo_critique": reply})
@@ -515,9 +591,11 @@ class APO(Algorithm):
 
     def _edit(self, parent: Candidate, critique: str) -> str:
         allowed = ", ".join(sorted(self._allowed)) or "none"
-        user = (f"## Current prompt template ({parent.template.engine} syntax; available variables: {allowed})\n"
-                f"<prompt>\n{parent.template.template}\n</prompt>\n\n## Critique\n{critique}\n\n"
-                "Reply with the complete revised template inside <prompt></prompt>.")
+        user = (
+            f"## Current prompt template ({parent.template.engine} syntax; available variables: {allowed})\n"
+            f"<prompt>\n{parent.template.template}\n</prompt>\n\n## Critique\n{critique}\n\n"
+            "Reply with the complete revised template inside <prompt></prompt>."
+        )
         return self.editor.complete([{"role": "system", "content": EDITOR_SYSTEM}, {"role": "user", "content": user}])
 
     def _adopt(self, store: Store, reply: str, parent: Candidate, critique: str, round_: int) -> Candidate | str:

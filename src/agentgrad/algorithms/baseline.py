@@ -58,8 +58,11 @@ class EvaluationReport:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "total": self.total, "succeeded": self.succeeded, "failed": self.failed,
-            "timed_out": self.timed_out, "reward_mean": self.reward_mean,
+            "total": self.total,
+            "succeeded": self.succeeded,
+            "failed": self.failed,
+            "timed_out": self.timed_out,
+            "reward_mean": self.reward_mean,
             "spans_per_rollout": _mean(self.spans_per_rollout),
             "llm_calls_per_rollout": _mean(self.llm_calls_per_rollout),
             "rollouts_without_llm_calls": self.no_llm_calls,
@@ -72,7 +75,10 @@ class EvaluationReport:
         for key, value in self.as_dict().items():
             if key == "failure_reasons":
                 continue
-            table.add_row(key.replace("_", " "), "—" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value))
+            table.add_row(
+                key.replace("_", " "),
+                "—" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value),
+            )
         console.print(table)
         if self.failure_reasons:
             reasons = Table(title="failure reasons", show_header=True)
@@ -82,8 +88,9 @@ class EvaluationReport:
                 reasons.add_row(str(count), reason)
             console.print(reasons)
         if self.no_llm_calls:
-            console.print(f"[yellow]warning:[/] {self.no_llm_calls} rollout(s) captured no LLM call "
-                          "— they give no training data")
+            console.print(
+                f"[yellow]warning:[/] {self.no_llm_calls} rollout(s) captured no LLM call — they give no training data"
+            )
 
 
 def _mean(values: Sequence[int]) -> float | None:
@@ -107,8 +114,14 @@ def summarize(store: Store, rollouts: Sequence[Rollout], timed_out: int = 0) -> 
 class Evaluate(Algorithm):
     """Run each task once (in ``mode``) and report; with ``timeout`` unfinished ones are cancelled."""
 
-    def __init__(self, *, mode: RolloutMode = "train", timeout: float | None = None,
-                 config: RolloutConfig | None = None, resources_id: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        mode: RolloutMode = "train",
+        timeout: float | None = None,
+        config: RolloutConfig | None = None,
+        resources_id: str | None = None,
+    ) -> None:
         self.mode, self.timeout, self.config, self.resources_id = mode, timeout, config, resources_id
 
     def run(self, context: AlgorithmContext) -> EvaluationReport:
@@ -116,11 +129,15 @@ class Evaluate(Algorithm):
         tasks = list(context.val_tasks if self.mode != "train" and context.val_tasks else context.train_tasks)
         if not tasks:
             raise ValueError("nothing to evaluate: no tasks were given")
-        requests = [RolloutRequest(input=task, mode=self.mode, config=self.config or RolloutConfig(),
-                                   resources_id=self.resources_id)
-                    for task in tasks]
+        requests = [
+            RolloutRequest(
+                input=task, mode=self.mode, config=self.config or RolloutConfig(), resources_id=self.resources_id
+            )
+            for task in tasks
+        ]
         # A report is due at ``timeout``: stragglers are cancelled and reported as ``timed_out``.
         with context.console.status(f"running {len(requests)} rollout(s)…"):
-            batch = run_batch(store, requests, timeout=self.timeout, on_straggler="cancel",
-                              label=f"evaluation ({self.mode})")
+            batch = run_batch(
+                store, requests, timeout=self.timeout, on_straggler="cancel", label=f"evaluation ({self.mode})"
+            )
         return summarize(store, batch.rollouts, batch.cancelled)

@@ -35,8 +35,10 @@ class StragglersError(AgentGradError, TimeoutError):
 
     def __init__(self, label: str, unfinished: int, total: int, timeout: float) -> None:
         self.unfinished, self.total, self.timeout = unfinished, total, timeout
-        super().__init__(f"{label}: {unfinished} of {total} rollout(s) did not finish within {timeout:g} s "
-                         "— are runners serving the agent?")
+        super().__init__(
+            f"{label}: {unfinished} of {total} rollout(s) did not finish within {timeout:g} s "
+            "— are runners serving the agent?"
+        )
 
 
 @dataclass
@@ -53,16 +55,23 @@ class Batch:
         return len(self.rollouts) - self.cancelled
 
 
-def run_batch(store: Store, requests: Sequence[RolloutRequest], *, timeout: float | None,
-              on_straggler: OnStraggler, label: str = "batch") -> Batch:
+def run_batch(
+    store: Store,
+    requests: Sequence[RolloutRequest],
+    *,
+    timeout: float | None,
+    on_straggler: OnStraggler,
+    label: str = "batch",
+) -> Batch:
     """Enqueue ``requests`` (atomically: all or none) and wait for them; see :func:`wait_batch`."""
     _check(timeout, on_straggler)
     ids = [r.rollout_id for r in store.enqueue_rollouts(list(requests))]
     return wait_batch(store, ids, timeout=timeout, on_straggler=on_straggler, label=label)
 
 
-def wait_batch(store: Store, rollout_ids: Sequence[str], *, timeout: float | None,
-               on_straggler: OnStraggler, label: str = "batch") -> Batch:
+def wait_batch(
+    store: Store, rollout_ids: Sequence[str], *, timeout: float | None, on_straggler: OnStraggler, label: str = "batch"
+) -> Batch:
     """Wait for rollouts already in the store (a resumed run's, or just enqueued) to finish.
 
     ``timeout``: seconds until the rollouts still running are stragglers, treated per
@@ -90,8 +99,13 @@ def _cancel_stragglers(store: Store, ids: list[str], done: set[str], timeout: fl
         except InvalidTransitionError:  # it finished between the wait and the cancel
             pass
     if cancelled:
-        log.warning("%s: cancelled %d of %d rollout(s) still running after %g s (they count as failed)",
-                    label, cancelled, len(ids), timeout)
+        log.warning(
+            "%s: cancelled %d of %d rollout(s) still running after %g s (they count as failed)",
+            label,
+            cancelled,
+            len(ids),
+            timeout,
+        )
     return Batch([store.get_rollout(rollout_id) for rollout_id in ids], cancelled)
 
 

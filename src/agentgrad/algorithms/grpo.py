@@ -64,6 +64,7 @@ if TYPE_CHECKING:
 # configuration
 # ---------------------------------------------------------------------------------------------
 
+
 @dataclass
 class GRPOConfig:
     """Every GRPO setting. A config file sets them by name (``train:`` is a nested section);
@@ -140,29 +141,43 @@ class GRPOConfig:
     """Seed of the task order (the same order on every run and after a resume)."""
 
     def __post_init__(self) -> None:
-        positive = {"batch_size": self.batch_size, "mini_batches": self.mini_batches, "epochs": self.epochs,
-                    "checkpoint_every": self.checkpoint_every, "max_attempts": self.max_attempts}
+        positive = {
+            "batch_size": self.batch_size,
+            "mini_batches": self.mini_batches,
+            "epochs": self.epochs,
+            "checkpoint_every": self.checkpoint_every,
+            "max_attempts": self.max_attempts,
+        }
         for name, value in positive.items():
             if value < 1:
                 raise ValueError(f"GRPOConfig.{name} must be ≥ 1, got {value!r}")
         if self.group_size < 2:
-            raise ValueError(f"GRPOConfig.group_size must be ≥ 2 (a group needs two samples to compare), "
-                             f"got {self.group_size!r}")
-        for name, value in {"steps": self.steps, "val_every": self.val_every, "max_staleness": self.max_staleness,
-                            "max_empty_retries": self.max_empty_retries}.items():
+            raise ValueError(
+                f"GRPOConfig.group_size must be ≥ 2 (a group needs two samples to compare), got {self.group_size!r}"
+            )
+        for name, value in {
+            "steps": self.steps,
+            "val_every": self.val_every,
+            "max_staleness": self.max_staleness,
+            "max_empty_retries": self.max_empty_retries,
+        }.items():
             if value < 0:
                 raise ValueError(f"GRPOConfig.{name} must be ≥ 0, got {value!r}")
         self._fold_normalize()
         if self.estimator not in ESTIMATORS + ("dpo",):
-            raise ValueError(f"GRPOConfig.estimator must be one of {', '.join(map(repr, ESTIMATORS + ('dpo',)))}, "
-                             f"got {self.estimator!r}")
+            raise ValueError(
+                f"GRPOConfig.estimator must be one of {', '.join(map(repr, ESTIMATORS + ('dpo',)))}, "
+                f"got {self.estimator!r}"
+            )
         if not self.dpo_beta > 0:
             raise ValueError(f"GRPOConfig.dpo_beta must be > 0, got {self.dpo_beta!r}")
         if self.agreeing_groups not in ("drop", "regularize"):
             raise ValueError(f"GRPOConfig.agreeing_groups must be 'drop' or 'regularize', got {self.agreeing_groups!r}")
         if self.agreeing_groups == "regularize" and not (self.train.kl_coef > 0 or self.train.entropy_coef > 0):
-            raise ValueError("GRPOConfig.agreeing_groups='regularize' needs a regulariser to act on those groups: "
-                             "set train.kl_coef or train.entropy_coef > 0")
+            raise ValueError(
+                "GRPOConfig.agreeing_groups='regularize' needs a regulariser to act on those groups: "
+                "set train.kl_coef or train.entropy_coef > 0"
+            )
 
     def _fold_normalize(self) -> None:
         """The deprecated ``normalize`` becomes the ``estimator`` it names (then None, so a copy
@@ -171,20 +186,33 @@ class GRPOConfig:
             return
         named = {"std": "grpo", "mean": "dr_grpo"}.get(self.normalize)
         if named is None:
-            raise ValueError(f"GRPOConfig.normalize must be 'std' or 'mean' (deprecated: use estimator), "
-                             f"got {self.normalize!r}")
+            raise ValueError(
+                f"GRPOConfig.normalize must be 'std' or 'mean' (deprecated: use estimator), got {self.normalize!r}"
+            )
         if self.estimator not in ("grpo", named):
-            raise ValueError(f"GRPOConfig.normalize={self.normalize!r} (deprecated) contradicts "
-                             f"estimator={self.estimator!r}: set estimator alone")
-        warnings.warn(f"GRPOConfig.normalize={self.normalize!r} is deprecated: use estimator={named!r}"
-                      + (" (which also divides the loss by a constant instead of the step's token count)"
-                         if named == "dr_grpo" else ""), DeprecationWarning, stacklevel=4)
+            raise ValueError(
+                f"GRPOConfig.normalize={self.normalize!r} (deprecated) contradicts "
+                f"estimator={self.estimator!r}: set estimator alone"
+            )
+        warnings.warn(
+            f"GRPOConfig.normalize={self.normalize!r} is deprecated: use estimator={named!r}"
+            + (
+                " (which also divides the loss by a constant instead of the step's token count)"
+                if named == "dr_grpo"
+                else ""
+            ),
+            DeprecationWarning,
+            stacklevel=4,
+        )
         self.estimator, self.normalize = named, None  # type: ignore[assignment]
 
 
 #: Keywords of the GRPO of before GRPOConfig, and what replaced them (named in the TypeError).
-_RENAMED = {"train_config": "train", "rollout_config": "rollout_timeout_seconds and max_attempts",
-            "rollout_timeout": "batch_timeout"}
+_RENAMED = {
+    "train_config": "train",
+    "rollout_config": "rollout_timeout_seconds and max_attempts",
+    "rollout_timeout": "batch_timeout",
+}
 
 
 @dataclass
@@ -204,6 +232,7 @@ class GRPOResult:
 # ---------------------------------------------------------------------------------------------
 # the algorithm
 # ---------------------------------------------------------------------------------------------
+
 
 class GRPO(Algorithm):
     """GRPO over the captured calls of any agent.
@@ -236,8 +265,9 @@ class GRPO(Algorithm):
         self.publisher, self.trackers, self.on_step = publisher, list(trackers), on_step
         self.adapter = TransitionAdapter(config.credit, agent_match=config.agent_match, merge=config.merge)
         self.sampling = {"temperature": 1.0, **config.sampling}
-        self.rollout_config = RolloutConfig(timeout_seconds=config.rollout_timeout_seconds,
-                                            max_attempts=config.max_attempts)
+        self.rollout_config = RolloutConfig(
+            timeout_seconds=config.rollout_timeout_seconds, max_attempts=config.max_attempts
+        )
         #: Every version the engine has served in this run, oldest first (for staleness).
         self.versions: list[str] = []
         # What _start() sets up for a run.
@@ -274,8 +304,13 @@ class GRPO(Algorithm):
             while trainer.step < cfg.steps and not self._out_of_time(started, last_step_seconds):
                 step, step_started = trainer.step + 1, time.monotonic()
                 # ---- sample: group_size rollouts of each task of the batch, with the current policy
-                rollouts = self.sample(store, [(i, self.tasks[i]) for i in indices], step,
-                                       resources_id=self.train_resources.resources_id, attempt=empty_retries)
+                rollouts = self.sample(
+                    store,
+                    [(i, self.tasks[i]) for i in indices],
+                    step,
+                    resources_id=self.train_resources.resources_id,
+                    attempt=empty_retries,
+                )
                 values = rollout_metrics(rollouts, time.monotonic() - step_started)
                 # ---- transitions: spans → token sequences with credit; too-stale ones dropped
                 transitions, adapted = self.transitions(store, rollouts)
@@ -295,8 +330,10 @@ class GRPO(Algorithm):
                     self.publish()
                 else:  # every group had identical rewards: nothing to learn from, move on
                     trainer.skip_step()
-                    self.console.print(f"[yellow]step {step}: all {int(values['grpo/groups'])} groups had zero "
-                                       "reward variance — skipped[/]")
+                    self.console.print(
+                        f"[yellow]step {step}: all {int(values['grpo/groups'])} groups had zero "
+                        "reward variance — skipped[/]"
+                    )
                 values["train_seconds"] = time.monotonic() - train_started
                 self.cursor = next_cursor
                 indices, next_cursor = next(batches)
@@ -365,12 +402,15 @@ class GRPO(Algorithm):
             return self.publisher
         if context.policy is not None:
             return context.policy.publisher()
-        raise ValueError("GRPO needs somewhere to publish its new weights: Trainer(policy=LocalPolicy(model_dir)) "
-                         "or GRPO(..., publisher=...)")
+        raise ValueError(
+            "GRPO needs somewhere to publish its new weights: Trainer(policy=LocalPolicy(model_dir)) "
+            "or GRPO(..., publisher=...)"
+        )
 
     # ---- 1. sample ---------------------------------------------------------------------------------
-    def sample(self, store: Store, tasks: Sequence[tuple[int, Any]], step: int, *, resources_id: str | None,
-               attempt: int = 0) -> list[Rollout]:
+    def sample(
+        self, store: Store, tasks: Sequence[tuple[int, Any]], step: int, *, resources_id: str | None, attempt: int = 0
+    ) -> list[Rollout]:
         """Run ``group_size`` rollouts of each ``(index, task)`` with the resources
         ``resources_id`` and wait for them; a group's rollouts share a ``group_id`` (step, task
         index and ``attempt``: a retried step's groups are new ones). A step cannot wait forever
@@ -378,12 +418,19 @@ class GRPO(Algorithm):
         count as failed."""
         cfg = self.config
         requests = [
-            RolloutRequest(input=task, mode="train", resources_id=resources_id, config=self.rollout_config,
-                           metadata={"group_id": f"{cfg.run_id}-s{step}-t{i}-r{attempt}", "step": step})
-            for i, task in tasks for _ in range(cfg.group_size)
+            RolloutRequest(
+                input=task,
+                mode="train",
+                resources_id=resources_id,
+                config=self.rollout_config,
+                metadata={"group_id": f"{cfg.run_id}-s{step}-t{i}-r{attempt}", "step": step},
+            )
+            for i, task in tasks
+            for _ in range(cfg.group_size)
         ]
-        return run_batch(store, requests, timeout=cfg.batch_timeout, on_straggler="cancel",
-                         label=f"GRPO step {step}").rollouts
+        return run_batch(
+            store, requests, timeout=cfg.batch_timeout, on_straggler="cancel", label=f"GRPO step {step}"
+        ).rollouts
 
     # ---- 2. transitions -----------------------------------------------------------------------------
     def transitions(self, store: Store, rollouts: Sequence[Rollout]) -> tuple[list[Transition], dict[str, float]]:
@@ -416,14 +463,18 @@ class GRPO(Algorithm):
         retries += 1
         failed, total = int(values["rollouts_failed"]), int(values["rollouts"])
         filtered = self._filtered_out()
-        self.console.print(f"[yellow]step {step}: empty batch ({failed}/{total} rollouts failed, "
-                           f"{int(values['adapter/rollouts_without_calls'])} without LLM calls{filtered}) — not "
-                           f"trained on; retry {retries}/{self.config.max_empty_retries}[/]")
+        self.console.print(
+            f"[yellow]step {step}: empty batch ({failed}/{total} rollouts failed, "
+            f"{int(values['adapter/rollouts_without_calls'])} without LLM calls{filtered}) — not "
+            f"trained on; retry {retries}/{self.config.max_empty_retries}[/]"
+        )
         assert self.run_log is not None
         self.run_log.log(step, {"empty_batch": 1.0, "rollouts_failed": failed})
         if retries > self.config.max_empty_retries:
-            raise RuntimeError(f"{retries} empty batches in a row: every rollout failed or gave no usable LLM "
-                               f"call{filtered}; see the dashboard or `agentgrad dev`")
+            raise RuntimeError(
+                f"{retries} empty batches in a row: every rollout failed or gave no usable LLM "
+                f"call{filtered}; see the dashboard or `agentgrad dev`"
+            )
         return retries
 
     def _filtered_out(self) -> str:
@@ -431,8 +482,10 @@ class GRPO(Algorithm):
         stats = self.adapt_stats
         if self.adapter.agent_match is None or not stats.calls_other_agents:
             return ""
-        return (f"; agent_match {self.adapter.agent_match.pattern!r} left out {stats.calls_other_agents} call(s) "
-                f"of agents {sorted(stats.other_agents)}")
+        return (
+            f"; agent_match {self.adapter.agent_match.pattern!r} left out {stats.calls_other_agents} call(s) "
+            f"of agents {sorted(stats.other_agents)}"
+        )
 
     # ---- 3. advantages ----------------------------------------------------------------------------
     def advantages(self, transitions: Sequence[Transition]) -> tuple[list[Transition], dict[str, float]]:
@@ -461,12 +514,25 @@ class GRPO(Algorithm):
         samples = [Sample.from_transition(t) for t in transitions]
         if self.config.estimator == "dpo":
             return self._dpo_update(samples)
-        metrics = self.trainer.ppo_step(samples, mini_batches=self.config.mini_batches, epochs=self.config.epochs,
-                                        tokens_per_sample=self._tokens_per_sample())
-        return {"loss": metrics.loss, "entropy": metrics.entropy, "kl": metrics.kl,
-                "clip_fraction": metrics.clip_fraction, "grad_norm": metrics.grad_norm, "updates": metrics.updates,
-                "tokens": metrics.tokens, "tokens_per_second": metrics.tokens_per_second,
-                "ratio_mean": metrics.ratio_mean, "ratio_max": metrics.ratio_max, "lr": metrics.lr}
+        metrics = self.trainer.ppo_step(
+            samples,
+            mini_batches=self.config.mini_batches,
+            epochs=self.config.epochs,
+            tokens_per_sample=self._tokens_per_sample(),
+        )
+        return {
+            "loss": metrics.loss,
+            "entropy": metrics.entropy,
+            "kl": metrics.kl,
+            "clip_fraction": metrics.clip_fraction,
+            "grad_norm": metrics.grad_norm,
+            "updates": metrics.updates,
+            "tokens": metrics.tokens,
+            "tokens_per_second": metrics.tokens_per_second,
+            "ratio_mean": metrics.ratio_mean,
+            "ratio_max": metrics.ratio_max,
+            "lr": metrics.lr,
+        }
 
     def _tokens_per_sample(self) -> float | None:
         """Dr. GRPO's constant loss normaliser per sequence: the generation budget
@@ -484,14 +550,25 @@ class GRPO(Algorithm):
         from agentgrad.training.policy import PolicyTrainer
 
         if not isinstance(self.trainer, PolicyTrainer):
-            raise ValueError(f"estimator 'dpo' needs the local PolicyTrainer (it runs the start policy for DPO's "
-                             f"reference); {type(self.trainer).__name__} has no DPO step")
-        dpo = dpo_step(self.trainer, list(zip(samples[0::2], samples[1::2], strict=True)),
-                       beta=self.config.dpo_beta)
+            raise ValueError(
+                f"estimator 'dpo' needs the local PolicyTrainer (it runs the start policy for DPO's "
+                f"reference); {type(self.trainer).__name__} has no DPO step"
+            )
+        dpo = dpo_step(self.trainer, list(zip(samples[0::2], samples[1::2], strict=True)), beta=self.config.dpo_beta)
         m = dpo.step
-        return {"loss": m.loss, "entropy": m.entropy, "kl": m.kl, "clip_fraction": 0.0, "grad_norm": m.grad_norm,
-                "updates": m.updates, "tokens": m.tokens, "tokens_per_second": m.tokens_per_second, "lr": m.lr,
-                "dpo/margin": dpo.margin, "dpo/accuracy": dpo.accuracy}
+        return {
+            "loss": m.loss,
+            "entropy": m.entropy,
+            "kl": m.kl,
+            "clip_fraction": 0.0,
+            "grad_norm": m.grad_norm,
+            "updates": m.updates,
+            "tokens": m.tokens,
+            "tokens_per_second": m.tokens_per_second,
+            "lr": m.lr,
+            "dpo/margin": dpo.margin,
+            "dpo/accuracy": dpo.accuracy,
+        }
 
     # ---- 5. publish -------------------------------------------------------------------------------
     def publish(self) -> None:
@@ -522,8 +599,14 @@ class GRPO(Algorithm):
         the current model to ``output_dir/best``. Returns the validation metrics."""
         if not self.val_tasks:
             return {}
-        values = self.best.validate(self.store, self.val_tasks, step, self.trainer,
-                                    resources_id=self.val_resources.resources_id, console=self.console)
+        values = self.best.validate(
+            self.store,
+            self.val_tasks,
+            step,
+            self.trainer,
+            resources_id=self.val_resources.resources_id,
+            console=self.console,
+        )
         self._sync_best()
         return values
 
@@ -546,11 +629,20 @@ class GRPO(Algorithm):
         self.result.history.append({"step": step, **values})
         if self.progress is not None:
             progress, bar = self.progress
-            update = (f"entropy {values['entropy']:.2f}  clip {values['clip_fraction']:.2f}  "
-                      f"{values['tokens_per_second']:.0f} tok/s" if "loss" in values else "no update (no reward variance)")
-            progress.update(bar, completed=step, description=(
-                f"reward {values['reward/mean']:.2f}  success {values['success']:.2f}  "
-                f"{update}  {values['rollouts_per_second']:.1f} ro/s"))
+            update = (
+                f"entropy {values['entropy']:.2f}  clip {values['clip_fraction']:.2f}  "
+                f"{values['tokens_per_second']:.0f} tok/s"
+                if "loss" in values
+                else "no update (no reward variance)"
+            )
+            progress.update(
+                bar,
+                completed=step,
+                description=(
+                    f"reward {values['reward/mean']:.2f}  success {values['success']:.2f}  "
+                    f"{update}  {values['rollouts_per_second']:.1f} ro/s"
+                ),
+            )
         if self.on_step is not None:
             self.on_step(values)
 
@@ -558,8 +650,15 @@ class GRPO(Algorithm):
     def _progress(self) -> Iterator[None]:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        progress = Progress(TextColumn("[bold]GRPO"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            TextColumn("{task.description}"), console=self.console, transient=False)
+        progress = Progress(
+            TextColumn("[bold]GRPO"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+            console=self.console,
+            transient=False,
+        )
         with progress:
             self.progress = progress, progress.add_task("", total=self.config.steps, completed=self.trainer.step)
             try:
@@ -580,14 +679,17 @@ class GRPO(Algorithm):
 # helpers
 # ---------------------------------------------------------------------------------------------
 
+
 def _with_overrides(config: GRPOConfig, overrides: dict[str, Any]) -> GRPOConfig:
     """``config`` with some fields replaced; an unknown name is a TypeError naming the valid ones."""
     valid = [f.name for f in dataclasses.fields(GRPOConfig)]
     unknown = [name for name in overrides if name not in valid]
     if unknown:
         hints = "".join(f"; {name!r} is now {_RENAMED[name]!r}" for name in unknown if name in _RENAMED)
-        raise TypeError(f"GRPO got unknown setting(s) {', '.join(map(repr, unknown))}{hints}. "
-                        f"Valid GRPOConfig fields: {', '.join(valid)}")
+        raise TypeError(
+            f"GRPO got unknown setting(s) {', '.join(map(repr, unknown))}{hints}. "
+            f"Valid GRPOConfig fields: {', '.join(valid)}"
+        )
     return dataclasses.replace(config, **overrides) if overrides else config
 
 
@@ -599,7 +701,8 @@ def rollout_metrics(rollouts: Sequence[Rollout], seconds: float) -> dict[str, fl
         "reward/mean": statistics.fmean(rewards) if rewards else 0.0,
         "reward/std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
         "success": sum((r or 0.0) > 0 for r in rewards) / max(1, len(rollouts)),
-        "rollouts": len(rollouts), "rollouts_failed": failed,
+        "rollouts": len(rollouts),
+        "rollouts_failed": failed,
         "rollouts_per_second": len(rollouts) / max(seconds, 1e-9),
         "rollout_seconds": seconds,
     }
@@ -610,16 +713,21 @@ def signal_share(transitions: Sequence[Transition], kept: Sequence[Transition]) 
     whose rewards all agree (dropped: zero advantage), and the largest advantage magnitude among
     those kept. When few groups disagree, the few tokens left decide the whole update (the
     token-mean loss does not shrink with them), which is where a run starts to drift."""
+
     def tokens(ts: Sequence[Transition]) -> int:
         return sum(sum(t.response_mask or [1] * len(t.response_ids)) for t in ts)
 
     total = tokens(transitions)
-    return {"grpo/zero_advantage_token_share": 1.0 - tokens(kept) / total if total else 0.0,
-            "grpo/advantage_abs_max": max((abs(t.advantage) for t in kept), default=0.0)}
+    return {
+        "grpo/zero_advantage_token_share": 1.0 - tokens(kept) / total if total else 0.0,
+        "grpo/advantage_abs_max": max((abs(t.advantage) for t in kept), default=0.0),
+    }
 
 
 def step_timing(values: dict[str, float], step_seconds: float) -> dict[str, float]:
     """Where a step's time went: the trainer idles while rollouts run, the runners while it trains."""
-    return {"step_seconds": step_seconds,
-            "trainer_idle_fraction": values["rollout_seconds"] / step_seconds,
-            "runner_idle_fraction": values["train_seconds"] / step_seconds}
+    return {
+        "step_seconds": step_seconds,
+        "trainer_idle_fraction": values["rollout_seconds"] / step_seconds,
+        "runner_idle_fraction": values["train_seconds"] / step_seconds,
+    }

@@ -104,8 +104,9 @@ class Funnel:
         for stage, remaining in self.stages:
             if remaining == 0:
                 had = "" if before is None else f" (all {before[1]} left after '{before[0]}')"
-                raise EmptySelectionError(f"the selection is empty: '{stage}' removed everything{had}. "
-                                          f"Funnel: {self.describe()}")
+                raise EmptySelectionError(
+                    f"the selection is empty: '{stage}' removed everything{had}. Funnel: {self.describe()}"
+                )
             before = (stage, remaining)
 
     def describe(self) -> str:
@@ -114,8 +115,9 @@ class Funnel:
 
 def select_rollouts(store: Store, criteria: SelectionCriteria, funnel: Funnel) -> list[Rollout]:
     """Succeeded rollouts passing the mode, recency and reward filters, newest first."""
-    rollouts = store.query_rollouts(RolloutFilter(status=[RolloutStatus.SUCCEEDED], sort_by="end_time",
-                                                  descending=True))
+    rollouts = store.query_rollouts(
+        RolloutFilter(status=[RolloutStatus.SUCCEEDED], sort_by="end_time", descending=True)
+    )
     funnel.add("succeeded rollouts in the store", len(rollouts))
     rollouts = [r for r in rollouts if r.mode in criteria.modes]
     funnel.add(f"mode in {list(criteria.modes)}", len(rollouts))
@@ -129,7 +131,6 @@ def select_rollouts(store: Store, criteria: SelectionCriteria, funnel: Funnel) -
         rollouts = [r for r in rollouts if r.reward is not None and r.reward >= criteria.min_reward]
         funnel.add(f"reward >= {criteria.min_reward}", len(rollouts))
     return rollouts
-
 
 
 _T = TypeVar("_T")
@@ -175,16 +176,22 @@ def _chat_sample(call: LLMCall, rollout: Rollout) -> dict[str, Any] | None:
     sample: dict[str, Any] = {"messages": [*call.request_messages, reply]}
     if call.request.get("tools"):
         sample["tools"] = call.request["tools"]
-    sample["metadata"] = {"rollout_id": rollout.rollout_id, "call_index": call.index, "agent_name": call.agent_name,
-                          "reward": rollout.reward, "model_version": call.model_version}
+    sample["metadata"] = {
+        "rollout_id": rollout.rollout_id,
+        "call_index": call.index,
+        "agent_name": call.agent_name,
+        "reward": rollout.reward,
+        "model_version": call.model_version,
+    }
     return sample
 
 
 def _continues(later: dict[str, Any], earlier: dict[str, Any]) -> bool:
     """Whether ``later``'s conversation starts with all of ``earlier``'s (incl. its reply)."""
     prefix = earlier["messages"]
-    return (later["metadata"]["agent_name"] == earlier["metadata"]["agent_name"]
-            and _comparable(later["messages"][: len(prefix)]) == _comparable(prefix))
+    return later["metadata"]["agent_name"] == earlier["metadata"]["agent_name"] and _comparable(
+        later["messages"][: len(prefix)]
+    ) == _comparable(prefix)
 
 
 def _comparable(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -204,8 +211,9 @@ def select_chat_samples(store: Store, criteria: SelectionCriteria) -> tuple[list
         mine = [c for c in calls if matches_agent(c, pattern)]
         matched += len(mine)
         conversation = [s for s in (_chat_sample(c, rollout) for c in mine) if s is not None]
-        samples.extend(s for s, nxt in zip(conversation, conversation[1:] + [None])
-                       if nxt is None or not _continues(nxt, s))
+        samples.extend(
+            s for s, nxt in zip(conversation, conversation[1:] + [None]) if nxt is None or not _continues(nxt, s)
+        )
     funnel.add("captured LLM calls", calls_total)
     funnel.add(f"agent matches {criteria.agent_match!r}", matched)
     funnel.add("chat conversations (multi-turn folded)", len(samples))
@@ -216,8 +224,7 @@ def select_chat_samples(store: Store, criteria: SelectionCriteria) -> tuple[list
     return samples, funnel
 
 
-def export_samples(samples: Sequence[dict[str, Any]], output: str | Path,
-                   format: ExportFormat | None = None) -> Path:
+def export_samples(samples: Sequence[dict[str, Any]], output: str | Path, format: ExportFormat | None = None) -> Path:
     """Write chat samples for external trainers; the format defaults to the file's suffix.
 
     JSONL: one ``{"messages", "tools"?, "metadata"}`` object per line (the OpenAI / TRL chat
@@ -244,8 +251,13 @@ def export_samples(samples: Sequence[dict[str, Any]], output: str | Path,
         "messages": [json.dumps(s["messages"], ensure_ascii=False) for s in samples],
         "tools": [json.dumps(s["tools"], ensure_ascii=False) if s.get("tools") else None for s in samples],
     }
-    for key, kind in (("rollout_id", pa.string()), ("call_index", pa.int64()), ("agent_name", pa.string()),
-                      ("reward", pa.float64()), ("model_version", pa.string())):
+    for key, kind in (
+        ("rollout_id", pa.string()),
+        ("call_index", pa.int64()),
+        ("agent_name", pa.string()),
+        ("reward", pa.float64()),
+        ("model_version", pa.string()),
+    ):
         columns[key] = pa.array([s["metadata"].get(key) for s in samples], type=kind)
     pq.write_table(pa.table(columns), path)
     return path
@@ -379,32 +391,51 @@ class SFT(Algorithm):
     def from_config(cls, model_dir: str | Path, config: SFTConfig, *, publisher: Publisher | None = None) -> SFT:
         """An SFT run with the settings of ``config``, exporting to ``config.output_dir``."""
         out = Path(config.output_dir)
-        return cls(model_dir, criteria=SelectionCriteria(min_reward=config.min_reward, agent_match=config.agent_match),
-                   train_config=config.train, iterations=config.iterations, samples_per_task=config.samples_per_task,
-                   steps=config.steps, batch_size=config.batch_size, publisher=publisher,
-                   checkpoint_dir=out / "checkpoints" if config.resume else None,
-                   rollout_config=RolloutConfig(timeout_seconds=config.rollout_timeout_seconds),
-                   wait_timeout=config.batch_timeout, run_id=config.run_id, output_dir=out)
+        return cls(
+            model_dir,
+            criteria=SelectionCriteria(min_reward=config.min_reward, agent_match=config.agent_match),
+            train_config=config.train,
+            iterations=config.iterations,
+            samples_per_task=config.samples_per_task,
+            steps=config.steps,
+            batch_size=config.batch_size,
+            publisher=publisher,
+            checkpoint_dir=out / "checkpoints" if config.resume else None,
+            rollout_config=RolloutConfig(timeout_seconds=config.rollout_timeout_seconds),
+            wait_timeout=config.batch_timeout,
+            run_id=config.run_id,
+            output_dir=out,
+        )
 
     def _publisher(self, context: AlgorithmContext) -> Publisher:
         if self.publisher is not None:
             return self.publisher
         if context.policy is None:
-            raise AgentGradError("SFT needs somewhere to publish the weights: SFT(publisher=…) "
-                                 "(e.g. SaveToDirectory(path)) or Trainer(policy=LocalPolicy(model_dir))")
+            raise AgentGradError(
+                "SFT needs somewhere to publish the weights: SFT(publisher=…) "
+                "(e.g. SaveToDirectory(path)) or Trainer(policy=LocalPolicy(model_dir))"
+            )
         return context.policy.publisher()
 
     def _collect(self, context: AlgorithmContext, iteration: int) -> None:
         """Let the current policy attempt every train task (the "sampling" of rejection sampling)."""
         store = context.store
         latest = store.get_latest_resources()
-        requests = [RolloutRequest(input=task, mode="train", config=self.rollout_config,
-                                   resources_id=latest.resources_id if latest else None,
-                                   metadata={"sft_run": self.run_id, "sft_iteration": iteration})
-                    for task in context.train_tasks for _ in range(self.samples_per_task)]
+        requests = [
+            RolloutRequest(
+                input=task,
+                mode="train",
+                config=self.rollout_config,
+                resources_id=latest.resources_id if latest else None,
+                metadata={"sft_run": self.run_id, "sft_iteration": iteration},
+            )
+            for task in context.train_tasks
+            for _ in range(self.samples_per_task)
+        ]
         with context.console.status(f"SFT iteration {iteration}: running {len(requests)} rollout(s)…"):
-            run_batch(store, requests, timeout=self.wait_timeout, on_straggler="raise",
-                      label=f"SFT iteration {iteration}")
+            run_batch(
+                store, requests, timeout=self.wait_timeout, on_straggler="raise", label=f"SFT iteration {iteration}"
+            )
 
     def _announce(self, store: Store, published: Published) -> str | None:
         """A resources snapshot naming the new policy, so rollouts record what they ran on."""
@@ -420,11 +451,13 @@ class SFT(Algorithm):
         store.add_resources(items)
         return greedy.resources_id if greedy is not None else None
 
-    def _validate(self, context: AlgorithmContext, iteration: int, trainer: PolicyTrainer,
-                  resources_id: str | None) -> None:
+    def _validate(
+        self, context: AlgorithmContext, iteration: int, trainer: PolicyTrainer, resources_id: str | None
+    ) -> None:
         assert self.best is not None
-        self.best.validate(context.store, context.val_tasks, iteration, trainer, resources_id=resources_id,
-                           console=context.console)
+        self.best.validate(
+            context.store, context.val_tasks, iteration, trainer, resources_id=resources_id, console=context.console
+        )
 
     def run(self, context: AlgorithmContext) -> SFTResult:
         from agentgrad.training import Sample, fit_sequences
@@ -434,8 +467,11 @@ class SFT(Algorithm):
         trainer = trainer_for(context.policy, self.model_dir, self.train_config)
         result = SFTResult([], [], [], [])
         self._validating = bool(context.val_tasks) and self.output_dir is not None
-        self.best = BestModel(self.output_dir, timeout=self.wait_timeout,
-                              rollout_config=self.rollout_config) if self.output_dir is not None else None
+        self.best = (
+            BestModel(self.output_dir, timeout=self.wait_timeout, rollout_config=self.rollout_config)
+            if self.output_dir is not None
+            else None
+        )
         run_log = RunLog(None, context.store, f"sft:{self.run_id}")  # the store only: no file to close
         if self._validating:
             start = context.store.get_latest_resources()
@@ -451,9 +487,14 @@ class SFT(Algorithm):
                 # NaN marks "not measured by an NLL step" (clip fraction, KL…): the run log leaves it out.
                 run_log.log(step, {**metrics.as_dict(), "samples": float(n)})
 
-            result.history += fit_sequences(trainer, samples, steps=(iteration + 1) * self.steps,
-                                            batch_size=self.batch_size, checkpoint_dir=self.checkpoint_dir,
-                                            on_step=on_step)
+            result.history += fit_sequences(
+                trainer,
+                samples,
+                steps=(iteration + 1) * self.steps,
+                batch_size=self.batch_size,
+                checkpoint_dir=self.checkpoint_dir,
+                on_step=on_step,
+            )
             published = publisher.publish(trainer)
             greedy_id = self._announce(context.store, published)
             result.funnels.append(funnel)

@@ -15,8 +15,7 @@ from agentgrad.types import PromptTemplate
 __all__ = ["TemplateError", "validate_template"]
 
 
-def validate_template(template: PromptTemplate, variables: Iterable[str],
-                      required: Iterable[str] = ()) -> set[str]:
+def validate_template(template: PromptTemplate, variables: Iterable[str], required: Iterable[str] = ()) -> set[str]:
     """Refuse a template that reads a variable outside ``variables`` or drops a ``required`` one.
 
     Returns the variables the template reads. The error message names every offending variable,
@@ -28,7 +27,9 @@ def validate_template(template: PromptTemplate, variables: Iterable[str],
     if missing:
         raise TemplateError(
             f"template references variable(s) {sorted(missing)} that the agent does not supply "
-            f"(available: {sorted(allowed)})", missing)
+            f"(available: {sorted(allowed)})",
+            missing,
+        )
     dropped = set(required) - used
     if dropped:
         raise TemplateError(f"template no longer uses required variable(s) {sorted(dropped)}", dropped=dropped)

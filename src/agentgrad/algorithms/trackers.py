@@ -59,8 +59,8 @@ def _require(module: str, tracker: str, package: str | None = None) -> ModuleTyp
         return importlib.import_module(module)
     except ImportError as exc:
         raise TrackerNotInstalledError(
-            f"the {tracker} tracker needs the {package or module!r} package, which is not installed "
-            f"({exc}): {INSTALL}") from exc
+            f"the {tracker} tracker needs the {package or module!r} package, which is not installed ({exc}): {INSTALL}"
+        ) from exc
 
 
 def _metric_number(value: Any) -> float | None:
@@ -105,8 +105,9 @@ class _Tracker:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self._close(failed=exc is not None)
 
     def _close(self, *, failed: bool) -> None:
@@ -165,20 +166,34 @@ class WandbTracker(_Tracker):
 
     name = "wandb"
 
-    def __init__(self, project: str, run_name: str | None = None, *, mode: str = "offline",
-                 dir: str | Path | None = None, settings: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        project: str,
+        run_name: str | None = None,
+        *,
+        mode: str = "offline",
+        dir: str | Path | None = None,
+        settings: Mapping[str, Any] | None = None,
+    ) -> None:
         super().__init__()
         wandb = _require("wandb", "Weights & Biases")
         self.dir = Path(dir) if dir is not None else Path.cwd()
         self.dir.mkdir(parents=True, exist_ok=True)
         options = {"console": "off", "silent": True, **(settings or {})}
-        self._run = wandb.init(project=project, name=run_name, mode=mode, dir=str(self.dir),
-                               settings=wandb.Settings(**options), reinit="create_new")
+        self._run = wandb.init(
+            project=project,
+            name=run_name,
+            mode=mode,
+            dir=str(self.dir),
+            settings=wandb.Settings(**options),
+            reinit="create_new",
+        )
         #: The run's own folder (``offline-run-*`` offline, ``run-*`` online).
         self.run_dir = Path(self._run.settings.sync_dir)
         if mode == "offline":
-            log.info("W&B offline run %s in %s (upload it with `wandb sync %s`)", self._run.id, self.run_dir,
-                     self.run_dir)
+            log.info(
+                "W&B offline run %s in %s (upload it with `wandb sync %s`)", self._run.id, self.run_dir, self.run_dir
+            )
 
     def _write(self, step: int, values: dict[str, float]) -> None:
         self._run.log(values, step=step)
@@ -248,8 +263,10 @@ class MLflowTracker(_Tracker):
                     raise
                 experiment_id = found.experiment_id
         elif found.lifecycle_stage != "active":
-            raise InvalidInputError(f"the MLflow experiment {experiment!r} at {tracking_uri} is deleted: "
-                                    "restore it (mlflow experiments restore) or name another one")
+            raise InvalidInputError(
+                f"the MLflow experiment {experiment!r} at {tracking_uri} is deleted: "
+                "restore it (mlflow experiments restore) or name another one"
+            )
         else:
             experiment_id = found.experiment_id
         #: The MLflow run's id (``MlflowClient(tracking_uri).get_metric_history(run_id, key)``).
@@ -297,8 +314,9 @@ def make_trackers(names: Sequence[str], output_dir: Path, run_id: str) -> list[T
             wanted.append(name)
     unknown = [name for name in wanted if name not in TRACKER_NAMES]
     if unknown:
-        raise InvalidInputError(f"unknown tracker(s) {', '.join(map(repr, unknown))}: "
-                                f"choose among {', '.join(TRACKER_NAMES)}")
+        raise InvalidInputError(
+            f"unknown tracker(s) {', '.join(map(repr, unknown))}: choose among {', '.join(TRACKER_NAMES)}"
+        )
     output_dir = Path(output_dir)
     made: list[Tracker] = []
     try:
@@ -306,8 +324,14 @@ def make_trackers(names: Sequence[str], output_dir: Path, run_id: str) -> list[T
             if name == "tensorboard":
                 made.append(TensorBoardTracker(output_dir / "tensorboard"))
             elif name == "wandb":
-                made.append(WandbTracker(os.environ.get("WANDB_PROJECT") or "agentgrad", run_id,
-                                         mode=os.environ.get("WANDB_MODE") or "offline", dir=output_dir))
+                made.append(
+                    WandbTracker(
+                        os.environ.get("WANDB_PROJECT") or "agentgrad",
+                        run_id,
+                        mode=os.environ.get("WANDB_MODE") or "offline",
+                        dir=output_dir,
+                    )
+                )
             else:
                 output_dir.mkdir(parents=True, exist_ok=True)
                 uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(output_dir / 'mlflow.db').resolve()}"

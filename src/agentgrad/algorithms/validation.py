@@ -44,8 +44,9 @@ class BestModel:
         rollout_config: the validation rollouts' config (timeouts, attempts).
     """
 
-    def __init__(self, output_dir: str | Path, *, timeout: float | None = None,
-                 rollout_config: RolloutConfig | None = None) -> None:
+    def __init__(
+        self, output_dir: str | Path, *, timeout: float | None = None, rollout_config: RolloutConfig | None = None
+    ) -> None:
         self.output_dir = Path(output_dir)
         self.timeout, self.rollout_config = timeout, rollout_config
         #: (step, greedy validation reward mean), in the order measured.
@@ -53,8 +54,16 @@ class BestModel:
         self.step: int | None = None
         self.score: float | None = None
 
-    def validate(self, store: Store, tasks: Sequence[Any], step: int, trainer: PolicyTrainer | Any, *,
-                 resources_id: str | None, console: Any) -> dict[str, float]:
+    def validate(
+        self,
+        store: Store,
+        tasks: Sequence[Any],
+        step: int,
+        trainer: PolicyTrainer | Any,
+        *,
+        resources_id: str | None,
+        console: Any,
+    ) -> dict[str, float]:
         """Run every task once with the (greedy) resources ``resources_id``; a strictly better mean
         reward than any before exports ``trainer``'s model to ``output_dir/best``. Returns the
         validation metrics ({} without tasks)."""
@@ -62,7 +71,8 @@ class BestModel:
             return {}
         started = time.monotonic()
         report = Evaluate(mode="val", timeout=self.timeout, resources_id=resources_id, config=self.rollout_config).run(
-            AlgorithmContext(store=store, train_tasks=list(tasks), val_tasks=list(tasks), console=console))
+            AlgorithmContext(store=store, train_tasks=list(tasks), val_tasks=list(tasks), console=console)
+        )
         score = float(statistics.fmean([r.reward or 0.0 for r in report.rollouts])) if report.rollouts else 0.0
         self.curve.append((step, score))
         console.print(f"  [cyan]validation (greedy, {len(tasks)} tasks) at step {step}: {score:.3f}[/]")

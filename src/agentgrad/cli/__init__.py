@@ -33,7 +33,11 @@ from agentgrad.errors import AgentGradError
 EXTRA_OF_MODULE = {
     **dict.fromkeys(("fastapi", "uvicorn", "starlette", "httptools", "opentelemetry", "google", "jinja2"), "server"),
     **dict.fromkeys(("torch", "transformers", "tokenizers", "peft", "matplotlib", "openai"), "train"),
-    "psycopg": "postgres", "redis": "redis", "pyarrow": "export", "vllm": "vllm", "sqlglot": "scenarios",
+    "psycopg": "postgres",
+    "redis": "redis",
+    "pyarrow": "export",
+    "vllm": "vllm",
+    "sqlglot": "scenarios",
     **dict.fromkeys(("tensorboardX", "tensorboard", "wandb", "mlflow"), "trackers"),
 }
 
@@ -74,8 +78,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra = EXTRA_OF_MODULE.get((exc.name or "").partition(".")[0])
         if extra is None:
             raise
-        print(f"error: `agentgrad {args.command}` needs {exc.name!r}, which is not installed: "
-              f"pip install 'agentgrad[{extra}]'", file=sys.stderr)
+        print(
+            f"error: `agentgrad {args.command}` needs {exc.name!r}, which is not installed: "
+            f"pip install 'agentgrad[{extra}]'",
+            file=sys.stderr,
+        )
         return 1
     except KeyboardInterrupt:
         return 130

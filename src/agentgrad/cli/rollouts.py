@@ -15,8 +15,11 @@ def add_commands(commands: Any) -> None:
     listing.add_argument("--store", required=True, help="store URL")
     listing.add_argument("--status", action="append", help="filter by status (repeatable)")
     listing.add_argument("--mode", choices=["train", "val", "test"])
-    listing.add_argument("--sort", default="enqueue_time",
-                         choices=["enqueue_time", "start_time", "end_time", "rollout_id", "status", "reward"])
+    listing.add_argument(
+        "--sort",
+        default="enqueue_time",
+        choices=["enqueue_time", "start_time", "end_time", "rollout_id", "status", "reward"],
+    )
     listing.add_argument("--ascending", action="store_true", help="oldest first (default: newest first)")
     listing.add_argument("--limit", type=int, default=50)
     listing.add_argument("--offset", type=int, default=0)
@@ -35,8 +38,14 @@ def _cmd_rollouts_list(args: argparse.Namespace) -> int:
     from agentgrad.store import RolloutFilter, open_store
 
     with open_store(args.store, watchdog=False) as store:
-        query = RolloutFilter(status=args.status or None, mode=args.mode, sort_by=args.sort, descending=not args.ascending,
-                              limit=args.limit, offset=args.offset)
+        query = RolloutFilter(
+            status=args.status or None,
+            mode=args.mode,
+            sort_by=args.sort,
+            descending=not args.ascending,
+            limit=args.limit,
+            offset=args.offset,
+        )
         rollouts = store.query_rollouts(query)
         total = store.count_rollouts(query)
     if args.json:
@@ -47,8 +56,15 @@ def _cmd_rollouts_list(args: argparse.Namespace) -> int:
         table.add_column(column, no_wrap=column == "rollout_id")  # ids are for copy-paste: never cut
     for r in rollouts:
         duration = f"{r.end_time - r.start_time:.2f}" if r.end_time and r.start_time else ""
-        table.add_row(r.rollout_id, r.status.value, r.mode, "" if r.reward is None else f"{r.reward:.3g}",
-                      str(r.num_attempts), str(r.llm_calls), duration)
+        table.add_row(
+            r.rollout_id,
+            r.status.value,
+            r.mode,
+            "" if r.reward is None else f"{r.reward:.3g}",
+            str(r.num_attempts),
+            str(r.llm_calls),
+            duration,
+        )
     Console().print(table)
     return 0
 
@@ -60,9 +76,14 @@ def _cmd_rollouts_show(args: argparse.Namespace) -> int:
         rollout = store.get_rollout(args.rollout_id)
         attempts = store.get_attempts(args.rollout_id)
         spans = store.query_spans(args.rollout_id)
-    print(json.dumps({
-        "rollout": rollout.model_dump(mode="json"),
-        "attempts": [a.model_dump(mode="json") for a in attempts],
-        "spans": [s.model_dump(mode="json") for s in spans],
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "rollout": rollout.model_dump(mode="json"),
+                "attempts": [a.model_dump(mode="json") for a in attempts],
+                "spans": [s.model_dump(mode="json") for s in spans],
+            },
+            indent=2,
+        )
+    )
     return 0

@@ -13,11 +13,15 @@ from agentgrad.errors import AgentGradError
 from agentgrad.tasks import read_tasks
 
 #: What every command's AGENT argument accepts.
-AGENT_HELP = ("module:Class (an Agent or agentlightning LitAgent subclass, created with no arguments), "
-              "module:instance or module:function (a @rollout function); a file path works as the module")
+AGENT_HELP = (
+    "module:Class (an Agent or agentlightning LitAgent subclass, created with no arguments), "
+    "module:instance or module:function (a @rollout function); a file path works as the module"
+)
 #: The help of ``--llm-resource`` where the command publishes the agent's LLM.
-LLM_RESOURCE_HELP = ("the name of the LLM resource the agent reads (default: the agent's llm_resource — main_llm for "
-                     "an agentlightning LitAgent — else llm)")
+LLM_RESOURCE_HELP = (
+    "the name of the LLM resource the agent reads (default: the agent's llm_resource — main_llm for "
+    "an agentlightning LitAgent — else llm)"
+)
 
 
 def add_commands(commands: Any) -> None:
@@ -29,11 +33,19 @@ def add_commands(commands: Any) -> None:
     dev.add_argument("--model", help="model name for the LLM resource")
     dev.add_argument("--api-key", default=None, help="API key for the LLM resource")
     dev.add_argument("--llm-resource", default=None, metavar="NAME", help=LLM_RESOURCE_HELP)
-    dev.add_argument("--proxy", default=None, metavar="URL",
-                     help="the capture proxy (agentgrad proxy): every LLM call goes through it and is recorded")
+    dev.add_argument(
+        "--proxy",
+        default=None,
+        metavar="URL",
+        help="the capture proxy (agentgrad proxy): every LLM call goes through it and is recorded",
+    )
     dev.add_argument("--store", default="memory", help="store URL (memory, sqlite:///file.db, http://host:port)")
-    dev.add_argument("--n-runners", type=int, default=1,
-                     help="runner processes (1 = in-process; 0 = runners started elsewhere serve the store)")
+    dev.add_argument(
+        "--n-runners",
+        type=int,
+        default=1,
+        help="runner processes (1 = in-process; 0 = runners started elsewhere serve the store)",
+    )
     dev.add_argument("--concurrency", type=int, default=1, help="rollouts in flight per runner")
     dev.add_argument("--limit", type=int, default=0, help="only the first N tasks")
     dev.add_argument("--timeout", type=float, default=None, help="give up waiting after this many seconds")
@@ -43,14 +55,24 @@ def add_commands(commands: Any) -> None:
 
     runner = commands.add_parser("runner", help="serve an agent: take rollouts from a store until stopped")
     runner.add_argument("agent", help=AGENT_HELP)
-    runner.add_argument("--store", required=True, help="store URL (http://host:port, sqlite:///file.db, postgresql://…)")
-    runner.add_argument("--proxy", default=None, metavar="URL",
-                        help="the capture proxy: each attempt's LLM endpoints are rewritten through it, and its "
-                             "calls are flushed into the store before the attempt is reported")
-    runner.add_argument("--llm-resource", default=None, metavar="NAME",
-                        help="with --proxy: the name of the LLM resource an attempt gets when its resources hold "
-                             "none (default: the agent's llm_resource — main_llm for an agentlightning LitAgent — "
-                             "else llm); LLM resources it has keep their names")
+    runner.add_argument(
+        "--store", required=True, help="store URL (http://host:port, sqlite:///file.db, postgresql://…)"
+    )
+    runner.add_argument(
+        "--proxy",
+        default=None,
+        metavar="URL",
+        help="the capture proxy: each attempt's LLM endpoints are rewritten through it, and its "
+        "calls are flushed into the store before the attempt is reported",
+    )
+    runner.add_argument(
+        "--llm-resource",
+        default=None,
+        metavar="NAME",
+        help="with --proxy: the name of the LLM resource an attempt gets when its resources hold "
+        "none (default: the agent's llm_resource — main_llm for an agentlightning LitAgent — "
+        "else llm); LLM resources it has keep their names",
+    )
     runner.add_argument("--concurrency", type=int, default=1, help="rollouts in flight")
     runner.add_argument("--max-rollouts", type=int, default=None, help="stop after this many")
     runner.add_argument("--worker-id", default=None, help="name shown in the dashboard")
@@ -66,8 +88,9 @@ def _cmd_dev(args: argparse.Namespace) -> int:
     if args.limit:
         tasks = tasks[: args.limit]
     name, resources = llm_resource_of(args, default=llm_resource_name(None, agent))
-    trainer = Trainer(args.store, n_runners=args.n_runners, concurrency=args.concurrency, proxy=args.proxy,
-                      llm_resource=name)
+    trainer = Trainer(
+        args.store, n_runners=args.n_runners, concurrency=args.concurrency, proxy=args.proxy, llm_resource=name
+    )
     config = RolloutConfig(timeout_seconds=args.rollout_timeout) if args.rollout_timeout else None
     report = trainer.dev(agent, tasks, resources, timeout=args.timeout, config=config)
     if args.json:
@@ -123,11 +146,14 @@ def check_reachable(url: str, flag: str, *, path: str, api_key: str | None = Non
     try:
         reply = request_json("GET", probe + path, headers=headers, timeout=timeout)
     except (OSError, ValueError) as exc:
-        raise AgentGradError(f"{flag} {url}: cannot reach it ({type(exc).__name__}: {exc}) — is the server "
-                             "running, and is the URL right?") from None
+        raise AgentGradError(
+            f"{flag} {url}: cannot reach it ({type(exc).__name__}: {exc}) — is the server "
+            "running, and is the URL right?"
+        ) from None
     if reply.status >= 400:
-        logging.getLogger("agentgrad").warning("%s %s: GET %s answered HTTP %d; running anyway", flag, url,
-                                               probe + path, reply.status)
+        logging.getLogger("agentgrad").warning(
+            "%s %s: GET %s answered HTTP %d; running anyway", flag, url, probe + path, reply.status
+        )
 
 
 def _cmd_runner(args: argparse.Namespace) -> int:
@@ -146,8 +172,15 @@ def _cmd_runner(args: argparse.Namespace) -> int:
 
             hook = ProxyResourcesHook(args.proxy, llm_resource=name)
     store = open_store(args.store, watchdog=False)
-    runner = Runner(agent, store, concurrency=args.concurrency, max_rollouts=args.max_rollouts,
-                    worker_id=args.worker_id, llm_proxy_url=args.proxy, resources_hook=hook)
+    runner = Runner(
+        agent,
+        store,
+        concurrency=args.concurrency,
+        max_rollouts=args.max_rollouts,
+        worker_id=args.worker_id,
+        llm_proxy_url=args.proxy,
+        resources_hook=hook,
+    )
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: runner.stop())
     show_outage_ends()  # a store outage is waited out, and logged: its start and its end

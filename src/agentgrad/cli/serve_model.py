@@ -30,10 +30,18 @@ def add_commands(subparsers: Any) -> None:
     serve.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (hf engine)")
     serve.add_argument("--max-batch-size", type=int, default=32)
     serve.add_argument("--served-model-name", default=None)
-    serve.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
-                       help="refuse larger requests (413; default: %(default)s; hf engine)")
-    add_guard_arguments(serve, MODEL_TOKEN_ENV, token_help="require 'Authorization: Bearer <token>' on every route "
-                        f"but /health (default: ${MODEL_TOKEN_ENV}, else no token; vLLM gets it as $VLLM_API_KEY)")
+    serve.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help="refuse larger requests (413; default: %(default)s; hf engine)",
+    )
+    add_guard_arguments(
+        serve,
+        MODEL_TOKEN_ENV,
+        token_help="require 'Authorization: Bearer <token>' on every route "
+        f"but /health (default: ${MODEL_TOKEN_ENV}, else no token; vLLM gets it as $VLLM_API_KEY)",
+    )
     serve.set_defaults(func=serve_model)
 
 
@@ -59,13 +67,18 @@ def serve_model(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"error: cannot load model {args.model!r}: {exc}", file=sys.stderr)
         return 2
-    server = ModelServer(engine, args.host, args.port, served_model_name=args.served_model_name,
-                         token=token_of(args, MODEL_TOKEN_ENV), allowed_hosts=args.allowed_hosts,
-                         max_body_bytes=args.max_body_bytes)
+    server = ModelServer(
+        engine,
+        args.host,
+        args.port,
+        served_model_name=args.served_model_name,
+        token=token_of(args, MODEL_TOKEN_ENV),
+        allowed_hosts=args.allowed_hosts,
+        max_body_bytes=args.max_body_bytes,
+    )
     try:
         url = server.bind()  # listening: a client connecting now waits in the backlog
-        log.info("serving %s (version %s) at %s", args.served_model_name or Path(model).name,
-                 engine.model_version, url)
+        log.info("serving %s (version %s) at %s", args.served_model_name or Path(model).name, engine.model_version, url)
         server.run()  # until SIGTERM/SIGINT
     finally:
         server.stop()

@@ -12,12 +12,21 @@ from agentgrad.http.guard import ALLOWED_HOSTS_ENV
 
 def add_guard_arguments(parser: argparse.ArgumentParser, token_env: str, *, token_help: str | None = None) -> None:
     """``--token`` (default ``$token_env``) and the repeatable ``--allowed-host``."""
-    parser.add_argument("--token", default=None,
-                        help=token_help or f"require 'Authorization: Bearer <token>' on every route but /health "
-                        f"(default: ${token_env}, else no token)")
-    parser.add_argument("--allowed-host", action="append", default=[], dest="allowed_hosts", metavar="NAME",
-                        help="answer requests whose Host header is NAME too, beside the loopback names and the "
-                        f"--host address (repeatable; also ${ALLOWED_HOSTS_ENV}, comma-separated; '*': any)")
+    parser.add_argument(
+        "--token",
+        default=None,
+        help=token_help
+        or f"require 'Authorization: Bearer <token>' on every route but /health (default: ${token_env}, else no token)",
+    )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        dest="allowed_hosts",
+        metavar="NAME",
+        help="answer requests whose Host header is NAME too, beside the loopback names and the "
+        f"--host address (repeatable; also ${ALLOWED_HOSTS_ENV}, comma-separated; '*': any)",
+    )
 
 
 def token_of(args: argparse.Namespace, *envs: str) -> str | None:

@@ -19,15 +19,22 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     store = subparsers.add_parser("store", help="the store service")
     commands = store.add_subparsers(dest="store_command", required=True)
     serve = commands.add_parser("serve", help="serve a store over HTTP (REST API, OTLP ingestion, metrics)")
-    serve.add_argument("--backend", default="sqlite:///agentgrad-store.db",
-                       help="memory | sqlite:///path.db | postgresql://user@host/db | redis://host:6379/0 "
-                       "(default: %(default)s)")
+    serve.add_argument(
+        "--backend",
+        default="sqlite:///agentgrad-store.db",
+        help="memory | sqlite:///path.db | postgresql://user@host/db | redis://host:6379/0 (default: %(default)s)",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)")
     serve.add_argument("--port", type=int, default=8765, help="0 picks a free port (default: %(default)s)")
     add_guard_arguments(serve, TOKEN_ENV)
     serve.add_argument("--max-body-mb", type=float, default=32.0, help="largest request body (default: %(default)s)")
-    serve.add_argument("--cors-origin", action="append", default=None, dest="cors_origins",
-                       help="allow browser calls from this origin (repeatable; CORS is off by default)")
+    serve.add_argument(
+        "--cors-origin",
+        action="append",
+        default=None,
+        dest="cors_origins",
+        help="allow browser calls from this origin (repeatable; CORS is off by default)",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(func=serve_command)
 

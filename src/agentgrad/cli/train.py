@@ -43,58 +43,103 @@ _TRACKERS = ("tensorboard", "wandb", "mlflow")
 _ALGORITHMS = ("grpo", "sft", "evaluate", "apo")
 
 
-
 def add_commands(commands: Any) -> None:
     """Register ``train`` and ``eval``."""
     from agentgrad.algorithms.grpo import GRPOConfig  # light: no torch at import
     from agentgrad.algorithms.sft import SFTConfig
 
     train = commands.add_parser(
-        "train", help="train an agent's model (GRPO, or SFT): store, engine, proxy and runners included",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "train",
+        help="train an agent's model (GRPO, or SFT): store, engine, proxy and runners included",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _add_run_arguments(train)
-    train.add_argument("--algorithm", choices=_ALGORITHMS, default="grpo",
-                       help="grpo (default); sft: rejection-sampling fine-tuning (SFTConfig's settings: the "
-                            "shared ones and those of the SFT group); evaluate: `agentgrad eval` on --tasks with the local model (no settings); "
-                            "apo: see `agentgrad apo`")
-    train.add_argument("--val", help="validation tasks, run greedily every --val-every steps (grpo) or after every iteration (sft); "
-                            "the best model is exported to OUTPUT_DIR/best")
-    train.add_argument("--config", help="YAML or TOML file of the algorithm's settings: GRPOConfig, or SFTConfig "
-                                        "with --algorithm sft (the flags below override it)")
-    train.add_argument("--upstream", default=None,
-                       help="grpo: an AgentGrad model server started separately (`agentgrad serve-model DIR` of the "
-                            "same --model, on this machine or a shared filesystem); new weights are published to it "
-                            "over /v1/update_weights instead of an engine started here")
-    train.add_argument("--backend", choices=("local", "tinker"), default="local",
-                       help="where the weights train and rollouts sample: local (this process, default) or tinker "
-                            "(a Tinker-API server: SkyRL's Tinker server, VeRL-Tinker, hosted Tinker; "
-                            "pip install 'agentgrad[tinker]'; see docs/scale-out.md)")
+    train.add_argument(
+        "--algorithm",
+        choices=_ALGORITHMS,
+        default="grpo",
+        help="grpo (default); sft: rejection-sampling fine-tuning (SFTConfig's settings: the "
+        "shared ones and those of the SFT group); evaluate: `agentgrad eval` on --tasks with the local model (no settings); "
+        "apo: see `agentgrad apo`",
+    )
+    train.add_argument(
+        "--val",
+        help="validation tasks, run greedily every --val-every steps (grpo) or after every iteration (sft); "
+        "the best model is exported to OUTPUT_DIR/best",
+    )
+    train.add_argument(
+        "--config",
+        help="YAML or TOML file of the algorithm's settings: GRPOConfig, or SFTConfig "
+        "with --algorithm sft (the flags below override it)",
+    )
+    train.add_argument(
+        "--upstream",
+        default=None,
+        help="grpo: an AgentGrad model server started separately (`agentgrad serve-model DIR` of the "
+        "same --model, on this machine or a shared filesystem); new weights are published to it "
+        "over /v1/update_weights instead of an engine started here",
+    )
+    train.add_argument(
+        "--backend",
+        choices=("local", "tinker"),
+        default="local",
+        help="where the weights train and rollouts sample: local (this process, default) or tinker "
+        "(a Tinker-API server: SkyRL's Tinker server, VeRL-Tinker, hosted Tinker; "
+        "pip install 'agentgrad[tinker]'; see docs/scale-out.md)",
+    )
     train.add_argument("--tinker-url", default=None, metavar="URL", help="--backend tinker: the server's root URL")
-    train.add_argument("--tinker-base-model", default=None, metavar="NAME",
-                       help="--backend tinker: the model name the server serves (default: --model's absolute path)")
-    train.add_argument("--tinker-reduction", choices=("sequence_mean", "sum"), default="sequence_mean",
-                       help="--backend tinker: how the server reduces token losses (SkyRL: sequence_mean; hosted "
-                            "Tinker: sum); advantages are scaled so the loss is AgentGrad's either way")
-    train.add_argument("--proxy-host", default="127.0.0.1", metavar="HOST",
-                       help="where the capture proxy listens: 0.0.0.0 lets runner processes on other machines "
-                            "use it (`agentgrad runner --proxy http://THIS_HOST:PORT`; set $AGENTGRAD_PROXY_TOKEN)")
-    train.add_argument("--proxy-port", type=int, default=0, metavar="PORT",
-                       help="the capture proxy's port (default: a free one)")
-    train.add_argument("--tracker", action="append", choices=_TRACKERS, default=None,
-                       help="also log metrics to this experiment tracker "
-                            "(repeatable; pip install 'agentgrad[trackers]'; grpo only)")
-    add_dataclass_arguments(train.add_argument_group(
-        "GRPO settings (GRPOConfig; defaults shown)",
-        f"All apply to --algorithm grpo. --algorithm sft reads {_shared_flags(GRPOConfig, SFTConfig)} (its "
-        "defaults: `--output-dir runs/sft --run-id sft --steps 20`) and the SFT settings below."), GRPOConfig)
-    add_dataclass_arguments(train.add_argument_group("SFT settings (SFTConfig; --algorithm sft only)"), SFTConfig,
-                            skip=_top_level(GRPOConfig))
+    train.add_argument(
+        "--tinker-base-model",
+        default=None,
+        metavar="NAME",
+        help="--backend tinker: the model name the server serves (default: --model's absolute path)",
+    )
+    train.add_argument(
+        "--tinker-reduction",
+        choices=("sequence_mean", "sum"),
+        default="sequence_mean",
+        help="--backend tinker: how the server reduces token losses (SkyRL: sequence_mean; hosted "
+        "Tinker: sum); advantages are scaled so the loss is AgentGrad's either way",
+    )
+    train.add_argument(
+        "--proxy-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="where the capture proxy listens: 0.0.0.0 lets runner processes on other machines "
+        "use it (`agentgrad runner --proxy http://THIS_HOST:PORT`; set $AGENTGRAD_PROXY_TOKEN)",
+    )
+    train.add_argument(
+        "--proxy-port", type=int, default=0, metavar="PORT", help="the capture proxy's port (default: a free one)"
+    )
+    train.add_argument(
+        "--tracker",
+        action="append",
+        choices=_TRACKERS,
+        default=None,
+        help="also log metrics to this experiment tracker (repeatable; pip install 'agentgrad[trackers]'; grpo only)",
+    )
+    add_dataclass_arguments(
+        train.add_argument_group(
+            "GRPO settings (GRPOConfig; defaults shown)",
+            f"All apply to --algorithm grpo. --algorithm sft reads {_shared_flags(GRPOConfig, SFTConfig)} (its "
+            "defaults: `--output-dir runs/sft --run-id sft --steps 20`) and the SFT settings below.",
+        ),
+        GRPOConfig,
+    )
+    add_dataclass_arguments(
+        train.add_argument_group("SFT settings (SFTConfig; --algorithm sft only)"),
+        SFTConfig,
+        skip=_top_level(GRPOConfig),
+    )
     train.set_defaults(func=_cmd_train)
 
     evaluate = commands.add_parser(
-        "eval", help="run every task once, greedily, and print success and reward",
+        "eval",
+        help="run every task once, greedily, and print success and reward",
         description="Score an agent on a task set with a model directory, a training run or checkpoint "
-                    "(exported first), the tiny model, or an OpenAI-compatible server (--upstream).")
+        "(exported first), the tiny model, or an OpenAI-compatible server (--upstream).",
+    )
     _add_run_arguments(evaluate, model_required=False)
     evaluate.add_argument("--upstream", help="an OpenAI-compatible base URL to evaluate instead of a local model")
     evaluate.add_argument("--served-model", default="default", help="model name to ask --upstream for")
@@ -110,8 +155,10 @@ def _top_level(cls: type) -> set[str]:
 
 
 def _shared_flags(a: type, b: type) -> str:
-    return ", ".join(f"--{name.replace('_', '-')}" + (".*" if name == "train" else "")
-                     for name in sorted(_top_level(a) & _top_level(b)))
+    return ", ".join(
+        f"--{name.replace('_', '-')}" + (".*" if name == "train" else "")
+        for name in sorted(_top_level(a) & _top_level(b))
+    )
 
 
 def _refuse_foreign_flags(args: argparse.Namespace, used: type, other: type) -> None:
@@ -119,29 +166,45 @@ def _refuse_foreign_flags(args: argparse.Namespace, used: type, other: type) -> 
     from agentgrad.config import ConfigError, config_fields
 
     own = _top_level(used)
-    foreign = sorted({s.path.partition(".")[0] for s in config_fields(other)
-                      if s.path.partition(".")[0] not in own and hasattr(args, s.path)})
+    foreign = sorted(
+        {
+            s.path.partition(".")[0]
+            for s in config_fields(other)
+            if s.path.partition(".")[0] not in own and hasattr(args, s.path)
+        }
+    )
     if foreign:
         flags = ", ".join(f"--{name.replace('_', '-')}" for name in foreign)
-        raise ConfigError(f"{flags}: not a setting of --algorithm {args.algorithm} ({used.__name__})", source="flags",
-                          key=foreign[0])
+        raise ConfigError(
+            f"{flags}: not a setting of --algorithm {args.algorithm} ({used.__name__})", source="flags", key=foreign[0]
+        )
 
 
 def _add_run_arguments(parser: argparse.ArgumentParser, *, model_required: bool = True) -> None:
     parser.add_argument("agent", metavar="AGENT", help=AGENT_HELP)
-    parser.add_argument("--model", required=model_required,
-                        help="'tiny' or a local Hugging Face causal-LM directory" +
-                             ("" if model_required else " (or a training run or checkpoint directory)"))
+    parser.add_argument(
+        "--model",
+        required=model_required,
+        help="'tiny' or a local Hugging Face causal-LM directory"
+        + ("" if model_required else " (or a training run or checkpoint directory)"),
+    )
     parser.add_argument("--tasks", required=True, help="tasks: JSONL, JSON array, CSV or Parquet")
-    parser.add_argument("--store", default=None,
-                        help="store URL (default: a SQLite file in the output directory)")
-    parser.add_argument("--runners", type=int, default=2,
-                        help="runner processes (0: started elsewhere with `agentgrad runner --store … --proxy …`)")
+    parser.add_argument("--store", default=None, help="store URL (default: a SQLite file in the output directory)")
+    parser.add_argument(
+        "--runners",
+        type=int,
+        default=2,
+        help="runner processes (0: started elsewhere with `agentgrad runner --store … --proxy …`)",
+    )
     parser.add_argument("--concurrency", type=int, default=8, help="rollouts in flight per runner")
     parser.add_argument("--llm-resource", default=None, metavar="NAME", help=LLM_RESOURCE_HELP)
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads for the engine and the trainer (1 is fastest on a small shared CPU)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads for the engine and the trainer (1 is fastest on a small shared CPU)",
+    )
 
 
 def resolve_model(name: str) -> Path:
@@ -193,8 +256,9 @@ def _prepare(args: argparse.Namespace) -> _Run:
     out.mkdir(parents=True, exist_ok=True)
     dump(config, out / "config.yaml")
     torch.set_num_threads(args.threads)
-    return _Run(config, agent, tasks, val_tasks, model_dir, out,
-                args.store or f"sqlite://{(out / 'store.sqlite').resolve()}")
+    return _Run(
+        config, agent, tasks, val_tasks, model_dir, out, args.store or f"sqlite://{(out / 'store.sqlite').resolve()}"
+    )
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -204,10 +268,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise AgentGradError(
             "`agentgrad train --algorithm apo` is not wired: APO optimizes a prompt template, not the model, and "
             "needs critic and editor LLM endpoints and a seed prompt. Use `agentgrad apo AGENT --tasks FILE "
-            "--prompt TEMPLATE --critic-base-url URL --critic-model NAME` (see `agentgrad apo --help`).")
+            "--prompt TEMPLATE --critic-base-url URL --critic-model NAME` (see `agentgrad apo --help`)."
+        )
     if args.algorithm == "evaluate":
-        return _cmd_eval(argparse.Namespace(**{**vars(args), "upstream": None, "temperature": 0.0,
-                                               "timeout": None, "json": False}))
+        return _cmd_eval(
+            argparse.Namespace(**{**vars(args), "upstream": None, "temperature": 0.0, "timeout": None, "json": False})
+        )
     if args.algorithm == "sft":
         return _train_sft(args)
     from rich.console import Console
@@ -223,20 +289,29 @@ def _cmd_train(args: argparse.Namespace) -> int:
     model_dir, out = run.model_dir, run.out
     trackers = make_trackers(args.tracker or [], out, config.run_id)
     store = open_store(run.store_url)
-    console.print(f"training [bold]{args.agent}[/] on {model_dir} · {len(tasks)} train / {len(val_tasks)} val tasks · "
-                  f"output {out}")
+    console.print(
+        f"training [bold]{args.agent}[/] on {model_dir} · {len(tasks)} train / {len(val_tasks)} val tasks · "
+        f"output {out}"
+    )
     try:
         if args.upstream and args.backend == "local":  # the engine runs elsewhere: new weights go to it over HTTP
             from agentgrad.training.publish import ModelServerPublisher
 
-            grpo = GRPO(model_dir, config, trackers=trackers,
-                        publisher=ModelServerPublisher(args.upstream, out / "published"))
+            grpo = GRPO(
+                model_dir, config, trackers=trackers, publisher=ModelServerPublisher(args.upstream, out / "published")
+            )
             result = _fit_on_upstream(args, grpo, agent, tasks, val_tasks, store, console)
         else:
             with _policy(args, model_dir).serving(store) as policy:
-                trainer = Trainer(store, algorithm=GRPO(model_dir, config, trackers=trackers), policy=policy,
-                                  n_runners=args.runners, concurrency=args.concurrency,
-                                  llm_resource=args.llm_resource, console=console)
+                trainer = Trainer(
+                    store,
+                    algorithm=GRPO(model_dir, config, trackers=trackers),
+                    policy=policy,
+                    n_runners=args.runners,
+                    concurrency=args.concurrency,
+                    llm_resource=args.llm_resource,
+                    console=console,
+                )
                 result = trainer.fit(agent, tasks, val_tasks)
     except RuntimeError as exc:  # GRPO's "nothing could be trained" (every batch empty) and its kin
         console.print(f"[red]error:[/] {exc}")
@@ -244,17 +319,23 @@ def _cmd_train(args: argparse.Namespace) -> int:
     finally:
         store.close()
     summary = {
-        "steps": result.steps, "validation": result.validation, "best_step": result.best_step,
-        "best_score": result.best_score, "model": str(out / "model"),
+        "steps": result.steps,
+        "validation": result.validation,
+        "best_step": result.best_step,
+        "best_score": result.best_score,
+        "model": str(out / "model"),
         "best_model": str(out / "best") if result.best_step is not None else None,
-        "config": str(out / "config.yaml"), "store": run.store_url,
+        "config": str(out / "config.yaml"),
+        "store": run.store_url,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     console.rule("[bold]agentgrad train")
     if result.validation:
         first, last = result.validation[0][1], result.validation[-1][1]
-        console.print(f"greedy validation on {len(val_tasks)} tasks: [bold]{first:.3f} → {last:.3f}[/] "
-                      f"(best {result.best_score:.3f} at step {result.best_step})")
+        console.print(
+            f"greedy validation on {len(val_tasks)} tasks: [bold]{first:.3f} → {last:.3f}[/] "
+            f"(best {result.best_score:.3f} at step {result.best_step})"
+        )
     console.print(f"{result.steps} GRPO steps · final model {out / 'model'} · best model {summary['best_model']}")
     console.print(f"serve it:     agentgrad serve-model {out / 'model'}")
     console.print(f"dashboard:    agentgrad dashboard --store {summary['store']}")
@@ -279,13 +360,17 @@ def _policy(args: argparse.Namespace, model_dir: Path) -> Any:
         raise InvalidInputError("--backend tinker needs --tinker-url (the Tinker server's root URL)")
     from agentgrad.training.tinker import TinkerPolicy, TinkerSettings
 
-    return TinkerPolicy(model_dir, TinkerSettings(args.tinker_url, base_model=args.tinker_base_model,
-                                                  reduction=args.tinker_reduction),
-                        proxy_host=args.proxy_host, proxy_port=args.proxy_port)
+    return TinkerPolicy(
+        model_dir,
+        TinkerSettings(args.tinker_url, base_model=args.tinker_base_model, reduction=args.tinker_reduction),
+        proxy_host=args.proxy_host,
+        proxy_port=args.proxy_port,
+    )
 
 
-def _fit_on_upstream(args: argparse.Namespace, grpo: Any, agent: Any, tasks: list[Any], val_tasks: list[Any],
-                     store: Any, console: Any) -> Any:
+def _fit_on_upstream(
+    args: argparse.Namespace, grpo: Any, agent: Any, tasks: list[Any], val_tasks: list[Any], store: Any, console: Any
+) -> Any:
     """GRPO against an AgentGrad model server started elsewhere (``agentgrad serve-model`` of the
     same model): a capture proxy here in front of it; the trainer here, publishing to it."""
     from agentgrad.errors import InvalidInputError
@@ -298,14 +383,23 @@ def _fit_on_upstream(args: argparse.Namespace, grpo: Any, agent: Any, tasks: lis
     v1 = args.upstream.rstrip("/").removesuffix("/v1") + "/v1"
     try:
         token = env_token(MODEL_TOKEN_ENV)  # a model server started with --token
-        served = request_json("GET", f"{v1}/models", headers={"Authorization": f"Bearer {token}"} if token else None,
-                              timeout=10).json()["data"][0]["id"]
+        served = request_json(
+            "GET", f"{v1}/models", headers={"Authorization": f"Bearer {token}"} if token else None, timeout=10
+        ).json()["data"][0]["id"]
     except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
-        raise InvalidInputError(f"--upstream {args.upstream}: no OpenAI-compatible model server answers there "
-                                f"({type(exc).__name__}: {exc})") from None
+        raise InvalidInputError(
+            f"--upstream {args.upstream}: no OpenAI-compatible model server answers there ({type(exc).__name__}: {exc})"
+        ) from None
     with LLMProxy(store, v1) as proxy:
-        trainer = Trainer(store, algorithm=grpo, proxy=proxy, n_runners=args.runners, concurrency=args.concurrency,
-                          llm_resource=args.llm_resource, console=console)
+        trainer = Trainer(
+            store,
+            algorithm=grpo,
+            proxy=proxy,
+            n_runners=args.runners,
+            concurrency=args.concurrency,
+            llm_resource=args.llm_resource,
+            console=console,
+        )
         return trainer.fit(agent, tasks, val_tasks, resources={args.llm_resource: LLM(endpoint=v1, model=served)})
 
 
@@ -322,13 +416,21 @@ def _train_sft(args: argparse.Namespace) -> int:
     config, agent, tasks, val_tasks = run.config, run.agent, run.tasks, run.val_tasks
     model_dir, out, store_url = run.model_dir, run.out, run.store_url
     store = open_store(store_url)
-    console.print(f"SFT of [bold]{args.agent}[/] on {model_dir} · {len(tasks)} tasks × {config.samples_per_task} "
-                  f"samples · {len(val_tasks)} val tasks · output {out}")
+    console.print(
+        f"SFT of [bold]{args.agent}[/] on {model_dir} · {len(tasks)} tasks × {config.samples_per_task} "
+        f"samples · {len(val_tasks)} val tasks · output {out}"
+    )
     try:
         with _policy(args, model_dir).serving(store) as policy:
-            trainer = Trainer(store, algorithm=SFT.from_config(model_dir, config), policy=policy,
-                              n_runners=args.runners, concurrency=args.concurrency, llm_resource=args.llm_resource,
-                              console=console)
+            trainer = Trainer(
+                store,
+                algorithm=SFT.from_config(model_dir, config),
+                policy=policy,
+                n_runners=args.runners,
+                concurrency=args.concurrency,
+                llm_resource=args.llm_resource,
+                console=console,
+            )
             result = trainer.fit(agent, tasks, val_tasks)
     except RuntimeError as exc:
         console.print(f"[red]error:[/] {exc}")
@@ -336,19 +438,33 @@ def _train_sft(args: argparse.Namespace) -> int:
     finally:
         store.close()
     best = str(out / "best") if result.best_iteration is not None else None
-    summary = {"algorithm": "sft", "iterations": len(result.versions), "samples": result.samples,
-               "steps": len(result.history), "versions": result.versions,
-               "funnels": [funnel.describe() for funnel in result.funnels], "validation": result.validation,
-               "best_iteration": result.best_iteration, "best_score": result.best_score, "model": str(result.model),
-               "best_model": best, "config": str(out / "config.yaml"), "store": store_url}
+    summary = {
+        "algorithm": "sft",
+        "iterations": len(result.versions),
+        "samples": result.samples,
+        "steps": len(result.history),
+        "versions": result.versions,
+        "funnels": [funnel.describe() for funnel in result.funnels],
+        "validation": result.validation,
+        "best_iteration": result.best_iteration,
+        "best_score": result.best_score,
+        "model": str(result.model),
+        "best_model": best,
+        "config": str(out / "config.yaml"),
+        "store": store_url,
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     console.rule("[bold]agentgrad train --algorithm sft")
     if result.validation:
         first, last = result.validation[0][1], result.validation[-1][1]
-        console.print(f"greedy validation on {len(val_tasks)} tasks: [bold]{first:.3f} → {last:.3f}[/] "
-                      f"(best {result.best_score:.3f} after iteration {result.best_iteration})")
-    console.print(f"{len(result.history)} SFT steps on {sum(result.samples)} sequence(s) · final model "
-                  f"{result.model} · best model {best}")
+        console.print(
+            f"greedy validation on {len(val_tasks)} tasks: [bold]{first:.3f} → {last:.3f}[/] "
+            f"(best {result.best_score:.3f} after iteration {result.best_iteration})"
+        )
+    console.print(
+        f"{len(result.history)} SFT steps on {sum(result.samples)} sequence(s) · final model "
+        f"{result.model} · best model {best}"
+    )
     console.print(f"serve it:     agentgrad serve-model {result.model}")
     console.print(f"dashboard:    agentgrad dashboard --store {store_url}")
     return 0
@@ -369,10 +485,15 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         store = open_store(args.store or f"sqlite://{Path(work) / 'store.sqlite'}")
         try:
             if args.upstream:
-                llm = LLM(endpoint=args.upstream, model=args.served_model, api_key=args.api_key,
-                          sampling={"temperature": args.temperature})
+                llm = LLM(
+                    endpoint=args.upstream,
+                    model=args.served_model,
+                    api_key=args.api_key,
+                    sampling={"temperature": args.temperature},
+                )
                 report = Trainer(store, n_runners=args.runners, concurrency=args.concurrency).dev(
-                    agent, tasks, {args.llm_resource: llm}, timeout=args.timeout)
+                    agent, tasks, {args.llm_resource: llm}, timeout=args.timeout
+                )
             else:
                 report = _eval_local(args, agent, tasks, store, Path(work))
         finally:
@@ -392,7 +513,9 @@ def _eval_local(args: argparse.Namespace, agent: Any, tasks: list[Any], store: A
 
         model_dir = export_model(model_dir, work / "model")
     with LocalPolicy(model_dir, device=args.device).serving(store) as policy:
-        trainer = Trainer(store, policy=policy, n_runners=args.runners, concurrency=args.concurrency,
-                          llm_resource=args.llm_resource)
-        return trainer.dev(agent, tasks, {args.llm_resource: policy.llm(temperature=args.temperature)},
-                           timeout=args.timeout)
+        trainer = Trainer(
+            store, policy=policy, n_runners=args.runners, concurrency=args.concurrency, llm_resource=args.llm_resource
+        )
+        return trainer.dev(
+            agent, tasks, {args.llm_resource: policy.llm(temperature=args.temperature)}, timeout=args.timeout
+        )

@@ -49,28 +49,34 @@ def _to(field: str, cast: Callable[[Any], Any] = lambda v: v) -> Translate:
 
 def _only(allowed: Any, why: str) -> Translate:
     """A key AgentGrad honours only at one value (its own behaviour); another value is refused."""
+
     def check(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
         if value != allowed:
             raise UnsupportedError(f"{why} (got {value!r})")
         return {}
+
     return check
 
 
 def _choice(key: str, field: str, values: Mapping[Any, Any]) -> Translate:
     """A key whose few values each map to an AgentGrad value; another value is refused."""
+
     def translate(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
         if value not in values:
             raise UnsupportedError(f"{key}={value!r} is not supported: use one of {list(values)}")
         return {field: values[value]}
+
     return translate
 
 
 def _mini_batches(value: Any, config: Mapping[str, Any]) -> dict[str, Any]:
     batch = int(config.get("data.train_batch_size", GRPOConfig.batch_size))
     if value <= 0 or batch % int(value):
-        raise UnsupportedError(f"actor_rollout_ref.actor.ppo_mini_batch_size={value} must divide "
-                               f"data.train_batch_size={batch}: AgentGrad makes batch/mini-batch optimizer updates "
-                               "per step (GRPOConfig.mini_batches)")
+        raise UnsupportedError(
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={value} must divide "
+            f"data.train_batch_size={batch}: AgentGrad makes batch/mini-batch optimizer updates "
+            "per step (GRPOConfig.mini_batches)"
+        )
     return {"mini_batches": batch // int(value)}
 
 
@@ -81,8 +87,9 @@ def _kl(value: Any, config: Mapping[str, Any]) -> dict[str, Any]:
 
 def _use_kl(value: Any, config: Mapping[str, Any]) -> dict[str, Any]:
     if value and "actor_rollout_ref.actor.kl_loss_coef" not in config:
-        raise UnsupportedError("actor_rollout_ref.actor.use_kl_loss=True needs kl_loss_coef "
-                               "(AgentGrad's train.kl_coef)")
+        raise UnsupportedError(
+            "actor_rollout_ref.actor.use_kl_loss=True needs kl_loss_coef (AgentGrad's train.kl_coef)"
+        )
     return {}
 
 
@@ -90,8 +97,10 @@ def _trackers(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
     names = [value] if isinstance(value, str) else list(value)
     unknown = [n for n in names if n != "console" and n not in TRACKER_NAMES]
     if unknown:
-        raise UnsupportedError(f"trainer.logger {unknown} is not supported: AgentGrad logs to the console, "
-                               f"metrics.jsonl and the store, and to the trackers {list(TRACKER_NAMES)}")
+        raise UnsupportedError(
+            f"trainer.logger {unknown} is not supported: AgentGrad logs to the console, "
+            f"metrics.jsonl and the store, and to the trackers {list(TRACKER_NAMES)}"
+        )
     return {"trackers": [n for n in names if n != "console"]}
 
 
@@ -100,6 +109,7 @@ def _positive_freq(field: str) -> Translate:
         if int(value) <= 0:  # VERL's -1: never (AgentGrad still validates/checkpoints after the last step)
             return {field: 0 if field == "val_every" else 10**9}
         return {field: int(value)}
+
     return translate
 
 
@@ -110,8 +120,11 @@ def _device(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _one(key: str) -> Translate:
-    return _only(1, f"{key} > 1 is not supported: AgentGrad trains on one device (its engine serves on the same "
-                    "machine); run on one GPU")
+    return _only(
+        1,
+        f"{key} > 1 is not supported: AgentGrad trains on one device (its engine serves on the same "
+        "machine); run on one GPU",
+    )
 
 
 def _lora_rank(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
@@ -120,21 +133,28 @@ def _lora_rank(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
 
 #: VERL keys with an AgentGrad equivalent: dotted key → translator.
 VERL_SETTINGS: dict[str, Translate] = {
-    "algorithm.adv_estimator": _only("grpo", "algorithm.adv_estimator: AgentGrad implements GRPO "
-                                             "(group-relative advantages), use 'grpo'"),
-    "algorithm.use_kl_in_reward": _only(False, "algorithm.use_kl_in_reward: AgentGrad puts the KL penalty in the "
-                                               "loss, not the reward: set actor.use_kl_loss and kl_loss_coef"),
-    "algorithm.norm_adv_by_std_in_grpo": _choice("algorithm.norm_adv_by_std_in_grpo", "normalize",
-                                                 {True: "std", False: "mean"}),
+    "algorithm.adv_estimator": _only(
+        "grpo", "algorithm.adv_estimator: AgentGrad implements GRPO (group-relative advantages), use 'grpo'"
+    ),
+    "algorithm.use_kl_in_reward": _only(
+        False,
+        "algorithm.use_kl_in_reward: AgentGrad puts the KL penalty in the "
+        "loss, not the reward: set actor.use_kl_loss and kl_loss_coef",
+    ),
+    "algorithm.norm_adv_by_std_in_grpo": _choice(
+        "algorithm.norm_adv_by_std_in_grpo", "normalize", {True: "std", False: "mean"}
+    ),
     "data.train_batch_size": _to("batch_size", int),
     "data.max_response_length": _to("sampling.max_tokens", int),
     "actor_rollout_ref.rollout.n": _to("group_size", int),
     "actor_rollout_ref.rollout.temperature": _to("sampling.temperature", float),
     "actor_rollout_ref.rollout.top_p": _to("sampling.top_p", float),
-    "actor_rollout_ref.rollout.val_kwargs.temperature": _only(0, "rollout.val_kwargs.temperature: AgentGrad "
-                                                                 "validates greedily (temperature 0)"),
-    "actor_rollout_ref.rollout.val_kwargs.do_sample": _only(False, "rollout.val_kwargs.do_sample: AgentGrad "
-                                                                   "validates greedily"),
+    "actor_rollout_ref.rollout.val_kwargs.temperature": _only(
+        0, "rollout.val_kwargs.temperature: AgentGrad validates greedily (temperature 0)"
+    ),
+    "actor_rollout_ref.rollout.val_kwargs.do_sample": _only(
+        False, "rollout.val_kwargs.do_sample: AgentGrad validates greedily"
+    ),
     "actor_rollout_ref.rollout.val_kwargs.n": _only(1, "rollout.val_kwargs.n: AgentGrad validates each task once"),
     "actor_rollout_ref.actor.ppo_mini_batch_size": _mini_batches,
     "actor_rollout_ref.actor.ppo_epochs": _to("epochs", int),
@@ -142,22 +162,29 @@ VERL_SETTINGS: dict[str, Translate] = {
     "actor_rollout_ref.actor.optim.weight_decay": _to("train.weight_decay", float),
     "actor_rollout_ref.actor.use_kl_loss": _use_kl,
     "actor_rollout_ref.actor.kl_loss_coef": _kl,
-    "actor_rollout_ref.actor.kl_loss_type": _only("low_var_kl", "actor.kl_loss_type: AgentGrad's KL term is the "
-                                                                "k3 estimate ('low_var_kl')"),
+    "actor_rollout_ref.actor.kl_loss_type": _only(
+        "low_var_kl", "actor.kl_loss_type: AgentGrad's KL term is the k3 estimate ('low_var_kl')"
+    ),
     "actor_rollout_ref.actor.entropy_coeff": _to("train.entropy_coef", float),
-    "actor_rollout_ref.actor.clip_ratio": lambda v, _: {"train.clip_eps_low": float(v),
-                                                        "train.clip_eps_high": float(v)},
+    "actor_rollout_ref.actor.clip_ratio": lambda v, _: {
+        "train.clip_eps_low": float(v),
+        "train.clip_eps_high": float(v),
+    },
     "actor_rollout_ref.actor.clip_ratio_low": _to("train.clip_eps_low", float),
     "actor_rollout_ref.actor.clip_ratio_high": _to("train.clip_eps_high", float),
     "actor_rollout_ref.actor.grad_clip": _to("train.grad_clip", float),
-    "actor_rollout_ref.actor.loss_agg_mode": _only("token-mean", "actor.loss_agg_mode: AgentGrad averages the loss "
-                                                                 "over tokens ('token-mean')"),
+    "actor_rollout_ref.actor.loss_agg_mode": _only(
+        "token-mean", "actor.loss_agg_mode: AgentGrad averages the loss over tokens ('token-mean')"
+    ),
     "actor_rollout_ref.model.path": lambda v, _: {"model_dir": str(v)},
     "actor_rollout_ref.model.lora_rank": _lora_rank,
     "actor_rollout_ref.model.lora_alpha": _to("lora.alpha", int),
     "actor_rollout_ref.model.target_modules": _to("lora.target_modules"),
-    "trainer.val_before_train": _only(True, "trainer.val_before_train: AgentGrad always validates before the first "
-                                            "step when there are validation tasks; pass no val_dataset to skip"),
+    "trainer.val_before_train": _only(
+        True,
+        "trainer.val_before_train: AgentGrad always validates before the first "
+        "step when there are validation tasks; pass no val_dataset to skip",
+    ),
     "trainer.critic_warmup": _only(0, "trainer.critic_warmup: GRPO has no critic"),
     "trainer.logger": _trackers,
     "trainer.experiment_name": _to("run_id", str),
@@ -170,8 +197,9 @@ VERL_SETTINGS: dict[str, Translate] = {
     "trainer.resume_mode": _choice("trainer.resume_mode", "resume", {"auto": True, "disable": False}),
     "trainer.n_gpus_per_node": _one("trainer.n_gpus_per_node"),
     "trainer.nnodes": _one("trainer.nnodes"),
-    "agentlightning.trace_aggregator.level": _choice("agentlightning.trace_aggregator.level", "merge",
-                                                     {"trajectory": True, "transition": False}),
+    "agentlightning.trace_aggregator.level": _choice(
+        "agentlightning.trace_aggregator.level", "merge", {"trajectory": True, "transition": False}
+    ),
 }
 
 _MEMORY = "memory/throughput only: AgentGrad sizes micro-batches by tokens (GRPOConfig train.micro_batch_tokens)"
@@ -183,7 +211,7 @@ VERL_MACHINERY: dict[str, str] = {
     "data.train_files": "the tasks come from fit(train_dataset=...)",
     "data.val_files": "the tasks come from fit(val_dataset=...)",
     "data.max_prompt_length": "AgentGrad never truncates a captured prompt (a prompt longer than the model's "
-                              "context fails at the engine)",
+    "context fails at the engine)",
     "data.truncation": "AgentGrad never truncates a captured prompt",
     "actor_rollout_ref.rollout.name": _VLLM,
     "actor_rollout_ref.rollout.mode": _VLLM,
@@ -231,8 +259,10 @@ class VERL:
 
     def __init__(self, config: Mapping[str, Any], trainer_cls: Any = None, daemon_cls: Any = None) -> None:
         if trainer_cls is not None or daemon_cls is not None:
-            raise UnsupportedError("VERL(trainer_cls=, daemon_cls=) is not supported: AgentGrad's GRPO is "
-                                   "agentgrad.algorithms.grpo.GRPO; subclass it and pass it to agentgrad.Trainer")
+            raise UnsupportedError(
+                "VERL(trainer_cls=, daemon_cls=) is not supported: AgentGrad's GRPO is "
+                "agentgrad.algorithms.grpo.GRPO; subclass it and pass it to agentgrad.Trainer"
+            )
         self.config = config
         flat = dict(_flatten(config))
         updates: dict[str, Any] = {}
@@ -251,17 +281,22 @@ class VERL:
             raise UnsupportedError(
                 f"VERL config key(s) {unknown} have no AgentGrad equivalent. Remove them; the keys AgentGrad "
                 f"maps are {sorted(VERL_SETTINGS)} (see docs/migrating-from-agent-lightning.md), and any GRPO "
-                "setting can be set directly with agentgrad.GRPO(model_dir, GRPOConfig(...)) and agentgrad.Trainer")
+                "setting can be set directly with agentgrad.GRPO(model_dir, GRPOConfig(...)) and agentgrad.Trainer"
+            )
         if "model_dir" not in updates:
-            raise UnsupportedError("VERL config needs actor_rollout_ref.model.path: a local Hugging Face model "
-                                   "directory (AgentGrad loads it with transformers and serves it itself)")
+            raise UnsupportedError(
+                "VERL config needs actor_rollout_ref.model.path: a local Hugging Face model "
+                "directory (AgentGrad loads it with transformers and serves it itself)"
+            )
         self.model_dir = Path(updates.pop("model_dir"))
         self.trackers: list[str] = updates.pop("trackers", [])
         self.total_epochs: int = updates.pop("total_epochs", 1)
         self._updates = updates
         if self.not_applied:
-            log.warning("VERL config keys that tune VERL's own machinery and have no effect in AgentGrad:\n%s",
-                        "\n".join(f"  {k}: {why}" for k, why in self.not_applied.items()))
+            log.warning(
+                "VERL config keys that tune VERL's own machinery and have no effect in AgentGrad:\n%s",
+                "\n".join(f"  {k}: {why}" for k, why in self.not_applied.items()),
+            )
         self.grpo_config(1)  # every value checked now (GRPOConfig validates), not when fit() starts
 
     def grpo_config(self, n_train_tasks: int, agent_match: str | None = None) -> GRPOConfig:
@@ -278,8 +313,9 @@ class VERL:
         batch_size = plain.get("batch_size", GRPOConfig.batch_size)
         if "steps" not in plain:
             plain["steps"] = max(1, self.total_epochs * (n_train_tasks // batch_size))
-        config = GRPOConfig(**plain, train=dataclasses.replace(TrainConfig(), **train),
-                            sampling={"temperature": 1.0, **sampling})
+        config = GRPOConfig(
+            **plain, train=dataclasses.replace(TrainConfig(), **train), sampling={"temperature": 1.0, **sampling}
+        )
         return dataclasses.replace(config, agent_match=agent_match) if agent_match is not None else config
 
 
@@ -291,26 +327,48 @@ class APO(_APO, Generic[T]):
     (under any name, as in Agent Lightning).
     """
 
-    def __init__(self, async_openai_client: Any, *, gradient_model: str = "gpt-5-mini",
-                 apply_edit_model: str = "gpt-4.1-mini", diversity_temperature: float = 1.0,
-                 gradient_batch_size: int = 4, val_batch_size: int = 16, beam_width: int = 4, branch_factor: int = 4,
-                 beam_rounds: int = 3, rollout_batch_timeout: float = 3600.0, run_initial_validation: bool = True,
-                 _poml_trace: bool = False) -> None:
+    def __init__(
+        self,
+        async_openai_client: Any,
+        *,
+        gradient_model: str = "gpt-5-mini",
+        apply_edit_model: str = "gpt-4.1-mini",
+        diversity_temperature: float = 1.0,
+        gradient_batch_size: int = 4,
+        val_batch_size: int = 16,
+        beam_width: int = 4,
+        branch_factor: int = 4,
+        beam_rounds: int = 3,
+        rollout_batch_timeout: float = 3600.0,
+        run_initial_validation: bool = True,
+        _poml_trace: bool = False,
+    ) -> None:
         if not run_initial_validation:
-            raise UnsupportedError("APO(run_initial_validation=False) is not supported: AgentGrad's APO scores the "
-                                   "seed prompt first (the beam starts from it)")
+            raise UnsupportedError(
+                "APO(run_initial_validation=False) is not supported: AgentGrad's APO scores the "
+                "seed prompt first (the beam starts from it)"
+            )
         if _poml_trace:
-            raise UnsupportedError("APO(_poml_trace=True) is not supported: AgentGrad's critic and editor prompts are "
-                                   "plain text; each critique is stored on the rollouts it read (apo_critique)")
+            raise UnsupportedError(
+                "APO(_poml_trace=True) is not supported: AgentGrad's critic and editor prompts are "
+                "plain text; each critique is stored on the rollouts it read (apo_critique)"
+            )
         base_url = str(getattr(async_openai_client, "base_url", "") or "")
         if not base_url:
             raise UnsupportedError("APO needs an OpenAI client with a base_url (AsyncOpenAI(base_url=...))")
         api_key = getattr(async_openai_client, "api_key", None)
         critic = ChatEndpoint(base_url, gradient_model, api_key, temperature=diversity_temperature)
         editor = ChatEndpoint(base_url, apply_edit_model, api_key, temperature=diversity_temperature)
-        super().__init__(critic, editor, beam_width=beam_width, branch_factor=branch_factor, rounds=beam_rounds,
-                         train_batch_size=gradient_batch_size, val_batch_size=val_batch_size,
-                         wait_timeout=rollout_batch_timeout)
+        super().__init__(
+            critic,
+            editor,
+            beam_width=beam_width,
+            branch_factor=branch_factor,
+            rounds=beam_rounds,
+            train_batch_size=gradient_batch_size,
+            val_batch_size=val_batch_size,
+            wait_timeout=rollout_batch_timeout,
+        )
 
     def run(self, context: AlgorithmContext) -> Any:
         items = dict(context.initial_resources or {})
@@ -318,7 +376,9 @@ class APO(_APO, Generic[T]):
             items = dict(latest.items)
         prompts = [name for name, item in items.items() if isinstance(item, PromptTemplate)]
         if len(prompts) != 1:
-            raise UnsupportedError(f"APO optimizes the one PromptTemplate of initial_resources; found "
-                                   f"{prompts or 'none'} among {sorted(items)}")
+            raise UnsupportedError(
+                f"APO optimizes the one PromptTemplate of initial_resources; found "
+                f"{prompts or 'none'} among {sorted(items)}"
+            )
         self.prompt_name = prompts[0]
         return super().run(context)

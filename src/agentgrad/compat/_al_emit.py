@@ -24,19 +24,28 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def _check_propagate(name: str, propagate: bool) -> None:
     if not propagate:
-        raise UnsupportedError(f"{name}(propagate=False) is not supported: AgentGrad writes every emitted span into "
-                               "the rollout's store at once; build the value yourself if you do not want it recorded")
+        raise UnsupportedError(
+            f"{name}(propagate=False) is not supported: AgentGrad writes every emitted span into "
+            "the rollout's store at once; build the value yourself if you do not want it recorded"
+        )
 
 
-def emit_reward(reward: float | Mapping[str, float], *, primary_key: str | None = None,
-                attributes: Mapping[str, Any] | None = None, propagate: bool = True) -> Span:
+def emit_reward(
+    reward: float | Mapping[str, float],
+    *,
+    primary_key: str | None = None,
+    attributes: Mapping[str, Any] | None = None,
+    propagate: bool = True,
+) -> Span:
     """``agl.emit_reward``: a number, or named dimensions with ``primary_key`` (AgentGrad's
     ``primary=``). ``attributes`` are refused (record them with ``agl.emit_object``); a bool is
     refused as a reward (AgentGrad's rule: ``1.0 if ok else 0.0`` says what is meant)."""
     _check_propagate("emit_reward", propagate)
     if attributes:
-        raise UnsupportedError("emit_reward(attributes=...) is not supported: AgentGrad links a reward to the LLM "
-                               "call it follows by order; record extra data with agl.emit_object(...)")
+        raise UnsupportedError(
+            "emit_reward(attributes=...) is not supported: AgentGrad links a reward to the LLM "
+            "call it follows by order; record extra data with agl.emit_object(...)"
+        )
     if isinstance(reward, Mapping) and primary_key is None:
         raise ValueError("emit_reward() of a dict needs primary_key= (the dimension training optimizes)")
     return emit.emit_reward(reward, primary=primary_key)
@@ -54,8 +63,9 @@ def emit_object(object: Any, attributes: Mapping[str, Any] | None = None, propag
     return emit.emit_object(object, **dict(attributes or {}))
 
 
-def emit_exception(exception: BaseException, attributes: Mapping[str, Any] | None = None,
-                   propagate: bool = True) -> Span:
+def emit_exception(
+    exception: BaseException, attributes: Mapping[str, Any] | None = None, propagate: bool = True
+) -> Span:
     """``agl.emit_exception``: a handled exception as a span of the rollout."""
     _check_propagate("emit_exception", propagate)
     return emit.emit_exception(exception, **dict(attributes or {}))
@@ -104,11 +114,20 @@ def find_final_reward(spans: Sequence[Span]) -> float | None:
     return None
 
 
-def setup_logging(level: int | str = "INFO", *, console: bool = True, color: bool | Mapping[str, Any] = True,
-                  propagate: bool = False, disable_existing_loggers: bool = False, capture_warnings: bool = False,
-                  submodule_levels: Mapping[str, int | str] | None = None,
-                  extra_handlers: Sequence[logging.Handler] | None = None, formatter: logging.Formatter | None = None,
-                  apply_to: Sequence[str] | None = None, files: str | Mapping[str, str] | None = None) -> None:
+def setup_logging(
+    level: int | str = "INFO",
+    *,
+    console: bool = True,
+    color: bool | Mapping[str, Any] = True,
+    propagate: bool = False,
+    disable_existing_loggers: bool = False,
+    capture_warnings: bool = False,
+    submodule_levels: Mapping[str, int | str] | None = None,
+    extra_handlers: Sequence[logging.Handler] | None = None,
+    formatter: logging.Formatter | None = None,
+    apply_to: Sequence[str] | None = None,
+    files: str | Mapping[str, str] | None = None,
+) -> None:
     """``agl.setup_logging``: configure the ``agentlightning`` logger and the ``apply_to`` ones at
     ``level``, to the console (rich when ``color``) and/or ``files``, as Agent Lightning does,
     without touching the root logger. AgentGrad's own ``agentgrad`` loggers are left as they are

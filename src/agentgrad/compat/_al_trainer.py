@@ -38,17 +38,28 @@ class TracerTraceToTriplet:
     Agent Lightning reads OpenTelemetry traces, which AgentGrad does not need: they are accepted
     only at their defaults."""
 
-    def __init__(self, repair_hierarchy: bool = True, llm_call_match: str = r"openai\.chat\.completion",
-                 agent_match: str | None = None, exclude_llm_call_in_reward: bool = True, reward_match: Any = None,
-                 _skip_empty_token_spans: bool = False) -> None:
-        given = {"repair_hierarchy": (repair_hierarchy, True),
-                 "llm_call_match": (llm_call_match, r"openai\.chat\.completion"),
-                 "exclude_llm_call_in_reward": (exclude_llm_call_in_reward, True),
-                 "reward_match": (reward_match, None), "_skip_empty_token_spans": (_skip_empty_token_spans, False)}
+    def __init__(
+        self,
+        repair_hierarchy: bool = True,
+        llm_call_match: str = r"openai\.chat\.completion",
+        agent_match: str | None = None,
+        exclude_llm_call_in_reward: bool = True,
+        reward_match: Any = None,
+        _skip_empty_token_spans: bool = False,
+    ) -> None:
+        given = {
+            "repair_hierarchy": (repair_hierarchy, True),
+            "llm_call_match": (llm_call_match, r"openai\.chat\.completion"),
+            "exclude_llm_call_in_reward": (exclude_llm_call_in_reward, True),
+            "reward_match": (reward_match, None),
+            "_skip_empty_token_spans": (_skip_empty_token_spans, False),
+        }
         changed = [name for name, (value, default) in given.items() if value != default]
         if changed:
-            raise UnsupportedError(f"adapter setting(s) {changed} are not supported: AgentGrad reads LLM calls "
-                                   "from its proxy's spans; rewards go to calls by GRPOConfig.credit")
+            raise UnsupportedError(
+                f"adapter setting(s) {changed} are not supported: AgentGrad reads LLM calls "
+                "from its proxy's spans; rewards go to calls by GRPOConfig.credit"
+            )
         self.agent_match = agent_match
 
 
@@ -70,8 +81,10 @@ def _adapter(adapter: Any) -> TracerTraceToTriplet | TraceToMessages:
             return TracerTraceToTriplet(**settings)
         except TypeError as exc:
             raise UnsupportedError(f"adapter {dict(adapter)!r}: {exc}; AgentGrad's adapter takes agent_match") from None
-    raise UnsupportedError(f"adapter {adapter!r} is not supported: give {{'agent_match': 'regex'}}, "
-                           "TracerTraceToTriplet(agent_match=...) or, with APO, TraceToMessages()")
+    raise UnsupportedError(
+        f"adapter {adapter!r} is not supported: give {{'agent_match': 'regex'}}, "
+        "TracerTraceToTriplet(agent_match=...) or, with APO, TraceToMessages()"
+    )
 
 
 def _refuse(name: str, value: Any, instead: str, default: Any = None) -> None:
@@ -83,12 +96,27 @@ class Trainer:
     """``agentlightning.Trainer``: runners serving an agent, and an algorithm (``VERL``, ``APO`` or
     any AgentGrad algorithm) that learns from what they capture."""
 
-    def __init__(self, *, dev: bool = False, n_runners: int | None = None, max_rollouts: int | None = None,
-                 initial_resources: Mapping[str, Any] | None = None, tracer: Any = None, adapter: Any = None,
-                 store: Store | str | None = None, runner: Any = None, strategy: Any = None, port: int | None = None,
-                 algorithm: Any = None, llm_proxy: Any = None, n_workers: int | None = None,
-                 max_tasks: int | None = None, daemon: bool = True, triplet_exporter: Any = None,
-                 hooks: Any = None) -> None:
+    def __init__(
+        self,
+        *,
+        dev: bool = False,
+        n_runners: int | None = None,
+        max_rollouts: int | None = None,
+        initial_resources: Mapping[str, Any] | None = None,
+        tracer: Any = None,
+        adapter: Any = None,
+        store: Store | str | None = None,
+        runner: Any = None,
+        strategy: Any = None,
+        port: int | None = None,
+        algorithm: Any = None,
+        llm_proxy: Any = None,
+        n_workers: int | None = None,
+        max_tasks: int | None = None,
+        daemon: bool = True,
+        triplet_exporter: Any = None,
+        hooks: Any = None,
+    ) -> None:
         _refuse("dev", dev, "call trainer.dev(agent, dataset)", False)
         _refuse("tracer", tracer, "LLM calls are captured at AgentGrad's proxy and tagged by agentgrad.instrument()")
         _refuse("runner", runner, "AgentGrad's runner is built in; n_runners= sets how many")
@@ -108,8 +136,10 @@ class Trainer:
         self.adapter = _adapter(adapter if adapter is not None else triplet_exporter)
         self.triplet_exporter = self.adapter
         if algorithm is not None and not isinstance(algorithm, (VERL, Algorithm)):
-            raise UnsupportedError(f"algorithm {algorithm!r} is not supported: use agl.VERL(config), agl.APO(client) "
-                                   "or an AgentGrad algorithm")
+            raise UnsupportedError(
+                f"algorithm {algorithm!r} is not supported: use agl.VERL(config), agl.APO(client) "
+                "or an AgentGrad algorithm"
+            )
         if isinstance(self.adapter, TraceToMessages) and not isinstance(algorithm, APO):
             raise UnsupportedError("TraceToMessages() goes with APO; for training give adapter={'agent_match': ...}")
         self.algorithm = algorithm
@@ -117,30 +147,41 @@ class Trainer:
         self.store: Store = open_store(store) if isinstance(store, str) else store or open_store("memory")
 
     # ---- public -----------------------------------------------------------------------------------
-    def fit(self, agent: Any, train_dataset: Sequence[Any] | None = None, *,
-            val_dataset: Sequence[Any] | None = None) -> Any:
+    def fit(
+        self, agent: Any, train_dataset: Sequence[Any] | None = None, *, val_dataset: Sequence[Any] | None = None
+    ) -> Any:
         """Train: ``VERL`` runs GRPO on its model; ``APO`` and AgentGrad algorithms run as they are.
         Returns what the algorithm returns (Agent Lightning returns None)."""
         agent = self._agent(agent)
         train, val = list(train_dataset or []), list(val_dataset or [])
         algorithm = self.algorithm
         if algorithm is None:
-            raise UnsupportedError("Trainer.fit() needs algorithm=agl.VERL(config) or agl.APO(client); "
-                                   "to run the agent once per task, use trainer.dev(agent, dataset)")
+            raise UnsupportedError(
+                "Trainer.fit() needs algorithm=agl.VERL(config) or agl.APO(client); "
+                "to run the agent once per task, use trainer.dev(agent, dataset)"
+            )
         match = self.adapter.agent_match if isinstance(self.adapter, TracerTraceToTriplet) else None
         match = match or getattr(agent, "trained_agents", None)
         if isinstance(algorithm, VERL):
             return self._fit_verl(algorithm, agent, train, val, match)
         if match and isinstance(algorithm, APO):
-            raise UnsupportedError(f"agent_match {match!r} does not apply to APO (it optimizes a prompt, reading every "
-                                   "call); remove it (or the agent's trained_agents)")
+            raise UnsupportedError(
+                f"agent_match {match!r} does not apply to APO (it optimizes a prompt, reading every "
+                "call); remove it (or the agent's trained_agents)"
+            )
         with self._proxy() as proxy:
-            trainer = _Trainer(self.store, algorithm=algorithm, proxy=proxy, n_runners=self.n_runners,
-                               llm_resource=self._llm_resource(agent))
+            trainer = _Trainer(
+                self.store,
+                algorithm=algorithm,
+                proxy=proxy,
+                n_runners=self.n_runners,
+                llm_resource=self._llm_resource(agent),
+            )
             return trainer.fit(agent, train, val, resources=self.initial_resources)
 
-    def dev(self, agent: Any, train_dataset: Sequence[Any] | None = None, *,
-            val_dataset: Sequence[Any] | None = None) -> Any:
+    def dev(
+        self, agent: Any, train_dataset: Sequence[Any] | None = None, *, val_dataset: Sequence[Any] | None = None
+    ) -> Any:
         """Run every task once (``train_dataset`` in train mode, then ``val_dataset`` in val mode)
         with ``initial_resources`` and print a summary; returns the report (of the last set run)."""
         agent = self._agent(agent)
@@ -149,8 +190,9 @@ class Trainer:
             raise ValueError("Trainer.dev() needs a dataset: trainer.dev(agent, tasks)")
         report = None
         with self._proxy() as proxy:
-            trainer = _Trainer(self.store, proxy=proxy, n_runners=self.n_runners,
-                               llm_resource=self._llm_resource(agent))
+            trainer = _Trainer(
+                self.store, proxy=proxy, n_runners=self.n_runners, llm_resource=self._llm_resource(agent)
+            )
             for tasks, mode in runs:
                 report = trainer.dev(agent, list(tasks), self.initial_resources, mode=mode)  # type: ignore[arg-type]
         return report
@@ -178,9 +220,11 @@ class Trainer:
             yield None
             return
         if len(endpoints) > 1:
-            raise UnsupportedError(f"initial_resources name several LLM endpoints {sorted(endpoints)}: AgentGrad "
-                                   "captures calls through one proxy; start agentgrad.LLMProxy yourself and pass it "
-                                   "as llm_proxy=")
+            raise UnsupportedError(
+                f"initial_resources name several LLM endpoints {sorted(endpoints)}: AgentGrad "
+                "captures calls through one proxy; start agentgrad.LLMProxy yourself and pass it "
+                "as llm_proxy="
+            )
         from agentgrad.proxy.server import (
             LLMProxy,  # lazy: the proxy's server dependencies
         )
@@ -198,15 +242,18 @@ class Trainer:
         extra = dict(self.initial_resources or {})
         llms = sorted(name for name, item in extra.items() if isinstance(item, LLM))
         if llms:
-            raise UnsupportedError(f"VERL serves the trained model as {MAIN_LLM!r}; remove the LLM resource(s) {llms} "
-                                   "from initial_resources")
+            raise UnsupportedError(
+                f"VERL serves the trained model as {MAIN_LLM!r}; remove the LLM resource(s) {llms} "
+                "from initial_resources"
+            )
         config = verl.grpo_config(len(train), match)
         device = config.train.device if config.train.device != "auto" else _auto_device()
         trackers = make_trackers(verl.trackers, Path(config.output_dir), config.run_id)
         grpo = GRPO(verl.model_dir, config, trackers=trackers)
         with LocalPolicy(verl.model_dir, device=device).serving(self.store) as policy:
-            trainer = _Trainer(self.store, algorithm=grpo, policy=policy, n_runners=self.n_runners,
-                               llm_resource=MAIN_LLM)
+            trainer = _Trainer(
+                self.store, algorithm=grpo, policy=policy, n_runners=self.n_runners, llm_resource=MAIN_LLM
+            )
             return trainer.fit(agent, train, val, resources={**extra, MAIN_LLM: policy.llm()})
 
 

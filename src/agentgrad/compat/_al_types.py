@@ -24,6 +24,7 @@ class UnsupportedError(AgentGradError, NotImplementedError):
     """An Agent Lightning name or setting that AgentGrad does not support; the message says what
     to use instead."""
 
+
 #: Agent Lightning's ``Dataset[T]``: any sequence of tasks (a list, a Hugging Face dataset's rows).
 Dataset = list
 Attempt = ag.Attempt
@@ -53,8 +54,10 @@ class PromptTemplate(ag.PromptTemplate):
     @classmethod
     def _refuse_poml(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("engine") == "poml":
-            raise UnsupportedError("PromptTemplate(engine='poml') is not supported by AgentGrad: write the template "
-                             "as engine='f-string' or engine='jinja'")
+            raise UnsupportedError(
+                "PromptTemplate(engine='poml') is not supported by AgentGrad: write the template "
+                "as engine='f-string' or engine='jinja'"
+            )
         return data
 
 

@@ -79,6 +79,7 @@ __agentgrad_compat__ = True
 
 # ---- the agent interface ------------------------------------------------------------------------
 
+
 class Tracer:
     """What ``self.tracer`` gives an agent. AgentGrad captures every LLM call at its proxy and tags
     requests with the rollout (``agentgrad.instrument``), so there is nothing to set up here."""
@@ -98,14 +99,19 @@ class Tracer:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
-        raise UnsupportedError(f"tracer.{name} is not supported by AgentGrad: LLM calls are captured at its proxy; "
-                               "record your own spans with agentgrad.operation(...) or agl.emit_message/emit_object")
+        raise UnsupportedError(
+            f"tracer.{name} is not supported by AgentGrad: LLM calls are captured at its proxy; "
+            "record your own spans with agentgrad.operation(...) or agl.emit_message/emit_object"
+        )
 
 
 @functools.cache
 def _quiet_handler_class(base: type) -> type:
-    return type("AgentGradLangChainHandler", (base,), {"__doc__": "A callback handler that records nothing "
-                                                                  "(AgentGrad captures at its proxy)."})
+    return type(
+        "AgentGradLangChainHandler",
+        (base,),
+        {"__doc__": "A callback handler that records nothing (AgentGrad captures at its proxy)."},
+    )
 
 
 def _quiet_handler(base: type) -> Any:
@@ -133,8 +139,10 @@ class LitAgent(Agent, Generic[T]):
     def is_async(self) -> bool:
         """Whether the subclass implements any of the ``*_async`` methods (they are then used)."""
         cls = type(self)
-        return any(getattr(cls, name) is not getattr(LitAgent, name)
-                   for name in ("rollout_async", "training_rollout_async", "validation_rollout_async"))
+        return any(
+            getattr(cls, name) is not getattr(LitAgent, name)
+            for name in ("rollout_async", "training_rollout_async", "validation_rollout_async")
+        )
 
     def rollout(self, task: T, resources: Any, rollout: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__} must implement rollout() or rollout_async()")
@@ -165,14 +173,18 @@ class LitAgent(Agent, Generic[T]):
     def trainer(self) -> Any:
         trainer = self._trainer_ref() if self._trainer_ref is not None else None
         if trainer is None:
-            raise ValueError("Trainer has not been set for this agent (it is set by Trainer.fit()/dev() in the "
-                             "process that called them; runner processes have none)")
+            raise ValueError(
+                "Trainer has not been set for this agent (it is set by Trainer.fit()/dev() in the "
+                "process that called them; runner processes have none)"
+            )
         return trainer
 
     @property
     def runner(self) -> Any:
-        raise UnsupportedError("LitAgent.runner is not available in AgentGrad: the runner is AgentGrad's own; "
-                               "read the rollout and its attempt from the rollout argument")
+        raise UnsupportedError(
+            "LitAgent.runner is not available in AgentGrad: the runner is AgentGrad's own; "
+            "read the rollout and its attempt from the rollout argument"
+        )
 
     # ---- AgentGrad's side ------------------------------------------------------------------------
     def run_for(self, rollout: ag.Rollout, resources: ag.Resources) -> Any:
@@ -219,8 +231,10 @@ class FunctionalLitAgent(LitAgent[T]):
         resources = [p for p in params[1:] if p in _RESOURCE_PARAMS]
         unknown = [p for p in params[1:] if p not in _RESOURCE_PARAMS and p != "rollout"]
         if not params or len(resources) > 1 or unknown:
-            raise TypeError(f"@rollout function {func.__qualname__} must look like f(task, llm [, rollout]) or "
-                            f"f(task, prompt_template [, rollout]); it takes {params}")
+            raise TypeError(
+                f"@rollout function {func.__qualname__} must look like f(task, llm [, rollout]) or "
+                f"f(task, prompt_template [, rollout]); it takes {params}"
+            )
         self.func = func
         self.name = func.__name__
         self._resource = resources[0] if resources else None
@@ -265,9 +279,11 @@ def _only(resources: Any, kind: type, param: str) -> Any:
         return resources[param]
     if len(found) == 1:
         return found[0]
-    raise LookupError(f"the @rollout function asks for {param!r} but the resources have "
-                      f"{'none' if not found else len(found)} of type {kind.__name__} (names: {sorted(resources)}); "
-                      f"publish exactly one, or name it {param!r}")
+    raise LookupError(
+        f"the @rollout function asks for {param!r} but the resources have "
+        f"{'none' if not found else len(found)} of type {kind.__name__} (names: {sorted(resources)}); "
+        f"publish exactly one, or name it {param!r}"
+    )
 
 
 def rollout(func: Callable[..., Any]) -> FunctionalLitAgent[Any]:
@@ -279,8 +295,10 @@ def llm_rollout(func: Callable[..., Any] | None = None, *, strip_proxy: bool = T
     """``@agl.llm_rollout``: :func:`rollout` for ``f(task, llm [, rollout])``. ``strip_proxy`` has
     nothing to strip (the endpoint already names the rollout); it is accepted only as True."""
     if not strip_proxy:
-        raise UnsupportedError("llm_rollout(strip_proxy=False) is not supported: AgentGrad's LLM endpoint is the "
-                               "capture proxy's URL for the rollout; call llm.get_base_url(rollout_id, attempt_id)")
+        raise UnsupportedError(
+            "llm_rollout(strip_proxy=False) is not supported: AgentGrad's LLM endpoint is the "
+            "capture proxy's URL for the rollout; call llm.get_base_url(rollout_id, attempt_id)"
+        )
     return rollout if func is None else rollout(func)
 
 
@@ -292,9 +310,16 @@ def prompt_rollout(func: Callable[..., Any] | None = None) -> Any:
 # ---- import agentlightning -------------------------------------------------------------------------
 
 ALIASED_MODULES = (
-    "agentlightning", "agentlightning.litagent", "agentlightning.types", "agentlightning.reward",
-    "agentlightning.emitter", "agentlightning.trainer", "agentlightning.algorithm",
-    "agentlightning.algorithm.apo", "agentlightning.algorithm.verl", "agentlightning.adapter",
+    "agentlightning",
+    "agentlightning.litagent",
+    "agentlightning.types",
+    "agentlightning.reward",
+    "agentlightning.emitter",
+    "agentlightning.trainer",
+    "agentlightning.algorithm",
+    "agentlightning.algorithm.apo",
+    "agentlightning.algorithm.verl",
+    "agentlightning.adapter",
     "agentlightning.logging",
 )
 
@@ -366,14 +391,19 @@ _RUNNER = "AgentGrad's runner: agentgrad.Runner(agent, store), or Trainer(n_runn
 
 #: Agent Lightning names AgentGrad does not offer, and what to use instead.
 UNSUPPORTED: dict[str, str] = {
-    "InMemoryLightningStore": _STORE, "LightningStore": _STORE, "SqliteLightningStore": _STORE,
+    "InMemoryLightningStore": _STORE,
+    "LightningStore": _STORE,
+    "SqliteLightningStore": _STORE,
     "LightningStoreServer": "`agentgrad store serve` (the store as an HTTP service)",
     "LightningStoreClient": "agentgrad.open_store('http://host:port')",
-    "LitAgentRunner": _RUNNER, "Runner": _RUNNER,
-    "AgentOpsTracer": _TRACER, "OtelTracer": _TRACER, "WeaveTracer": _TRACER,
+    "LitAgentRunner": _RUNNER,
+    "Runner": _RUNNER,
+    "AgentOpsTracer": _TRACER,
+    "OtelTracer": _TRACER,
+    "WeaveTracer": _TRACER,
     "DummyTracer": _TRACER,
     "LLMProxy": "agentgrad.LLMProxy(store, upstream_url) (started with .start() or `with`), passed as "
-                "Trainer(llm_proxy=...)",
+    "Trainer(llm_proxy=...)",
     "ProxyLLM": "agl.LLM: AgentGrad's runner points it at the proxy for each rollout already",
     "Baseline": "trainer.dev(agent, dataset), or agentgrad.Evaluate",
     "FastAlgorithm": "trainer.dev(agent, dataset)",
@@ -389,7 +419,7 @@ UNSUPPORTED: dict[str, str] = {
     "AgentLightningServer": "`agentgrad store serve`",
     "DevTaskLoader": "trainer.dev(agent, dataset)",
     "TraceAdapter": "TracerTraceToTriplet(agent_match=...): AgentGrad's adapter is "
-                    "agentgrad.adapters.TransitionAdapter",
+    "agentgrad.adapters.TransitionAdapter",
     "LlmProxyTraceToTriplet": "TracerTraceToTriplet(agent_match=...): AgentGrad always reads the proxy's spans",
     "configure_logger": "agl.setup_logging(...)",
     "setup_module_logging": "agl.setup_logging(...)",
@@ -398,6 +428,8 @@ UNSUPPORTED: dict[str, str] = {
 
 def __getattr__(name: str) -> Any:
     if name in UNSUPPORTED:
-        raise UnsupportedError(f"agentlightning.{name} is not supported by AgentGrad's compatibility layer: use "
-                               f"{UNSUPPORTED[name]} (docs/migrating-from-agent-lightning.md)")
+        raise UnsupportedError(
+            f"agentlightning.{name} is not supported by AgentGrad's compatibility layer: use "
+            f"{UNSUPPORTED[name]} (docs/migrating-from-agent-lightning.md)"
+        )
     raise AttributeError(f"module 'agentlightning' (agentgrad.compat.agentlightning) has no attribute {name!r}")

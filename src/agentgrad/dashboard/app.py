@@ -17,8 +17,9 @@ from agentgrad.store.protocol import Store
 log = logging.getLogger(__name__)
 
 
-def dashboard_router(store: Store, token: str | None = None, *, prefix: str = "/dashboard",
-                     **router_options: Any) -> APIRouter:
+def dashboard_router(
+    store: Store, token: str | None = None, *, prefix: str = "/dashboard", **router_options: Any
+) -> APIRouter:
     """The dashboard under ``prefix``, with ``/`` redirecting to it, as one router to include.
 
     The store service takes it through ``create_app(extra_routers=...)`` (``agentgrad store serve``
@@ -42,8 +43,15 @@ def create_app(store: Store, *, token: str | None = None, prefix: str = "/dashbo
     return app
 
 
-def serve(store_url: str, host: str = "127.0.0.1", port: int = 8766, token: str | None = None, *,
-          log_level: str = "warning", allowed_hosts: Sequence[str] = ()) -> None:
+def serve(
+    store_url: str,
+    host: str = "127.0.0.1",
+    port: int = 8766,
+    token: str | None = None,
+    *,
+    log_level: str = "warning",
+    allowed_hosts: Sequence[str] = (),
+) -> None:
     """Open the store at ``store_url`` read-only and serve the dashboard until SIGTERM/SIGINT, to
     requests naming it in their ``Host`` (loopback, ``host``, ``allowed_hosts``; see
     :mod:`agentgrad.http.guard`)."""
@@ -58,10 +66,11 @@ def serve(store_url: str, host: str = "127.0.0.1", port: int = 8766, token: str 
         sock = listening_socket(host, port)  # bound here so that --port 0 reports the port it got
         url = http_url(host, sock.getsockname()[1]) + "/dashboard/"
         log.info("dashboard for %s at %s (auth %s)", store_url, url, "on" if token else "off")
-        print(f"AgentGrad dashboard for {store_url} at {url} (token {'required' if token else 'off'}; "
-              "Ctrl-C to stop)", flush=True)
-        server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False,
-                                               timeout_graceful_shutdown=5))
+        print(
+            f"AgentGrad dashboard for {store_url} at {url} (token {'required' if token else 'off'}; Ctrl-C to stop)",
+            flush=True,
+        )
+        server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5))
         serve_until_signal(server, sock)  # then the store is closed, and the process exits 0
     finally:
         store.close()

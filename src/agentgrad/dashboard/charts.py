@@ -96,8 +96,14 @@ class LineChart:
     runs_without: list[str] = field(default_factory=list)
 
 
-def line_chart(name: str, curves: dict[str, list[tuple[int, float]]], *, width: int = 560, height: int = 240,
-               margin: tuple[int, int, int, int] = (14, 16, 40, 62)) -> LineChart:
+def line_chart(
+    name: str,
+    curves: dict[str, list[tuple[int, float]]],
+    *,
+    width: int = 560,
+    height: int = 240,
+    margin: tuple[int, int, int, int] = (14, 16, 40, 62),
+) -> LineChart:
     """One chart of ``name`` with a curve per run (``curves``: run → sorted (step, value) pairs).
 
     Runs with no value for the metric are listed in ``runs_without`` (the legend says so) and
@@ -128,11 +134,28 @@ def line_chart(name: str, curves: dict[str, list[tuple[int, float]]], *, width: 
         hover = [Point(x(s), y(v), s, v) for s, v in pairs[::stride]]
         if hover[-1].step != pairs[-1][0]:
             hover.append(Point(x(pairs[-1][0]), y(pairs[-1][1]), *pairs[-1]))
-        series.append(Series(run, PALETTE[index % len(PALETTE)], " ".join(f"{x(s)},{y(v)}" for s, v in pairs),
-                             hover, pairs[-1][1], len(pairs)))
+        series.append(
+            Series(
+                run,
+                PALETTE[index % len(PALETTE)],
+                " ".join(f"{x(s)},{y(v)}" for s, v in pairs),
+                hover,
+                pairs[-1][1],
+                len(pairs),
+            )
+        )
     return LineChart(
-        name, series,
-        [Tick(x(t), tick_label(t)) for t in x_ticks], [Tick(y(t), tick_label(t)) for t in y_ticks],
-        width, height, left, right, top, bottom, min(steps), max(steps),
+        name,
+        series,
+        [Tick(x(t), tick_label(t)) for t in x_ticks],
+        [Tick(y(t), tick_label(t)) for t in y_ticks],
+        width,
+        height,
+        left,
+        right,
+        top,
+        bottom,
+        min(steps),
+        max(steps),
         [run for run, pairs in curves.items() if not pairs],
     )

@@ -89,14 +89,19 @@ def attempt_credit(store: Store, rollout: Rollout, attempt_id: str, rule: str, *
     if adapted is None:
         return Credit(rule, explanation, [], f"more than {CALLS_MAX} LLM calls: credit is not computed here")
     rewards = {t.metadata["calls"][0]: t.reward for t in adapted.transitions}
-    signals = AIR().signals(RolloutTrace(rollout.rollout_id, adapted.calls, adapted.reward_spans)) \
-        if rule == "air" else None
+    signals = (
+        AIR().signals(RolloutTrace(rollout.rollout_id, adapted.calls, adapted.reward_spans)) if rule == "air" else None
+    )
     rows = []
     for call in adapted.calls:
-        why = None if call.index in rewards else (
-            "no token ids: not trainable" if not call.has_token_ids else "the rollout has no reward")
-        rows.append(CallCredit(call.index, call.span_id, rewards.get(call.index), why,
-                               signals[call.index] if signals else []))
+        why = (
+            None
+            if call.index in rewards
+            else ("no token ids: not trainable" if not call.has_token_ids else "the rollout has no reward")
+        )
+        rows.append(
+            CallCredit(call.index, call.span_id, rewards.get(call.index), why, signals[call.index] if signals else [])
+        )
     note = None
     if adapted.stats.rollouts_without_reward:
         note = "no final reward and no reward span: training skips this rollout"
@@ -142,6 +147,9 @@ def group_view(store: Store, rollouts: list[Rollout], rule: str) -> GroupView:
     members = []
     for rollout in rollouts:
         own = [t for t in transitions if t.rollout_id == rollout.rollout_id]
-        members.append(Member(rollout, [t.reward for t in own], [t.advantage for t in own if t in kept],
-                              why.get(rollout.rollout_id)))
+        members.append(
+            Member(
+                rollout, [t.reward for t in own], [t.advantage for t in own if t in kept], why.get(rollout.rollout_id)
+            )
+        )
     return GroupView(members, rule, stats.zero_variance_groups > 0)

@@ -42,8 +42,13 @@ class FrameworkIO:
     @property
     def summary(self) -> str:
         """One line for the span tree: the last output, else the input."""
-        text = (self.outputs[-1].content if self.outputs else None) or self.output_value or (
-            self.inputs[-1].content if self.inputs else None) or self.input_value or ""
+        text = (
+            (self.outputs[-1].content if self.outputs else None)
+            or self.output_value
+            or (self.inputs[-1].content if self.inputs else None)
+            or self.input_value
+            or ""
+        )
         text = " ".join(text.split())
         return text if len(text) <= 160 else text[:159] + "…"
 
@@ -61,7 +66,7 @@ def _messages(attrs: dict[str, Any], prefix: str, infix: str) -> list[FrameworkM
     for key, value in attrs.items():
         if not key.startswith(prefix):
             continue
-        match = _INDEXED.match(key[len(prefix):])
+        match = _INDEXED.match(key[len(prefix) :])
         if match is None:
             continue
         rest = match[2].removeprefix(infix)
@@ -76,8 +81,13 @@ def _messages(attrs: dict[str, Any], prefix: str, infix: str) -> list[FrameworkM
         content = item.get("content")
         if content is None and any(k.startswith("contents.") for k in item):
             content = "\n".join(_text(v) for k, v in sorted(item.items()) if k.endswith(".message_content.text"))
-        out.append(FrameworkMessage(str(item.get("role", "?")), _text(content),
-                                    [(c.get("name", "?"), c.get("arguments", "")) for _, c in sorted(calls.items())]))
+        out.append(
+            FrameworkMessage(
+                str(item.get("role", "?")),
+                _text(content),
+                [(c.get("name", "?"), c.get("arguments", "")) for _, c in sorted(calls.items())],
+            )
+        )
     return out
 
 
@@ -90,6 +100,11 @@ def framework_io(attrs: dict[str, Any]) -> FrameworkIO | None:
     if kind is None and not (inputs or outputs or input_value is not None or output_value is not None):
         return None
     name = attrs.get("llm.model_name") or attrs.get("gen_ai.request.model") or attrs.get("tool.name")
-    return FrameworkIO(str(kind or ("LLM" if inputs or outputs else "span")), str(name) if name else None,
-                       inputs, outputs, None if input_value is None else _text(input_value),
-                       None if output_value is None else _text(output_value))
+    return FrameworkIO(
+        str(kind or ("LLM" if inputs or outputs else "span")),
+        str(name) if name else None,
+        inputs,
+        outputs,
+        None if input_value is None else _text(input_value),
+        None if output_value is None else _text(output_value),
+    )

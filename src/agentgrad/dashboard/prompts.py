@@ -37,7 +37,9 @@ def rounds(store: Store, run_id: str, prompt_name: str) -> tuple[list[Round], Ca
     by_round: dict[int, list[Candidate]] = {}
     for candidate in state.candidates.values():
         by_round.setdefault(candidate.round, []).append(candidate)
-    out = [Round(n, sorted(c, key=lambda c: (c.score is None, -(c.score or 0.0), c.version)))
-           for n, c in sorted(by_round.items())]
+    out = [
+        Round(n, sorted(c, key=lambda c: (c.score is None, -(c.score or 0.0), c.version)))
+        for n, c in sorted(by_round.items())
+    ]
     ranked = state.ranked()
     return out, ranked[0] if ranked else None

@@ -72,7 +72,10 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters.update(
-        seconds=views.fmt_seconds, time=views.fmt_time, number=views.fmt_number, json=views.pretty_json,
+        seconds=views.fmt_seconds,
+        time=views.fmt_time,
+        number=views.fmt_number,
+        json=views.pretty_json,
         q=lambda value: quote(str(value), safe=""),
     )
     return env
@@ -129,8 +132,9 @@ def create_router(
     router = APIRouter(prefix=prefix, include_in_schema=False)
     env = _environment()
 
-    def render(template: str, request: Request, *, status: int = 200, headers: dict[str, str] | None = None,
-               **context: Any) -> HTMLResponse:
+    def render(
+        template: str, request: Request, *, status: int = 200, headers: dict[str, str] | None = None, **context: Any
+    ) -> HTMLResponse:
         html = env.get_template(template).render(base=prefix, path=request.url.path, **context)
         return HTMLResponse(html, status_code=status, headers={**SECURITY_HEADERS, **(headers or {})})
 
@@ -143,12 +147,23 @@ def create_router(
             login = gate.login_attempt(request)
             if login:
                 response = RedirectResponse(url_without_token(request), status_code=303, headers=SECURITY_HEADERS)
-                response.set_cookie(COOKIE_NAME, gate.session_value or "", httponly=True, samesite="lax",
-                                    secure=request.url.scheme == "https", path=prefix or "/")
+                response.set_cookie(
+                    COOKIE_NAME,
+                    gate.session_value or "",
+                    httponly=True,
+                    samesite="lax",
+                    secure=request.url.scheme == "https",
+                    path=prefix or "/",
+                )
                 return response
             if login is False or not gate.allows(request):
-                return render("unauthorized.html", request, status=401, wrong=login is False,
-                              headers={"WWW-Authenticate": "Bearer"})
+                return render(
+                    "unauthorized.html",
+                    request,
+                    status=401,
+                    wrong=login is False,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
             try:
                 return handler(*args, **kwargs)
             except NotFoundError as exc:
@@ -161,8 +176,11 @@ def create_router(
         """The vendored stylesheet and script (no data, so no token needed)."""
         if name not in static:
             return Response("not found", status_code=404, media_type="text/plain")
-        return Response(static[name], media_type=_STATIC_TYPES[name],
-                        headers={"Cache-Control": "max-age=300", "X-Content-Type-Options": "nosniff"})
+        return Response(
+            static[name],
+            media_type=_STATIC_TYPES[name],
+            headers={"Cache-Control": "max-age=300", "X-Content-Type-Options": "nosniff"},
+        )
 
     @router.get("/")
     def index(request: Request) -> Response:
@@ -182,9 +200,16 @@ def create_router(
         per_page = _choice(_positive_int(params.get("per_page"), 50), _PAGE_SIZES, 50)
         page_number = _positive_int(params.get("page"), 1, most=INT64_MAX // per_page)
         group, run = _name(params.get("group")), _name(params.get("run"))
-        query = RolloutFilter(status=[RolloutStatus(s) for s in statuses] or None, mode=mode, group_id=group,
-                              no_llm_calls=True if no_llm else None, sort_by=sort, descending=order == "desc",
-                              limit=per_page, offset=(page_number - 1) * per_page)
+        query = RolloutFilter(
+            status=[RolloutStatus(s) for s in statuses] or None,
+            mode=mode,
+            group_id=group,
+            no_llm_calls=True if no_llm else None,
+            sort_by=sort,
+            descending=order == "desc",
+            limit=per_page,
+            offset=(page_number - 1) * per_page,
+        )
         total: int | None
         if run is None:
             total, found = store.count_rollouts(query), store.query_rollouts(query)
@@ -193,29 +218,63 @@ def create_router(
         # A run's scan that stopped early knows only that there is a next page.
         pages = max(1, math.ceil(total / per_page)) if total is not None else page_number + 1
         now = time.time()
-        current = {"status": statuses, "mode": mode or "", "no_llm": "1" if no_llm else "", "sort": sort,
-                   "order": order, "per_page": per_page, "page": page_number, "group": group or "",
-                   "run": run or ""}
+        current = {
+            "status": statuses,
+            "mode": mode or "",
+            "no_llm": "1" if no_llm else "",
+            "sort": sort,
+            "order": order,
+            "per_page": per_page,
+            "page": page_number,
+            "group": group or "",
+            "run": run or "",
+        }
 
         def url(**changes: Any) -> str:
             merged = {**current, **changes}
-            return f"{prefix}/rollouts?" + urlencode({k: v for k, v in merged.items() if v not in ("", None, [])},
-                                                     doseq=True)
+            return f"{prefix}/rollouts?" + urlencode(
+                {k: v for k, v in merged.items() if v not in ("", None, [])}, doseq=True
+            )
 
-        rows = [views.RolloutRow(r, views.rollout_duration(r, now), views.lacks_llm_calls(r),
-                                 runs_view.task_summary(r.input), runs_view.run_of(r), runs_view.step_of(r),
-                                 _agent_names(r)) for r in found]
-        context = dict(rows=rows, total=total, page=page_number, pages=pages, url=url, sort=sort, order=order,
-                       offset=query.offset)
+        rows = [
+            views.RolloutRow(
+                r,
+                views.rollout_duration(r, now),
+                views.lacks_llm_calls(r),
+                runs_view.task_summary(r.input),
+                runs_view.run_of(r),
+                runs_view.step_of(r),
+                _agent_names(r),
+            )
+            for r in found
+        ]
+        context = dict(
+            rows=rows, total=total, page=page_number, pages=pages, url=url, sort=sort, order=order, offset=query.offset
+        )
         if params.get("partial") == "table":
             return render("_rollout_table.html", request, **context)
         counts = {s.value: store.count_rollouts(RolloutFilter(status=[s])) for s in RolloutStatus}
         no_llm_total = store.count_rollouts(RolloutFilter(no_llm_calls=True))
         run_ids = list(dict.fromkeys(r.run_id for r in store.query_metrics()))
-        return render("rollouts.html", request, statuses=_STATUSES, selected=statuses,
-                      mode=mode, no_llm=no_llm, per_page=per_page, page_sizes=_PAGE_SIZES, sort_keys=_SORT_KEYS,
-                      counts=counts, no_llm_total=no_llm_total, refresh_ms=int(refresh_seconds * 1000),
-                      table_url=url(partial="table"), group=group, run=run, run_ids=run_ids, **context)
+        return render(
+            "rollouts.html",
+            request,
+            statuses=_STATUSES,
+            selected=statuses,
+            mode=mode,
+            no_llm=no_llm,
+            per_page=per_page,
+            page_sizes=_PAGE_SIZES,
+            sort_keys=_SORT_KEYS,
+            counts=counts,
+            no_llm_total=no_llm_total,
+            refresh_ms=int(refresh_seconds * 1000),
+            table_url=url(partial="table"),
+            group=group,
+            run=run,
+            run_ids=run_ids,
+            **context,
+        )
 
     def _page_of_run(query: RolloutFilter, run: str) -> tuple[list[Rollout], int | None]:
         """One page of a run's rollouts. No store filter names a run, so the rollouts matching the
@@ -229,17 +288,18 @@ def create_router(
             read += len(chunk)
             matches += [r for r in chunk if runs_view.run_of(r) == run]
             if len(chunk) < RUN_SCAN_CHUNK:
-                return matches[query.offset:end], len(matches)
+                return matches[query.offset : end], len(matches)
             if len(matches) > end:
-                return matches[query.offset:end], None
+                return matches[query.offset : end], None
 
     def _agent_names(rollout: Rollout) -> list[str]:
         """The agent scopes of a rollout's latest attempt (a few spans read by name)."""
         if rollout.num_attempts == 0:
             return []
         spans = store.query_spans(rollout.rollout_id, "latest", name=semconv.SPAN_AGENT, limit=AGENT_SPANS)
-        return list(dict.fromkeys(str(s.attributes[semconv.AGENT_NAME]) for s in spans
-                                  if s.attributes.get(semconv.AGENT_NAME)))
+        return list(
+            dict.fromkeys(str(s.attributes[semconv.AGENT_NAME]) for s in spans if s.attributes.get(semconv.AGENT_NAME))
+        )
 
     @router.get("/groups/{group_id:path}")
     @page
@@ -252,9 +312,17 @@ def create_router(
         more = len(rollouts) > GROUP_MAX
         rule = credit_view.rule_name(request.query_params.get("credit"))
         view = credit_view.group_view(store, rollouts[:GROUP_MAX], rule)
-        return render("group.html", request, group_id=group_id, view=view, more=more, rules=credit_view.RULES,
-                      task=runs_view.task_summary, run=runs_view.run_of(rollouts[0]),
-                      step=runs_view.step_of(rollouts[0]))
+        return render(
+            "group.html",
+            request,
+            group_id=group_id,
+            view=view,
+            more=more,
+            rules=credit_view.RULES,
+            task=runs_view.task_summary,
+            run=runs_view.run_of(rollouts[0]),
+            step=runs_view.step_of(rollouts[0]),
+        )
 
     @router.get("/rollouts/{rollout_id:path}")
     @page
@@ -278,14 +346,31 @@ def create_router(
             rewards = store.query_spans(rollout_id, attempt.attempt_id, name=semconv.SPAN_REWARD, limit=REWARDS_SHOWN)
         rows = views.span_rows(spans, now)
         rule = credit_view.rule_name(request.query_params.get("credit"))
-        credit = credit_view.attempt_credit(store, rollout, attempt.attempt_id, rule,
-                                            latest=attempt is attempts[-1]) if attempt else None
-        return render("rollout.html", request, rollout=rollout, duration=views.rollout_duration(rollout, now),
-                      no_llm=views.lacks_llm_calls(rollout), attempts=views.attempt_rows(attempts, now),
-                      attempt=attempt, spans=rows, calls=views.llm_calls(rows, decoder),
-                      rewards=views.reward_rows(rewards), after=after, next_after=next_after, span_page=SPAN_PAGE,
-                      credit=credit, rules=credit_view.RULES, legend=tokens_view.legend(),
-                      run=runs_view.run_of(rollout), step=runs_view.step_of(rollout))
+        credit = (
+            credit_view.attempt_credit(store, rollout, attempt.attempt_id, rule, latest=attempt is attempts[-1])
+            if attempt
+            else None
+        )
+        return render(
+            "rollout.html",
+            request,
+            rollout=rollout,
+            duration=views.rollout_duration(rollout, now),
+            no_llm=views.lacks_llm_calls(rollout),
+            attempts=views.attempt_rows(attempts, now),
+            attempt=attempt,
+            spans=rows,
+            calls=views.llm_calls(rows, decoder),
+            rewards=views.reward_rows(rewards),
+            after=after,
+            next_after=next_after,
+            span_page=SPAN_PAGE,
+            credit=credit,
+            rules=credit_view.RULES,
+            legend=tokens_view.legend(),
+            run=runs_view.run_of(rollout),
+            step=runs_view.step_of(rollout),
+        )
 
     @router.get("/replay/{rollout_id:path}")
     @page
@@ -295,8 +380,11 @@ def create_router(
         rollout = store.get_rollout(rollout_id)
         attempts = store.get_attempts(rollout_id)
         wanted = request.query_params.get("attempt")
-        attempt = next((a for a in attempts if a.attempt_id == wanted), None) if wanted else \
-            (attempts[-1] if attempts else None)
+        attempt = (
+            next((a for a in attempts if a.attempt_id == wanted), None)
+            if wanted
+            else (attempts[-1] if attempts else None)
+        )
         if attempt is None:
             raise NotFoundError("attempt", wanted or "(none yet)", f" of rollout {rollout_id!r}")
         rule = credit_view.rule_name(request.query_params.get("credit"))
@@ -304,8 +392,19 @@ def create_router(
         number = min(_positive_int(request.query_params.get("call"), 1), max(1, len(steps.calls)))
         step = views.replay_step(steps, number, decoder, time.time()) if steps.calls else None
         credit = credit_view.attempt_credit(store, rollout, attempt.attempt_id, rule, latest=attempt is attempts[-1])
-        return render("replay.html", request, rollout=rollout, attempt=attempt, steps=steps, number=number,
-                      step=step, credit=credit, rules=credit_view.RULES, rule=rule, legend=tokens_view.legend())
+        return render(
+            "replay.html",
+            request,
+            rollout=rollout,
+            attempt=attempt,
+            steps=steps,
+            number=number,
+            step=step,
+            credit=credit,
+            rules=credit_view.RULES,
+            rule=rule,
+            legend=tokens_view.legend(),
+        )
 
     @router.get("/runs")
     @router.get("/training")  # the page's old name, still served for old links
@@ -325,9 +424,18 @@ def create_router(
         charts_shown = [charts_view.line_chart(name, curves[name]) for name in names]
         colors = dict(zip(chosen, charts_view.PALETTE, strict=False))  # at most RUNS_OVERLAID runs
         query = urlencode([("run", r) for r in chosen])
-        return render("runs.html", request, summaries=summaries, chosen=chosen, charts=charts_shown, colors=colors,
-                      hidden=0 if show_all else len(rest), show_all=show_all, query=query,
-                      most=RUNS_OVERLAID)
+        return render(
+            "runs.html",
+            request,
+            summaries=summaries,
+            chosen=chosen,
+            charts=charts_shown,
+            colors=colors,
+            hidden=0 if show_all else len(rest),
+            show_all=show_all,
+            query=query,
+            most=RUNS_OVERLAID,
+        )
 
     @router.get("/prompts")
     @page
@@ -348,8 +456,19 @@ def create_router(
             new = every.get(params.get("b") or "") or best or seed
             if old is not None and new is not None:
                 diff = views.diff_items({apo[run]: old.template}, {apo[run]: new.template})
-        return render("prompts.html", request, runs=list(apo), run=run, rounds=rounds, best=best, diff=diff,
-                      old=old, new=new, prompt_name=apo.get(run or ""), val_group=prompts_view.val_group)
+        return render(
+            "prompts.html",
+            request,
+            runs=list(apo),
+            run=run,
+            rounds=rounds,
+            best=best,
+            diff=diff,
+            old=old,
+            new=new,
+            prompt_name=apo.get(run or ""),
+            val_group=prompts_view.val_group,
+        )
 
     @router.get("/resources")
     @page
@@ -362,8 +481,16 @@ def create_router(
         older = [s for s in snapshots if new is not None and s.version < new.version]
         old = by_id.get(params.get("a") or "") or (older[-1] if older else None)
         diffs = views.diff_items(old.items, new.items) if old is not None and new is not None else []
-        return render("resources.html", request, snapshots=list(reversed(snapshots)), old=old, new=new, diffs=diffs,
-                      kind=views.resource_kind, text=views.resource_text)
+        return render(
+            "resources.html",
+            request,
+            snapshots=list(reversed(snapshots)),
+            old=old,
+            new=new,
+            diffs=diffs,
+            kind=views.resource_kind,
+            text=views.resource_text,
+        )
 
     @router.get("/runners")
     @page
@@ -379,7 +506,12 @@ def create_router(
         workers = [(w, state(w), now - w.last_heartbeat_time) for w in store.query_workers()]
         order = {"alive": 0, "silent": 1, "stopped": 2}
         workers.sort(key=lambda item: (order[item[1]], item[0].worker_id))
-        return render("runners.html", request, workers=workers, alive_seconds=alive_seconds,
-                      alive=sum(1 for _, s, _ in workers if s == "alive"))
+        return render(
+            "runners.html",
+            request,
+            workers=workers,
+            alive_seconds=alive_seconds,
+            alive=sum(1 for _, s, _ in workers if s == "alive"),
+        )
 
     return router

@@ -165,12 +165,24 @@ def summarize_runs(store: Store, records: list[MetricRecord]) -> list[RunSummary
     for run_id, run_records in by_run.items():
         names = {n for r in run_records for n in r.values}
         metric = next((m for m in VALIDATION_METRICS if m in names), None)
-        curve = [v for r in sorted(run_records, key=lambda r: (r.step, r.time))
-                 if metric and (v := reward_number(r.values.get(metric))) is not None]
-        runs.append(RunSummary(run_id, algorithm_of(run_id, names), models.get(run_id),
-                               min(r.time for r in run_records), len({r.step for r in run_records}),
-                               max(r.step for r in run_records), max(curve) if curve else None,
-                               curve[-1] if curve else None, metric))
+        curve = [
+            v
+            for r in sorted(run_records, key=lambda r: (r.step, r.time))
+            if metric and (v := reward_number(r.values.get(metric))) is not None
+        ]
+        runs.append(
+            RunSummary(
+                run_id,
+                algorithm_of(run_id, names),
+                models.get(run_id),
+                min(r.time for r in run_records),
+                len({r.step for r in run_records}),
+                max(r.step for r in run_records),
+                max(curve) if curve else None,
+                curve[-1] if curve else None,
+                metric,
+            )
+        )
     return sorted(runs, key=lambda r: r.start, reverse=True)
 
 

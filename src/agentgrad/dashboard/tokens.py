@@ -35,14 +35,16 @@ def level_floor(level: int) -> float:
 
 def legend() -> list[tuple[int, str]]:
     """(level, label) for the colour legend: ``p < 0.042``, ``≥ 0.042``, … ``≥ 0.99968``."""
-    return [(level, f"p < {_short(level_floor(1))}" if level == 0 else f"≥ {_short(level_floor(level))}")
-            for level in range(LEVELS)]
+    return [
+        (level, f"p < {_short(level_floor(1))}" if level == 0 else f"≥ {_short(level_floor(level))}")
+        for level in range(LEVELS)
+    ]
 
 
 def _short(p: float) -> str:
     """A probability with as many nines as it needs: 0.9, 0.99, 0.9997."""
     digits = max(1, -math.floor(math.log10(max(1 - p, 1e-12))) + 1)
-    return f"{math.floor(p * 10 ** digits) / 10 ** digits:.{digits}f}".rstrip("0").rstrip(".")
+    return f"{math.floor(p * 10**digits) / 10**digits:.{digits}f}".rstrip("0").rstrip(".")
 
 
 @functools.lru_cache(maxsize=8)
@@ -68,8 +70,9 @@ class TokenDecoder:
             path = Path(where).expanduser()
             path = path / "tokenizer.json" if path.is_dir() else path
             if not path.is_file():
-                raise ValueError(f"no tokenizer for model {model!r} at {where} (need tokenizer.json or a "
-                                 "directory holding one)")
+                raise ValueError(
+                    f"no tokenizer for model {model!r} at {where} (need tokenizer.json or a directory holding one)"
+                )
             self.paths[model] = str(path)
 
     def decode(self, model: str | None, ids: list[int]) -> list[str] | None:

@@ -351,8 +351,13 @@ def _tool_calls(raw: Any) -> list[ToolCall]:
             continue
         function: dict[str, Any] = call["function"] if isinstance(call.get("function"), dict) else call
         arguments = function.get("arguments", "")
-        calls.append(ToolCall(str(function.get("name", "?")),
-                              arguments if isinstance(arguments, str) else pretty_json(arguments), call.get("id")))
+        calls.append(
+            ToolCall(
+                str(function.get("name", "?")),
+                arguments if isinstance(arguments, str) else pretty_json(arguments),
+                call.get("id"),
+            )
+        )
     return calls
 
 
@@ -360,8 +365,12 @@ def _message(raw: Any) -> ChatMessage:
     if not isinstance(raw, dict):
         return ChatMessage("?", _text(raw))
     note = raw.get("tool_call_id") or raw.get("name")
-    return ChatMessage(str(raw.get("role", "?")), _text(raw.get("content")), _tool_calls(raw.get("tool_calls")),
-                       str(note) if note else None)
+    return ChatMessage(
+        str(raw.get("role", "?")),
+        _text(raw.get("content")),
+        _tool_calls(raw.get("tool_calls")),
+        str(note) if note else None,
+    )
 
 
 def _request_messages(request: Any) -> tuple[list[ChatMessage], list[str]]:
@@ -402,9 +411,13 @@ def _response_messages(response: Any) -> tuple[list[ChatMessage], str | None, li
         messages = []
         for item in response["output"]:
             if isinstance(item, dict) and item.get("type") == "function_call":
-                messages.append(ChatMessage("assistant", "", [ToolCall(str(item.get("name", "?")),
-                                                                        str(item.get("arguments", "")),
-                                                                        item.get("call_id"))]))
+                messages.append(
+                    ChatMessage(
+                        "assistant",
+                        "",
+                        [ToolCall(str(item.get("name", "?")), str(item.get("arguments", "")), item.get("call_id"))],
+                    )
+                )
             elif isinstance(item, dict):
                 messages.append(ChatMessage(str(item.get("role", item.get("type", "?"))), _text(item.get("content"))))
         return messages, response.get("status"), []
@@ -416,13 +429,15 @@ def _response_messages(response: Any) -> tuple[list[ChatMessage], str | None, li
 _finite = reward_number
 
 
-def _tokens(ids: list[int] | None, logprobs: list[float] | None, entries: list[Any],
-            decoded: list[str] | None = None) -> list[Token]:
+def _tokens(
+    ids: list[int] | None, logprobs: list[float] | None, entries: list[Any], decoded: list[str] | None = None
+) -> list[Token]:
     """Completion tokens: ids and logprobs from the span; token text from the model's tokenizer
     (``decoded``), else from the response when it has it, else the id."""
     lps = [_finite(v) for v in logprobs] if logprobs is not None else []  # NaN: the upstream gave none
-    texts: list[Any] = decoded if decoded is not None else [e.get("token") if isinstance(e, dict) else None
-                                                           for e in entries]
+    texts: list[Any] = (
+        decoded if decoded is not None else [e.get("token") if isinstance(e, dict) else None for e in entries]
+    )
     count = len(ids) if ids is not None else len(texts)
     tokens = []
     for i in range(count):
@@ -455,18 +470,20 @@ def llm_calls(rows: list[SpanRow], decoder: TokenDecoder | None = None) -> list[
         decoded = decoder.decode(call.model, call.completion_ids) if decoder and call.completion_ids else None
         tokens = _tokens(call.completion_ids, call.logprobs, entries, decoded)
         known = [t.logprob for t in tokens if t.logprob is not None]
-        views.append(CallView(
-            anchor=row.llm_anchor,
-            call=call,
-            span=row.span,
-            duration=row.duration,
-            messages=messages,
-            tools=tools,
-            response=response,
-            finish_reason=finish or call.finish_reason,
-            tokens=tokens,
-            mean_logprob=sum(known) / len(known) if known else None,
-        ))
+        views.append(
+            CallView(
+                anchor=row.llm_anchor,
+                call=call,
+                span=row.span,
+                duration=row.duration,
+                messages=messages,
+                tools=tools,
+                response=response,
+                finish_reason=finish or call.finish_reason,
+                tokens=tokens,
+                mean_logprob=sum(known) / len(known) if known else None,
+            )
+        )
     return views
 
 
@@ -487,12 +504,15 @@ def reward_rows(spans: list[Span]) -> list[RewardRow]:
             continue
         attrs = span.attributes
         special = {semconv.REWARD_VALUE, semconv.REWARD_PRIMARY}
-        dims = {k[len(semconv.REWARD_PREFIX):]: number for k, v in attrs.items()
-                if k.startswith(semconv.REWARD_PREFIX) and k not in special
-                and (number := reward_number(v)) is not None}
+        dims = {
+            k[len(semconv.REWARD_PREFIX) :]: number
+            for k, v in attrs.items()
+            if k.startswith(semconv.REWARD_PREFIX) and k not in special and (number := reward_number(v)) is not None
+        }
         primary = attrs.get(semconv.REWARD_PRIMARY)
-        rows.append(RewardRow(span, reward_number(attrs.get(semconv.REWARD_VALUE)),
-                              str(primary) if primary else None, dims))
+        rows.append(
+            RewardRow(span, reward_number(attrs.get(semconv.REWARD_VALUE)), str(primary) if primary else None, dims)
+        )
     return rows
 
 
@@ -532,8 +552,9 @@ def diff_items(old: dict[str, Resource], new: dict[str, Resource]) -> list[ItemD
     for name in sorted(set(old) | set(new)):
         before = resource_text(old[name]).splitlines() if name in old else []
         after = resource_text(new[name]).splitlines() if name in new else []
-        state = "added" if name not in old else "removed" if name not in new else \
-            "same" if before == after else "changed"
+        state = (
+            "added" if name not in old else "removed" if name not in new else "same" if before == after else "changed"
+        )
         lines = []
         for line in difflib.unified_diff(before, after, lineterm="", n=3):
             if line.startswith(("---", "+++")):

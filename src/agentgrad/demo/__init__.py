@@ -16,8 +16,10 @@ if TYPE_CHECKING:
     from agentgrad.demo.tiny import random_tiny_model as random_tiny_model
 
 _EXPORTS = {
-    "build_tiny_model": "agentgrad.demo.tiny", "default_model_dir": "agentgrad.demo.tiny",
-    "ensure_tiny_model": "agentgrad.demo.tiny", "random_tiny_model": "agentgrad.demo.tiny",
+    "build_tiny_model": "agentgrad.demo.tiny",
+    "default_model_dir": "agentgrad.demo.tiny",
+    "ensure_tiny_model": "agentgrad.demo.tiny",
+    "random_tiny_model": "agentgrad.demo.tiny",
 }
 
 __all__ = list(_EXPORTS)

@@ -28,19 +28,35 @@ def _client(llm: LLM) -> OpenAI:
 def calc_agent(task: dict[str, Any], llm: LLM) -> float:
     """Solve one arithmetic question with the calculator tool; 1.0 if the answer is right."""
     client = _client(llm)
-    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT},
-                                      {"role": "user", "content": task["question"]}]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": task["question"]},
+    ]
     for _ in range(MAX_TURNS):
         response = client.chat.completions.create(
-            model=llm.model, messages=messages, tools=[CALCULATOR_TOOL],
-            temperature=llm.sampling.get("temperature", 1.0), max_tokens=llm.sampling.get("max_tokens", MAX_TOKENS),
+            model=llm.model,
+            messages=messages,
+            tools=[CALCULATOR_TOOL],
+            temperature=llm.sampling.get("temperature", 1.0),
+            max_tokens=llm.sampling.get("max_tokens", MAX_TOKENS),
         )
         message = response.choices[0].message
         if not message.tool_calls:
             return 1.0 if check_answer(message.content or "", task["answer"]) else 0.0
-        messages.append({"role": "assistant", "content": message.content, "tool_calls": [
-            {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
-            for c in message.tool_calls]})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": message.content,
+                "tool_calls": [
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.function.name, "arguments": c.function.arguments},
+                    }
+                    for c in message.tool_calls
+                ],
+            }
+        )
         for call in message.tool_calls:
             try:
                 expression = json.loads(call.function.arguments).get("expression", "")

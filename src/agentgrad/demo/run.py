@@ -27,8 +27,18 @@ if TYPE_CHECKING:
 #: call the tool but also teach "Calculate a + b" → ``a * b``, a mistake entropy collapse then makes
 #: permanent (docs/training.md, "Stability"); the other stability settings measured no better and stay off.
 DEMO_SETTINGS: dict[str, Any] = {
-    "batch_size": 16, "group_size": 8, "lr": 2e-4, "temperature": 1.0, "mini_batches": 1, "epochs": 1,
-    "val_size": 128, "val_every": 5, "kl_coef": 0.0, "lr_decay": "none", "lr_final": 0.0, "agreeing_groups": "drop",
+    "batch_size": 16,
+    "group_size": 8,
+    "lr": 2e-4,
+    "temperature": 1.0,
+    "mini_batches": 1,
+    "epochs": 1,
+    "val_size": 128,
+    "val_every": 5,
+    "kl_coef": 0.0,
+    "lr_decay": "none",
+    "lr_final": 0.0,
+    "agreeing_groups": "drop",
     "seed": 0,
 }
 
@@ -76,9 +86,19 @@ def validation_by_kind(store: Store, steps: list[int]) -> dict[int, dict[str, fl
     return out
 
 
-def run_demo(*, steps: int = 30, minutes: float = 8.0, output_dir: str | Path = "runs/demo", n_runners: int = 2,
-             store_url: str | None = None, concurrency: int = 24, settings: dict[str, Any] | None = None,
-             model_dir: str | Path | None = None, resume: bool = False, threads: int = 1) -> dict[str, Any]:
+def run_demo(
+    *,
+    steps: int = 30,
+    minutes: float = 8.0,
+    output_dir: str | Path = "runs/demo",
+    n_runners: int = 2,
+    store_url: str | None = None,
+    concurrency: int = 24,
+    settings: dict[str, Any] | None = None,
+    model_dir: str | Path | None = None,
+    resume: bool = False,
+    threads: int = 1,
+) -> dict[str, Any]:
     """Run the whole demo; returns a summary (also written to ``summary.json``)."""
     import torch
     from rich.console import Console
@@ -107,24 +127,48 @@ def run_demo(*, steps: int = 30, minutes: float = 8.0, output_dir: str | Path = 
             model_dir = ensure_tiny_model()
     store = open_store(store_url or f"sqlite://{out / 'store.sqlite'}")
     try:
-        grpo = GRPO(model_dir, GRPOConfig(
-            steps=steps, max_seconds=minutes * 60, batch_size=opts["batch_size"],
-            group_size=opts["group_size"], mini_batches=opts["mini_batches"], epochs=opts["epochs"],
-            sampling={"temperature": opts["temperature"]},
-            train=TrainConfig(lr=opts["lr"], betas=(0.9, 0.99), grad_clip=1.0, kl_coef=opts["kl_coef"],
-                              lr_decay=opts["lr_decay"], lr_final=opts["lr_final"], seed=opts["seed"]),
-            val_every=opts["val_every"], output_dir=out, run_id="demo", checkpoint_every=10, resume=resume,
-            agreeing_groups=opts["agreeing_groups"], seed=opts["seed"],
-            rollout_timeout_seconds=120, max_attempts=1,
-        ))
+        grpo = GRPO(
+            model_dir,
+            GRPOConfig(
+                steps=steps,
+                max_seconds=minutes * 60,
+                batch_size=opts["batch_size"],
+                group_size=opts["group_size"],
+                mini_batches=opts["mini_batches"],
+                epochs=opts["epochs"],
+                sampling={"temperature": opts["temperature"]},
+                train=TrainConfig(
+                    lr=opts["lr"],
+                    betas=(0.9, 0.99),
+                    grad_clip=1.0,
+                    kl_coef=opts["kl_coef"],
+                    lr_decay=opts["lr_decay"],
+                    lr_final=opts["lr_final"],
+                    seed=opts["seed"],
+                ),
+                val_every=opts["val_every"],
+                output_dir=out,
+                run_id="demo",
+                checkpoint_every=10,
+                resume=resume,
+                agreeing_groups=opts["agreeing_groups"],
+                seed=opts["seed"],
+                rollout_timeout_seconds=120,
+                max_attempts=1,
+            ),
+        )
         with LocalPolicy(model_dir, served_model_name="tiny-calc").serving(store) as policy:
-            console.print(f"store [bold]{out / 'store.sqlite'}[/] · model server {policy.upstream_url} · "
-                          f"proxy {policy.proxy_url}/v1")
+            console.print(
+                f"store [bold]{out / 'store.sqlite'}[/] · model server {policy.upstream_url} · "
+                f"proxy {policy.proxy_url}/v1"
+            )
             started = time.monotonic()
-            trainer = Trainer(store, algorithm=grpo, policy=policy, n_runners=n_runners, concurrency=concurrency,
-                              console=console)
-            result = trainer.fit(calc_agent, generate_problems(4000, 0, "train"),
-                                 generate_problems(opts["val_size"], 0, "val"))
+            trainer = Trainer(
+                store, algorithm=grpo, policy=policy, n_runners=n_runners, concurrency=concurrency, console=console
+            )
+            result = trainer.fit(
+                calc_agent, generate_problems(4000, 0, "train"), generate_problems(opts["val_size"], 0, "val")
+            )
             wall = time.monotonic() - started
         by_kind = validation_by_kind(store, [step for step, _ in result.validation])
     finally:
@@ -132,15 +176,25 @@ def run_demo(*, steps: int = 30, minutes: float = 8.0, output_dir: str | Path = 
     before = result.validation[0][1] if result.validation and result.validation[0][0] == 0 else None
     after = result.validation[-1][1] if result.validation else None
     plot = plot_rewards(result.history, result.validation, out / "reward_curve.png")
-    summary = {"steps": result.steps, "wall_seconds": round(wall, 1), "greedy_success_before": before,
-               "greedy_success_after": after, "validation": result.validation,
-               "validation_by_kind": by_kind, "best_step": result.best_step, "best_score": result.best_score,
-               "settings": opts,
-               "reward_curve": str(plot), "store": str(out / "store.sqlite")}
+    summary = {
+        "steps": result.steps,
+        "wall_seconds": round(wall, 1),
+        "greedy_success_before": before,
+        "greedy_success_after": after,
+        "validation": result.validation,
+        "validation_by_kind": by_kind,
+        "best_step": result.best_step,
+        "best_score": result.best_score,
+        "settings": opts,
+        "reward_curve": str(plot),
+        "store": str(out / "store.sqlite"),
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     console.rule("[bold]agentgrad demo")
-    console.print(f"greedy success on {opts['val_size']} held-out problems: "
-                  f"[bold]{_fmt(before)} → {_fmt(after)}[/] after {result.steps} GRPO steps in {wall / 60:.1f} min")
+    console.print(
+        f"greedy success on {opts['val_size']} held-out problems: "
+        f"[bold]{_fmt(before)} → {_fmt(after)}[/] after {result.steps} GRPO steps in {wall / 60:.1f} min"
+    )
     console.print(f"reward curve: {plot}")
     console.print(f"dashboard:    agentgrad dashboard --store sqlite://{out / 'store.sqlite'}")
     return summary

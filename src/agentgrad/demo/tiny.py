@@ -117,8 +117,11 @@ def _install_shipped(path: Path) -> None:
         for item in SHIPPED_MODEL_DIR.iterdir():
             shutil.copy2(item, staging / item.name)
     build = json.loads((path / "agentgrad_build.json").read_text())
-    print(f"installed the shipped tiny model (recipe format {build['format']}; val greedy success "
-          f"{build['val_greedy_success']:.2f}, tool use {build['val_greedy_tool_use']:.2f}) in {path}", flush=True)
+    print(
+        f"installed the shipped tiny model (recipe format {build['format']}; val greedy success "
+        f"{build['val_greedy_success']:.2f}, tool use {build['val_greedy_tool_use']:.2f}) in {path}",
+        flush=True,
+    )
 
 
 def _is_current(path: Path) -> bool:
@@ -148,9 +151,17 @@ def _conversation(problem: dict[str, Any], expression: str, direct: bool = False
         return [*question, {"role": "assistant", "content": calc.final_answer_text(problem["answer"])}]
     return [
         *question,
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_0", "type": "function", "function": {"name": "calculator", "arguments": json.loads(arguments)}}
-        ]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_0",
+                    "type": "function",
+                    "function": {"name": "calculator", "arguments": json.loads(arguments)},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_0", "content": calc.run_calculator(expression)},
         {"role": "assistant", "content": calc.final_answer_text(problem["answer"])},
     ]
@@ -161,14 +172,17 @@ def _render(messages: list[dict[str, Any]], *, tools: bool, add_generation_promp
     return _render_many([messages], tools=tools, add_generation_prompt=add_generation_prompt)[0]
 
 
-def _render_many(conversations: list[list[dict[str, Any]]], *, tools: bool,
-                 add_generation_prompt: bool = False) -> list[str]:
+def _render_many(
+    conversations: list[list[dict[str, Any]]], *, tools: bool, add_generation_prompt: bool = False
+) -> list[str]:
     """``_render`` for many conversations in one call (the tool schema is prepared once)."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
     rendered, _ = render_jinja_template(
-        conversations=conversations, tools=[calc.CALCULATOR_TOOL] if tools else None,
-        chat_template=CHAT_TEMPLATE, add_generation_prompt=add_generation_prompt,
+        conversations=conversations,
+        tools=[calc.CALCULATOR_TOOL] if tools else None,
+        chat_template=CHAT_TEMPLATE,
+        add_generation_prompt=add_generation_prompt,
     )
     return rendered
 
@@ -185,19 +199,26 @@ def build_tokenizer(output_dir: str | Path, *, seed: int = 0) -> Any:
 
     bpe = Tokenizer(models.BPE())
     bpe.normalizer = normalizers.NFC()
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE - len(TOOL_TOKENS), special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=VOCAB_SIZE - len(TOOL_TOKENS),
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     bpe.train_from_iterator(_corpus(600, seed), trainer)
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        additional_special_tokens=None, model_max_length=MODEL_CONFIG["max_position_embeddings"],
+        tokenizer_object=bpe,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=None,
+        model_max_length=MODEL_CONFIG["max_position_embeddings"],
     )
     tokenizer.add_tokens(TOOL_TOKENS)
     tokenizer.chat_template = CHAT_TEMPLATE
@@ -217,12 +238,19 @@ def _write_model(output_dir: Path, tokenizer: Any, seed: int, architecture: Arch
     config_class, model_class, extra = {
         "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
         # Qwen3's head size is its own setting (default 128): the twin keeps Qwen2's hidden / heads
-        "qwen3": (Qwen3Config, Qwen3ForCausalLM,
-                  {"head_dim": MODEL_CONFIG["hidden_size"] // MODEL_CONFIG["num_attention_heads"]}),
+        "qwen3": (
+            Qwen3Config,
+            Qwen3ForCausalLM,
+            {"head_dim": MODEL_CONFIG["hidden_size"] // MODEL_CONFIG["num_attention_heads"]},
+        ),
     }[architecture]
     config = config_class(
-        vocab_size=len(tokenizer), bos_token_id=None, eos_token_id=im_end, pad_token_id=pad,
-        **MODEL_CONFIG, **extra,
+        vocab_size=len(tokenizer),
+        bos_token_id=None,
+        eos_token_id=im_end,
+        pad_token_id=pad,
+        **MODEL_CONFIG,
+        **extra,
     )
     model = model_class(config)
     model.generation_config = GenerationConfig(eos_token_id=[im_end, pad], pad_token_id=pad)
@@ -252,8 +280,9 @@ def encode_sample(tokenizer: Any, problem: dict[str, Any], direct: bool = False)
     return encode_samples(tokenizer, [problem], [direct])[0]
 
 
-def encode_samples(tokenizer: Any, problems: list[dict[str, Any]],
-                   direct: list[bool]) -> list[tuple[list[int], list[int]]]:
+def encode_samples(
+    tokenizer: Any, problems: list[dict[str, Any]], direct: list[bool]
+) -> list[tuple[list[int], list[int]]]:
     """``encode_sample`` for many conversations: every text is rendered first and tokenized in one
     batch call (parallel in the tokenizers library): 1.45 instead of 2.3 ms a conversation with
     the second core busy, and the build encodes ≈ 30k of them."""
@@ -271,21 +300,24 @@ def encode_samples(tokenizer: Any, problems: list[dict[str, Any]],
         if prompt[: len(ids)] != ids:
             raise AssertionError("chat template re-tokenization is not prefix-stable")
         completion = completion + [im_end]
-        new_prompt = prompt[len(ids):]
+        new_prompt = prompt[len(ids) :]
         samples[i] = (ids + new_prompt + completion, mask + [0] * len(new_prompt) + [1] * len(completion))
     return samples
 
 
-def _suffixes(tokenizer: Any, problems: list[dict[str, Any]], prefix: list[int],
-              direct: list[bool]) -> list[tuple[list[int], list[int]]]:
+def _suffixes(
+    tokenizer: Any, problems: list[dict[str, Any]], prefix: list[int], direct: list[bool]
+) -> list[tuple[list[int], list[int]]]:
     """Training samples without the shared system turn (run once per batch instead)."""
     samples = encode_samples(tokenizer, problems, direct)
-    if any(ids[:len(prefix)] != prefix for ids, _ in samples):
+    if any(ids[: len(prefix)] != prefix for ids, _ in samples):
         raise AssertionError("conversations must start with the shared system turn")
-    return [(ids[len(prefix):], mask[len(prefix):]) for ids, mask in samples]
+    return [(ids[len(prefix) :], mask[len(prefix) :]) for ids, mask in samples]
 
 
-def evaluate_greedy(model: Any, tokenizer: Any, problems: list[dict[str, Any]], batch_size: int = 64) -> dict[str, float]:
+def evaluate_greedy(
+    model: Any, tokenizer: Any, problems: list[dict[str, Any]], batch_size: int = 64
+) -> dict[str, float]:
     """Greedy behaviour of the calculator loop, run in-process with ``generate``: ``success``
     (task success), ``tool_use`` (share of problems where the model called the calculator) and
     ``tool_success`` (success among those).
@@ -301,9 +333,11 @@ def evaluate_greedy(model: Any, tokenizer: Any, problems: list[dict[str, Any]], 
     successes = tool_uses = tool_successes = 0
     model.eval()
     for start in range(0, len(problems), batch_size):
-        batch = problems[start:start + batch_size]
-        convs = [[{"role": "system", "content": calc.SYSTEM_PROMPT}, {"role": "user", "content": p["question"]}]
-                 for p in batch]
+        batch = problems[start : start + batch_size]
+        convs = [
+            [{"role": "system", "content": calc.SYSTEM_PROMPT}, {"role": "user", "content": p["question"]}]
+            for p in batch
+        ]
         finals: list[str | None] = [None] * len(batch)
         for _turn in range(2):
             live = [i for i, f in enumerate(finals) if f is None and convs[i][-1]["role"] != "assistant"]
@@ -312,10 +346,9 @@ def evaluate_greedy(model: Any, tokenizer: Any, problems: list[dict[str, Any]], 
             texts = [_render(convs[i], tools=True, add_generation_prompt=True) for i in live]
             enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
             with torch.no_grad():
-                out = model.generate(**enc, max_new_tokens=48, do_sample=False,
-                                     pad_token_id=tokenizer.pad_token_id)
+                out = model.generate(**enc, max_new_tokens=48, do_sample=False, pad_token_id=tokenizer.pad_token_id)
             for row, i in enumerate(live):
-                text = tokenizer.decode(out[row, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+                text = tokenizer.decode(out[row, enc["input_ids"].shape[1] :], skip_special_tokens=True)
                 content, calls = parse_tool_calls(text)
                 if calls:
                     args = calls[0]["function"]["arguments"]
@@ -324,8 +357,13 @@ def evaluate_greedy(model: Any, tokenizer: Any, problems: list[dict[str, Any]], 
                     except (ValueError, AttributeError):
                         expression = ""
                     convs[i].append({"role": "assistant", "content": content, "tool_calls": calls})
-                    convs[i].append({"role": "tool", "tool_call_id": calls[0]["id"],
-                                     "content": calc.run_calculator(str(expression))})
+                    convs[i].append(
+                        {
+                            "role": "tool",
+                            "tool_call_id": calls[0]["id"],
+                            "content": calc.run_calculator(str(expression)),
+                        }
+                    )
                 else:
                     finals[i] = text
         for conv, final, problem in zip(convs, finals, batch):
@@ -339,8 +377,15 @@ def evaluate_greedy(model: Any, tokenizer: Any, problems: list[dict[str, Any]], 
     return {"success": successes / n, "tool_use": tool_uses / n, "tool_success": tool_successes / max(1, tool_uses)}
 
 
-def _habit_start(model: Any, tokenizer: Any, val: list[dict[str, Any]], step: int, planned: int,
-                 progress: bool, evaluated: dict[str, float] | None) -> int | None:
+def _habit_start(
+    model: Any,
+    tokenizer: Any,
+    val: list[dict[str, Any]],
+    step: int,
+    planned: int,
+    progress: bool,
+    evaluated: dict[str, float] | None,
+) -> int | None:
     """``step`` if the tool-only phase may end there (the skill has formed, or the extension is
     used up), else None: keep training on tool calls and ask again ``SKILL_PROBE_EVERY`` later.
     ``evaluated``: the periodic evaluation of this very step, if there was one."""
@@ -352,8 +397,10 @@ def _habit_start(model: Any, tokenizer: Any, val: list[dict[str, Any]], step: in
     if skill >= SKILL_THRESHOLD:
         return step
     if progress:
-        print(f"step {step:4d}  greedy tool calls succeed {skill:.2f} < {SKILL_THRESHOLD}: "
-              "more tool-only steps", flush=True)
+        print(
+            f"step {step:4d}  greedy tool calls succeed {skill:.2f} < {SKILL_THRESHOLD}: more tool-only steps",
+            flush=True,
+        )
     return None
 
 
@@ -408,14 +455,18 @@ def build_tiny_model(
             rng = random.Random(seed)
             # Every conversation starts with the same system + tools turn: run it once per step and
             # share its KV cache across the batch (≈ 3× faster than padding full sequences).
-            prefix = tokenizer.encode(_render([{"role": "system", "content": calc.SYSTEM_PROMPT}], tools=True),
-                                      add_special_tokens=False)
+            prefix = tokenizer.encode(
+                _render([{"role": "system", "content": calc.SYSTEM_PROMPT}], tools=True), add_special_tokens=False
+            )
             answers_directly = [
-                rng.random() < DIRECT_ANSWER_RATE["words" if calc.in_words(p["question"]) else "symbols"]
-                for p in train]
+                rng.random() < DIRECT_ANSWER_RATE["words" if calc.in_words(p["question"]) else "symbols"] for p in train
+            ]
             with_tool = _suffixes(tokenizer, train, prefix, [False] * len(train))
-            direct = iter(_suffixes(tokenizer, [p for p, d in zip(train, answers_directly) if d], prefix,
-                                    [True] * sum(answers_directly)))
+            direct = iter(
+                _suffixes(
+                    tokenizer, [p for p, d in zip(train, answers_directly) if d], prefix, [True] * sum(answers_directly)
+                )
+            )
             mixed = [next(direct) if d else tool_sample for d, tool_sample in zip(answers_directly, with_tool)]
             optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01, betas=(0.9, 0.98))
             warmup, tool_steps = 50, max(0, warmup_steps - habit_steps)
@@ -433,8 +484,15 @@ def build_tiny_model(
             while decay_from is None or step < decay_from + habit_steps:
                 step += 1
                 if decay_from is None and step > tool_steps:
-                    decay_from = _habit_start(model, tokenizer, val, step - 1, tool_steps, progress,
-                                              report if (step - 1) % eval_every == 0 else None)
+                    decay_from = _habit_start(
+                        model,
+                        tokenizer,
+                        val,
+                        step - 1,
+                        tool_steps,
+                        progress,
+                        report if (step - 1) % eval_every == 0 else None,
+                    )
                 model.train()
                 suffixes = with_tool if decay_from is None else mixed
                 if len(order) < batch_size:
@@ -445,11 +503,11 @@ def build_tiny_model(
                 input_ids = torch.full((batch_size, width), pad)
                 labels = torch.full((batch_size, width), -100)
                 attention = torch.zeros((batch_size, len(prefix) + width), dtype=torch.long)
-                attention[:, :len(prefix)] = 1
+                attention[:, : len(prefix)] = 1
                 for row, (ids, mask) in enumerate(batch):
-                    input_ids[row, :len(ids)] = torch.tensor(ids)
-                    attention[row, len(prefix):len(prefix) + len(ids)] = 1
-                    labels[row, :len(ids)] = torch.tensor([t if m else -100 for t, m in zip(ids, mask)])
+                    input_ids[row, : len(ids)] = torch.tensor(ids)
+                    attention[row, len(prefix) : len(prefix) + len(ids)] = 1
+                    labels[row, : len(ids)] = torch.tensor([t if m else -100 for t, m in zip(ids, mask)])
                 cache = model(input_ids=prefix_ids, use_cache=True).past_key_values
                 cache.batch_repeat_interleave(batch_size)
                 loss = model(input_ids=input_ids, attention_mask=attention, past_key_values=cache, labels=labels).loss
@@ -461,21 +519,35 @@ def build_tiny_model(
                 if step % eval_every == 0 or (decay_from is not None and step == decay_from + habit_steps):
                     report = evaluate_greedy(model, tokenizer, val)
                     if progress:
-                        print(f"step {step:4d}  loss {loss.item():.3f}  val greedy: success {report['success']:.2f}, "
-                              f"tool use {report['tool_use']:.2f}, success with the tool {report['tool_success']:.2f}  "
-                              f"({time.monotonic() - started:.0f}s)", flush=True)
+                        print(
+                            f"step {step:4d}  loss {loss.item():.3f}  val greedy: success {report['success']:.2f}, "
+                            f"tool use {report['tool_use']:.2f}, success with the tool {report['tool_success']:.2f}  "
+                            f"({time.monotonic() - started:.0f}s)",
+                            flush=True,
+                        )
                 elif progress and step % 50 == 0:
                     print(f"step {step:4d}  loss {loss.item():.3f}  ({time.monotonic() - started:.0f}s)", flush=True)
                 if adaptive is not None and step % ADAPT_THREADS_EVERY == 0:
                     adaptive.decide()
             model.save_pretrained(str(tmp))
             tokenizer.save_pretrained(str(tmp))
-            (tmp / "agentgrad_build.json").write_text(json.dumps({
-                "name": TINY_NAME, "format": BUILD_FORMAT, "architecture": architecture, "seed": seed, "steps": step,
-                "tool_steps": decay_from, "habit_steps": habit_steps, "direct_answer_rate": DIRECT_ANSWER_RATE,
-                **{f"val_greedy_{k}": v for k, v in report.items()},
-                "build_seconds": round(time.monotonic() - started, 1),
-            }, indent=2))
+            (tmp / "agentgrad_build.json").write_text(
+                json.dumps(
+                    {
+                        "name": TINY_NAME,
+                        "format": BUILD_FORMAT,
+                        "architecture": architecture,
+                        "seed": seed,
+                        "steps": step,
+                        "tool_steps": decay_from,
+                        "habit_steps": habit_steps,
+                        "direct_answer_rate": DIRECT_ANSWER_RATE,
+                        **{f"val_greedy_{k}": v for k, v in report.items()},
+                        "build_seconds": round(time.monotonic() - started, 1),
+                    },
+                    indent=2,
+                )
+            )
     finally:
         torch.set_num_threads(previous_threads)
     return out

@@ -73,8 +73,12 @@ def warn_if_exposed(what: str, host: str, token: str | None, logger: logging.Log
     """Log a warning when ``what`` binds beyond loopback with no token: anyone who can reach the
     address can use it (swap weights, write spans, read and change the store)."""
     if token is None and not is_loopback(host):
-        logger.warning("%s listens on %s without a token: anyone who can reach it can use it "
-                       "(set one with --token or its environment variable)", what, host)
+        logger.warning(
+            "%s listens on %s without a token: anyone who can reach it can use it "
+            "(set one with --token or its environment variable)",
+            what,
+            host,
+        )
 
 
 def _normalise(host: str) -> str:
@@ -157,9 +161,15 @@ class Guard:
         open_path: paths served without the token (default: ``/health``).
     """
 
-    def __init__(self, *, token: str | None = None, hosts: HostCheck | None = None,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, content_types: Iterable[str] | None = JSON_TYPES,
-                 open_path: Callable[[str], bool] = lambda path: path == "/health") -> None:
+    def __init__(
+        self,
+        *,
+        token: str | None = None,
+        hosts: HostCheck | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        content_types: Iterable[str] | None = JSON_TYPES,
+        open_path: Callable[[str], bool] = lambda path: path == "/health",
+    ) -> None:
         if max_body_bytes < 1:
             raise ValueError(f"max_body_bytes must be at least 1, got {max_body_bytes}")
         self.token = token or None
@@ -173,15 +183,21 @@ class Guard:
         raw_host = headers.get(b"host")
         host = None if raw_host is None else raw_host.decode("latin-1")
         if self.hosts is not None and not self.hosts.allows(host):
-            return Refusal(421, "host_not_allowed",
-                           f"Host {host!r} is not a name of this server (allowed: {self.hosts}); "
-                           f"add it with --allowed-host or ${ALLOWED_HOSTS_ENV}")
+            return Refusal(
+                421,
+                "host_not_allowed",
+                f"Host {host!r} is not a name of this server (allowed: {self.hosts}); "
+                f"add it with --allowed-host or ${ALLOWED_HOSTS_ENV}",
+            )
         if self.token is not None and not self.open_path(path):
             given = headers.get(b"authorization", b"")
             if not bearer_matches(given, self.token):
-                return Refusal(401, "unauthorized",
-                               f"{'wrong' if given else 'missing'} bearer token: send 'Authorization: Bearer <token>'",
-                               {"WWW-Authenticate": "Bearer"})
+                return Refusal(
+                    401,
+                    "unauthorized",
+                    f"{'wrong' if given else 'missing'} bearer token: send 'Authorization: Bearer <token>'",
+                    {"WWW-Authenticate": "Bearer"},
+                )
         length = headers.get(b"content-length")
         if length is not None:
             if not length.isdigit():
@@ -192,9 +208,12 @@ class Guard:
         if has_body and self.content_types is not None:
             declared = headers.get(b"content-type", b"").decode("latin-1").split(";", 1)[0].strip().lower()
             if declared not in self.content_types:
-                return Refusal(415, "unsupported_media_type",
-                               f"Content-Type {declared or '(none)'!r} is not accepted: send "
-                               f"{' or '.join(sorted(self.content_types))}")
+                return Refusal(
+                    415,
+                    "unsupported_media_type",
+                    f"Content-Type {declared or '(none)'!r} is not accepted: send "
+                    f"{' or '.join(sorted(self.content_types))}",
+                )
         return None
 
     def too_large(self) -> Refusal:

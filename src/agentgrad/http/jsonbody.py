@@ -85,8 +85,10 @@ def _check(body: Any, max_depth: int | None, surrogates: bool) -> None:
             if surrogates:
                 for text in (key, item):
                     if isinstance(text, str) and not _encodable(text):
-                        raise BadJson("request body has a string with a lone UTF-16 surrogate "
-                                      "(\\ud800-\\udfff without its pair): not valid Unicode")
+                        raise BadJson(
+                            "request body has a string with a lone UTF-16 surrogate "
+                            "(\\ud800-\\udfff without its pair): not valid Unicode"
+                        )
             if isinstance(item, (dict, list)):
                 stack.append((item, depth + 1))
 

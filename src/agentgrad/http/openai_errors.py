@@ -14,8 +14,15 @@ if TYPE_CHECKING:
 class OpenAIError(Exception):
     """A request refused with an OpenAI-style body (:meth:`body`) and HTTP ``status``."""
 
-    def __init__(self, message: str, *, status: int = 400, param: str | None = None,
-                 kind: str = "invalid_request_error", code: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.message, self.status, self.param, self.kind, self.code = message, status, param, kind, code
 
@@ -23,8 +30,9 @@ class OpenAIError(Exception):
         return error_body(self.message, kind=self.kind, param=self.param, code=self.code)
 
 
-def error_body(message: str, *, kind: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> bytes:
+def error_body(
+    message: str, *, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> bytes:
     return json.dumps({"error": {"message": message, "type": kind, "param": param, "code": code}}).encode()
 
 

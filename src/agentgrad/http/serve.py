@@ -44,8 +44,9 @@ def header_lines(headers: Mapping[str, str]) -> str:
     return "".join(f"{name}: {value}\r\n" for name, value in headers.items())
 
 
-def serve_in_thread(server: uvicorn.Server, sock: socket.socket, *, name: str = "agentgrad-http",
-                    timeout: float = 30.0) -> threading.Thread:
+def serve_in_thread(
+    server: uvicorn.Server, sock: socket.socket, *, name: str = "agentgrad-http", timeout: float = 30.0
+) -> threading.Thread:
     """Run ``server`` on the listening ``sock`` from a daemon thread called ``name``; returns the
     thread once the server accepts connections.
 

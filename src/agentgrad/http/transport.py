@@ -84,8 +84,15 @@ class Transport(Protocol):
     broke off its answer (:class:`TimeoutError` when it was too slow).
     """
 
-    def request(self, method: str, target: str, body: bytes | None = None, *, headers: dict[str, str] | None = None,
-                timeout: float = 30.0) -> tuple[int, bytes]: ...
+    def request(
+        self,
+        method: str,
+        target: str,
+        body: bytes | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+        timeout: float = 30.0,
+    ) -> tuple[int, bytes]: ...
 
     def close(self) -> None: ...
 
@@ -185,8 +192,8 @@ class _Connection:
                 raise ProtocolError("response header too large")
             start = max(0, len(self.buffer) - len(end) + 1)
             self._fill()
-        block = bytes(self.buffer[:found + len(end)])
-        del self.buffer[:found + len(end)]
+        block = bytes(self.buffer[: found + len(end)])
+        del self.buffer[: found + len(end)]
         return block
 
     def _read_head(self) -> tuple[int, dict[bytes, bytes]]:
@@ -250,8 +257,16 @@ class ConnectionPool:
         idle_expiry: idle connections older than this are closed instead of reused.
     """
 
-    def __init__(self, host: str, port: int, *, headers: dict[str, str] | None = None, prefix: str = "",
-                 max_idle: int = 64, idle_expiry: float = 60.0) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        headers: dict[str, str] | None = None,
+        prefix: str = "",
+        max_idle: int = 64,
+        idle_expiry: float = 60.0,
+    ) -> None:
         self.address = (host, port)
         self.prefix = prefix
         authority = f"[{host}]" if ":" in host else host
@@ -262,8 +277,15 @@ class ConnectionPool:
         self._idle: deque[_Connection] = deque()  # append/pop are atomic: no lock needed
         self._closed = False
 
-    def request(self, method: str, target: str, body: bytes | None = None, *, headers: dict[str, str] | None = None,
-                timeout: float = 30.0) -> tuple[int, bytes]:
+    def request(
+        self,
+        method: str,
+        target: str,
+        body: bytes | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+        timeout: float = 30.0,
+    ) -> tuple[int, bytes]:
         """Send one request and return (status, body); ``target`` is the path plus query."""
         head = f"{method} {self.prefix}{target} HTTP/1.1\r\n{self._fixed}"
         if body is not None or method in ("POST", "PUT", "PATCH"):
@@ -325,8 +347,14 @@ class HttpxTransport:
     httpx is imported here, on first use: most processes only ever talk plain HTTP.
     """
 
-    def __init__(self, url: str, *, headers: dict[str, str] | None = None, timeout: float = 30.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        headers: dict[str, str] | None = None,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         import httpx
 
         self._transport_error, self._timeout_error = httpx.TransportError, httpx.TimeoutException
@@ -338,8 +366,15 @@ class HttpxTransport:
             transport=transport,
         )
 
-    def request(self, method: str, target: str, body: bytes | None = None, *, headers: dict[str, str] | None = None,
-                timeout: float = 30.0) -> tuple[int, bytes]:
+    def request(
+        self,
+        method: str,
+        target: str,
+        body: bytes | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+        timeout: float = 30.0,
+    ) -> tuple[int, bytes]:
         try:
             response = self._http.request(method, target, content=body, headers=headers, timeout=timeout)
         except self._timeout_error as exc:
@@ -352,8 +387,13 @@ class HttpxTransport:
         self._http.close()
 
 
-def transport_for(url: str, *, headers: dict[str, str] | None = None, timeout: float = 30.0,
-                  httpx_transport: httpx.BaseTransport | None = None) -> Transport:
+def transport_for(
+    url: str,
+    *,
+    headers: dict[str, str] | None = None,
+    timeout: float = 30.0,
+    httpx_transport: httpx.BaseTransport | None = None,
+) -> Transport:
     """A transport for requests under ``url`` (its path prefixes every target).
 
     The lean pool where it applies (plain http, no proxy in the environment, no custom httpx
@@ -363,8 +403,12 @@ def transport_for(url: str, *, headers: dict[str, str] | None = None, timeout: f
 
     parts = urllib.parse.urlsplit(url)
     proxies = urllib.request.getproxies()
-    if (httpx_transport is None and parts.scheme == "http" and parts.hostname
-            and not (proxies.get("http") or proxies.get("all"))):
+    if (
+        httpx_transport is None
+        and parts.scheme == "http"
+        and parts.hostname
+        and not (proxies.get("http") or proxies.get("all"))
+    ):
         return ConnectionPool(parts.hostname, parts.port or 80, headers=headers, prefix=parts.path.rstrip("/"))
     return HttpxTransport(url, headers=headers, timeout=timeout, transport=httpx_transport)
 
@@ -385,8 +429,9 @@ class Reply:
         return json.loads(self.body)
 
 
-def request_json(method: str, url: str, payload: Any = None, *, headers: dict[str, str] | None = None,
-                 timeout: float = 30.0) -> Reply:
+def request_json(
+    method: str, url: str, payload: Any = None, *, headers: dict[str, str] | None = None, timeout: float = 30.0
+) -> Reply:
     """One request to the full ``url`` with ``payload`` (if any) sent as JSON, on a connection of
     its own; for the occasional call (an LLM critic, a vLLM admin endpoint, a health check).
 

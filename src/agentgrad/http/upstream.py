@@ -83,8 +83,11 @@ class _Connection(asyncio.Protocol):
             self.complete = True
         elif not self.complete and self.error is None:
             reason = f": {exc}" if exc else ""
-            self.error = (_Broken(f"connection closed before the end of the response{reason}") if self.answered
-                          else NoAnswer(f"connection closed before any byte of the response{reason}"))
+            self.error = (
+                _Broken(f"connection closed before the end of the response{reason}")
+                if self.answered
+                else NoAnswer(f"connection closed before any byte of the response{reason}")
+            )
         self._wake()
 
     # ---- httptools callbacks ----------------------------------------------------------------------
@@ -229,8 +232,11 @@ class Upstream:
         try:
             async with asyncio.timeout(self.connect_timeout):
                 _, connection = await loop.create_connection(
-                    lambda: _Connection(loop), self.host, self.port,
-                    ssl=ssl.create_default_context() if self.tls else None)
+                    lambda: _Connection(loop),
+                    self.host,
+                    self.port,
+                    ssl=ssl.create_default_context() if self.tls else None,
+                )
         except (OSError, TimeoutError) as exc:
             raise UpstreamUnreachable(f"cannot connect to {self.address}: {exc or type(exc).__name__}") from exc
         return connection
@@ -254,8 +260,9 @@ class Upstream:
             head += f"content-length: {len(body)}\r\n"
         return (head + "\r\n").encode("latin-1")
 
-    async def request(self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
-                      ) -> UpstreamResponse:
+    async def request(
+        self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+    ) -> UpstreamResponse:
         """Send a request and return once the status line and headers have arrived."""
         payload = self._head(method, path, body, headers) + body
         connection = self._pooled()

@@ -25,11 +25,16 @@ if TYPE_CHECKING:
     from agentgrad.inference.vllm import launch_vllm as launch_vllm
 
 _EXPORTS = {
-    "Engine": "agentgrad.inference.engine", "SamplingParams": "agentgrad.inference.engine",
-    "GenerationResult": "agentgrad.inference.engine", "TokenEvent": "agentgrad.inference.engine",
-    "EngineError": "agentgrad.inference.engine", "RequestError": "agentgrad.inference.engine",
-    "create_app": "agentgrad.inference.app", "ModelServer": "agentgrad.inference.server",
-    "parse_tool_calls": "agentgrad.inference.toolcalls", "launch_vllm": "agentgrad.inference.vllm",
+    "Engine": "agentgrad.inference.engine",
+    "SamplingParams": "agentgrad.inference.engine",
+    "GenerationResult": "agentgrad.inference.engine",
+    "TokenEvent": "agentgrad.inference.engine",
+    "EngineError": "agentgrad.inference.engine",
+    "RequestError": "agentgrad.inference.engine",
+    "create_app": "agentgrad.inference.app",
+    "ModelServer": "agentgrad.inference.server",
+    "parse_tool_calls": "agentgrad.inference.toolcalls",
+    "launch_vllm": "agentgrad.inference.vllm",
 }
 
 __all__ = list(_EXPORTS)

@@ -101,8 +101,11 @@ class _Sampling(BaseModel):
     def sampling(self, logprobs: int | None) -> SamplingParams:
         return SamplingParams(
             max_tokens=self.max_tokens,
-            temperature=1.0 if self.temperature is None else
-            0.0 if self.temperature < GREEDY_BELOW else self.temperature,
+            temperature=1.0
+            if self.temperature is None
+            else 0.0
+            if self.temperature < GREEDY_BELOW
+            else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=max(0, self.top_k or 0),
             stop=[self.stop] if isinstance(self.stop, str) else list(self.stop or []),
@@ -164,7 +167,9 @@ def _normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             m["role"] = "system"
         content = m.get("content")
         if isinstance(content, list):
-            m["content"] = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+            m["content"] = "".join(
+                p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
+            )
         if m.get("tool_calls"):
             calls = []
             for call in m["tool_calls"]:
@@ -185,7 +190,9 @@ def _normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte ↔ printable-character table used by byte-level BPE vocabularies."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars = printable[:]
     extra = 0
     for b in range(256):
@@ -224,27 +231,31 @@ class _Server:
     def lora_for(self, model: str | None) -> str | None:
         return model if model in self.engine.loras else None
 
-    def chat_logprobs(self, token_ids: list[int], logprobs: list[float],
-                      tops: list[list[tuple[int, float]]] | None) -> dict[str, Any]:
+    def chat_logprobs(
+        self, token_ids: list[int], logprobs: list[float], tops: list[list[tuple[int, float]]] | None
+    ) -> dict[str, Any]:
         content = []
         for j, (tid, lp) in enumerate(zip(token_ids, logprobs)):
             text, raw = self.token_info(tid)
             alternatives = []
-            for alt_id, alt_lp in (tops[j] if tops else []):
+            for alt_id, alt_lp in tops[j] if tops else []:
                 alt_text, alt_raw = self.token_info(alt_id)
                 alternatives.append({"token": alt_text, "logprob": alt_lp, "bytes": alt_raw})
             content.append({"token": text, "logprob": lp, "bytes": raw, "top_logprobs": alternatives})
         return {"content": content}
 
-    def completion_logprobs(self, token_ids: list[int], logprobs: list[float],
-                            tops: list[list[tuple[int, float]]] | None) -> dict[str, Any]:
+    def completion_logprobs(
+        self, token_ids: list[int], logprobs: list[float], tops: list[list[tuple[int, float]]] | None
+    ) -> dict[str, Any]:
         tokens = [self.token_info(t)[0] for t in token_ids]
         offsets, pos = [], 0
         for t in tokens:
             offsets.append(pos)
             pos += len(t)
         return {
-            "tokens": tokens, "token_logprobs": logprobs, "text_offset": offsets,
+            "tokens": tokens,
+            "token_logprobs": logprobs,
+            "text_offset": offsets,
             "top_logprobs": [{self.token_info(i)[0]: v for i, v in top} for top in tops] if tops else None,
         }
 
@@ -253,15 +264,21 @@ class _Server:
     def chat_prompt(self, req: ChatRequest) -> list[int]:
         tools = req.tools or None
         if tools and not self.engine.renders_tools:
-            raise OpenAIError(f"model {self.name!r} cannot take tools: its chat template has no tool section, so "
-                              "the model would never see them (use a model whose chat template renders `tools`)",
-                              param="tools")
+            raise OpenAIError(
+                f"model {self.name!r} cannot take tools: its chat template has no tool section, so "
+                "the model would never see them (use a model whose chat template renders `tools`)",
+                param="tools",
+            )
         if getattr(self.tokenizer, "chat_template", None) is None:
-            raise OpenAIError(f"model {self.name!r} has no chat template (tokenizer_config.json 'chat_template' "
-                              "or chat_template.jinja): use /v1/completions, or add a template", param="messages")
+            raise OpenAIError(
+                f"model {self.name!r} has no chat template (tokenizer_config.json 'chat_template' "
+                "or chat_template.jinja): use /v1/completions, or add a template",
+                param="messages",
+            )
         try:
             text = self.tokenizer.apply_chat_template(
-                _normalize_messages(req.messages), tools=tools, add_generation_prompt=True, tokenize=False)
+                _normalize_messages(req.messages), tools=tools, add_generation_prompt=True, tokenize=False
+            )
         except Exception as exc:  # jinja errors name the problem in the template's words
             raise OpenAIError(f"could not apply the chat template: {exc}", param="messages") from exc
         return self.encode_prompt(text, "messages")
@@ -278,8 +295,10 @@ class _Server:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def _too_long(self, tokens: str) -> str:
-        return (f"This model's maximum context length is {self.engine.max_model_len} tokens; the prompt has "
-                f"{tokens} tokens.")
+        return (
+            f"This model's maximum context length is {self.engine.max_model_len} tokens; the prompt has "
+            f"{tokens} tokens."
+        )
 
     async def chat(self, req: ChatRequest) -> Any:
         if req.max_completion_tokens is not None and req.max_tokens is None:
@@ -301,7 +320,8 @@ class _Server:
             if calls:
                 message["tool_calls"] = calls
             choice: dict[str, Any] = {
-                "index": i, "message": message,
+                "index": i,
+                "message": message,
                 "logprobs": self.chat_logprobs(r.token_ids, r.logprobs, r.top_logprobs) if req.logprobs else None,
                 "finish_reason": "tool_calls" if calls else r.finish_reason,
             }
@@ -309,27 +329,44 @@ class _Server:
                 choice["token_ids"] = r.token_ids
             choices.append(choice)
         body: dict[str, Any] = {
-            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": model_name, "choices": choices, "usage": self._usage(prompt, results),
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model_name,
+            "choices": choices,
+            "usage": self._usage(prompt, results),
             "model_version": results[0].model_version,
         }
         if req.return_token_ids:
             body["prompt_token_ids"] = prompt
         return body
 
-    async def _chat_stream(self, req: ChatRequest, prompt: list[int], events_iter: AsyncIterator[Any],
-                           parse_tools: bool, model_name: str) -> AsyncIterator[str]:
+    async def _chat_stream(
+        self, req: ChatRequest, prompt: list[int], events_iter: AsyncIterator[Any], parse_tools: bool, model_name: str
+    ) -> AsyncIterator[str]:
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         version = self.engine.model_version
 
         def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
-            body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_name,
-                    "model_version": version, "choices": choices, **extra}
+            body = {
+                "id": cid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model_name,
+                "model_version": version,
+                "choices": choices,
+                **extra,
+            }
             return f"data: {json.dumps(body)}\n\n"
 
         first: dict[str, Any] = {"prompt_token_ids": prompt} if req.return_token_ids else {}
-        yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                      "finish_reason": None} for i in range(req.n)], **first)
+        yield chunk(
+            [
+                {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                for i in range(req.n)
+            ],
+            **first,
+        )
         results: list[GenerationResult | None] = [None] * req.n
         async for index, events, result, delta_text in events_iter:
             if result is not None:
@@ -344,15 +381,22 @@ class _Server:
                 elif delta_text:
                     delta["content"] = delta_text
                 ids = [e.token_id for e in events]
-                choice = {"index": index, "delta": delta,
-                          "logprobs": self._stream_logprobs(req, events),
-                          "finish_reason": "tool_calls" if calls else result.finish_reason}
+                choice = {
+                    "index": index,
+                    "delta": delta,
+                    "logprobs": self._stream_logprobs(req, events),
+                    "finish_reason": "tool_calls" if calls else result.finish_reason,
+                }
                 if req.return_token_ids:
                     choice["token_ids"] = ids
                 yield chunk([choice])
             elif delta_text or req.return_token_ids or req.logprobs:
-                choice = {"index": index, "delta": {"content": delta_text} if delta_text else {},
-                          "logprobs": self._stream_logprobs(req, events), "finish_reason": None}
+                choice = {
+                    "index": index,
+                    "delta": {"content": delta_text} if delta_text else {},
+                    "logprobs": self._stream_logprobs(req, events),
+                    "finish_reason": None,
+                }
                 if req.return_token_ids:
                     choice["token_ids"] = [e.token_id for e in events]
                 yield chunk([choice])
@@ -363,11 +407,13 @@ class _Server:
     def _stream_logprobs(self, req: ChatRequest, events: list[TokenEvent]) -> dict[str, Any] | None:
         if not req.logprobs or not events:
             return None
-        return self.chat_logprobs([e.token_id for e in events], [e.logprob for e in events],
-                                  [e.top_logprobs or [] for e in events])
+        return self.chat_logprobs(
+            [e.token_id for e in events], [e.logprob for e in events], [e.top_logprobs or [] for e in events]
+        )
 
-    def _stream_n(self, prompt: list[int], params: SamplingParams, n: int, lora: str | None,
-                  hold_tools: bool) -> AsyncIterator[tuple[int, list[TokenEvent], GenerationResult | None, str]]:
+    def _stream_n(
+        self, prompt: list[int], params: SamplingParams, n: int, lora: str | None, hold_tools: bool
+    ) -> AsyncIterator[tuple[int, list[TokenEvent], GenerationResult | None, str]]:
         """Submit ``n`` generations now (so bad requests fail before the stream starts) and return
         an iterator of (choice index, new token events, final result or None, new visible text).
 
@@ -385,12 +431,14 @@ class _Server:
 
             future = self.engine.submit(prompt, p, lora=lora, on_token=on_token)
             future.add_done_callback(
-                lambda f, i=i: loop.call_soon_threadsafe(q.put_nowait, (i, f.exception() or f.result())))
+                lambda f, i=i: loop.call_soon_threadsafe(q.put_nowait, (i, f.exception() or f.result()))
+            )
             futures.append(future)
         return self._stream_events(q, n, params, hold_tools)
 
-    async def _stream_events(self, q: asyncio.Queue, n: int, params: SamplingParams,
-                             hold_tools: bool) -> AsyncIterator[tuple[int, list[TokenEvent], GenerationResult | None, str]]:
+    async def _stream_events(
+        self, q: asyncio.Queue, n: int, params: SamplingParams, hold_tools: bool
+    ) -> AsyncIterator[tuple[int, list[TokenEvent], GenerationResult | None, str]]:
         holdback = max((len(s) for s in params.stop), default=1) - 1
         ids: list[list[int]] = [[] for _ in range(n)]
         sent = [0] * n
@@ -406,7 +454,7 @@ class _Server:
                 if hold_tools:
                     content, calls = parse_tool_calls(text)
                     text = (content or "") if calls else text
-                rest = text[sent[index]:]
+                rest = text[sent[index] :]
                 yield index, pending[index], item, rest
                 continue
             ids[index].append(item.token_id)
@@ -426,7 +474,7 @@ class _Server:
                         if text.endswith(TOOL_CALL_OPEN[:k]):
                             visible = min(visible, len(text) - k)
                             break
-            delta = text[sent[index]:visible] if visible > sent[index] else ""
+            delta = text[sent[index] : visible] if visible > sent[index] else ""
             sent[index] = max(sent[index], visible)
             yield index, pending[index], None, delta
             pending[index] = []
@@ -439,15 +487,16 @@ class _Server:
 
         return replace(params, seed=params.seed + i)
 
-    async def _run_n(self, prompt: list[int], params: SamplingParams, n: int, lora: str | None) -> list[GenerationResult]:
+    async def _run_n(
+        self, prompt: list[int], params: SamplingParams, n: int, lora: str | None
+    ) -> list[GenerationResult]:
         futures = [self.engine.submit(prompt, self._choice_params(params, i), lora=lora) for i in range(n)]
         return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
 
     @staticmethod
     def _usage(prompt: list[int], results: list[GenerationResult]) -> dict[str, int]:
         completion = sum(len(r.token_ids) for r in results)
-        return {"prompt_tokens": len(prompt), "completion_tokens": completion,
-                "total_tokens": len(prompt) + completion}
+        return {"prompt_tokens": len(prompt), "completion_tokens": completion, "total_tokens": len(prompt) + completion}
 
     # ------------------------------------------------------------ text completions
 
@@ -465,9 +514,12 @@ class _Server:
             for i, r in enumerate(results):
                 version = r.model_version
                 choice: dict[str, Any] = {
-                    "index": p_index * req.n + i, "text": r.text, "finish_reason": r.finish_reason,
+                    "index": p_index * req.n + i,
+                    "text": r.text,
+                    "finish_reason": r.finish_reason,
                     "logprobs": self.completion_logprobs(r.token_ids, r.logprobs, r.top_logprobs)
-                    if req.logprobs is not None else None,
+                    if req.logprobs is not None
+                    else None,
                 }
                 if req.return_token_ids:
                     choice["prompt_token_ids"] = prompt
@@ -475,8 +527,15 @@ class _Server:
                 choices.append(choice)
             u = self._usage(prompt, results)
             usage = {k: usage[k] + u[k] for k in usage}
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                "model": req.model or self.name, "choices": choices, "usage": usage, "model_version": version}
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": req.model or self.name,
+            "choices": choices,
+            "usage": usage,
+            "model_version": version,
+        }
 
     def _completion_prompts(self, prompt: Any) -> list[list[int]]:
         if isinstance(prompt, str):
@@ -495,28 +554,39 @@ class _Server:
             raise OpenAIError("prompt must not be empty", param="prompt")
         return out
 
-    async def _completion_stream(self, req: CompletionRequest, prompts: list[list[int]],
-                                 streams: list[AsyncIterator[Any]]) -> AsyncIterator[str]:
+    async def _completion_stream(
+        self, req: CompletionRequest, prompts: list[list[int]], streams: list[AsyncIterator[Any]]
+    ) -> AsyncIterator[str]:
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         model_name = req.model or self.name
         for p_index, (prompt, stream) in enumerate(zip(prompts, streams)):
             first = True
             async for index, events, result, delta in stream:
                 choice: dict[str, Any] = {
-                    "index": p_index * req.n + index, "text": delta,
+                    "index": p_index * req.n + index,
+                    "text": delta,
                     "finish_reason": result.finish_reason if result else None,
-                    "logprobs": self.completion_logprobs([e.token_id for e in events], [e.logprob for e in events],
-                                                         [e.top_logprobs or [] for e in events])
-                    if req.logprobs is not None else None,
+                    "logprobs": self.completion_logprobs(
+                        [e.token_id for e in events],
+                        [e.logprob for e in events],
+                        [e.top_logprobs or [] for e in events],
+                    )
+                    if req.logprobs is not None
+                    else None,
                 }
                 if req.return_token_ids:
                     choice["token_ids"] = [e.token_id for e in events]
                     if first:
                         choice["prompt_token_ids"] = prompt
                 first = False
-                body = {"id": cid, "object": "text_completion", "created": created, "model": model_name,
-                        "model_version": result.model_version if result else self.engine.model_version,
-                        "choices": [choice]}
+                body = {
+                    "id": cid,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": model_name,
+                    "model_version": result.model_version if result else self.engine.model_version,
+                    "choices": [choice],
+                }
                 yield f"data: {json.dumps(body)}\n\n"
         yield "data: [DONE]\n\n"
 
@@ -535,8 +605,14 @@ def _validated(raw: bytes, model: type[BaseModel]) -> Any:
         raise OpenAIError(f"{param}: {err['msg']}", param=param) from None
 
 
-def create_app(engine: Engine, *, served_model_name: str | None = None, token: str | None = None,
-               allowed_hosts: HostCheck | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+def create_app(
+    engine: Engine,
+    *,
+    served_model_name: str | None = None,
+    token: str | None = None,
+    allowed_hosts: HostCheck | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> FastAPI:
     """The FastAPI application serving ``engine`` (OpenAI-compatible, see module doc).
 
     Args:
@@ -550,8 +626,11 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, token: s
     app = FastAPI(title="AgentGrad model server")
     app.state.engine = engine
     app.state.served_model_name = name
-    app.add_middleware(GuardMiddleware, guard=Guard(token=token, hosts=allowed_hosts, max_body_bytes=max_body_bytes),
-                       render=openai_refusal)
+    app.add_middleware(
+        GuardMiddleware,
+        guard=Guard(token=token, hosts=allowed_hosts, max_body_bytes=max_body_bytes),
+        render=openai_refusal,
+    )
 
     async def parse(request: Request, model: type[BaseModel]) -> Any:
         raw = await request.body()
@@ -592,8 +671,7 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, token: s
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> Response:  # still JSON, as every other answer
-        logging.getLogger(__name__).error("unexpected error on %s %s", request.method, request.url.path,
-                                          exc_info=exc)
+        logging.getLogger(__name__).error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
         return _error_response(error_body(f"internal error: {type(exc).__name__}: {exc}", kind="server_error"), 500)
 
     @app.post("/v1/chat/completions")
@@ -607,10 +685,27 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, token: s
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         created = int(time.time())
-        data = [{"id": name, "object": "model", "created": created, "owned_by": "agentgrad",
-                 "max_model_len": engine.max_model_len, "model_version": engine.model_version}]
-        data += [{"id": lora, "object": "model", "created": created, "owned_by": "agentgrad", "parent": name,
-                  "model_version": engine.model_version} for lora in engine.loras]
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "agentgrad",
+                "max_model_len": engine.max_model_len,
+                "model_version": engine.model_version,
+            }
+        ]
+        data += [
+            {
+                "id": lora,
+                "object": "model",
+                "created": created,
+                "owned_by": "agentgrad",
+                "parent": name,
+                "model_version": engine.model_version,
+            }
+            for lora in engine.loras
+        ]
         return {"object": "list", "data": data}
 
     @app.get("/health")
@@ -623,15 +718,17 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, token: s
         if not body.lora_path:
             raise OpenAIError("lora_path is required", param="lora_path")
         if not (Path(body.lora_path) / "adapter_config.json").is_file():
-            raise OpenAIError(f"{body.lora_path} is not a LoRA adapter directory (no adapter_config.json)",
-                              param="lora_path")
+            raise OpenAIError(
+                f"{body.lora_path} is not a LoRA adapter directory (no adapter_config.json)", param="lora_path"
+            )
         try:
             await asyncio.to_thread(engine.load_lora, body.lora_name, body.lora_path)
         except EngineError:
             raise
         except Exception as exc:  # what peft says of an adapter it cannot load: the client named it
-            raise OpenAIError(f"could not load the adapter at {body.lora_path}: {type(exc).__name__}: {exc}",
-                              param="lora_path") from exc
+            raise OpenAIError(
+                f"could not load the adapter at {body.lora_path}: {type(exc).__name__}: {exc}", param="lora_path"
+            ) from exc
         return {"status": "ok", "lora_name": body.lora_name}
 
     @app.post("/v1/unload_lora_adapter")
@@ -640,8 +737,9 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, token: s
         try:
             await asyncio.to_thread(engine.unload_lora, body.lora_name)
         except KeyError as exc:
-            raise OpenAIError(f"lora {body.lora_name!r} is not loaded", status=404, param="lora_name",
-                              kind="not_found_error") from exc
+            raise OpenAIError(
+                f"lora {body.lora_name!r} is not loaded", status=404, param="lora_name", kind="not_found_error"
+            ) from exc
         return {"status": "ok", "lora_name": body.lora_name}
 
     @app.post("/v1/update_weights")
@@ -650,8 +748,9 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, token: s
         try:  # read first: a file that is not weights is refused before the engine is touched
             state = await asyncio.to_thread(load_state_dict, body.path)
         except Exception as exc:  # what the loaders say of a file the client named (not a server fault)
-            raise OpenAIError(f"could not read weights from {body.path}: {type(exc).__name__}: {exc}",
-                              param="path") from exc
+            raise OpenAIError(
+                f"could not read weights from {body.path}: {type(exc).__name__}: {exc}", param="path"
+            ) from exc
         try:  # unknown names or shapes are refused before anything changes
             version = await asyncio.to_thread(engine.update_weights, state, body.version)
         except ValueError as exc:
@@ -673,4 +772,3 @@ class _UpdateRequest(BaseModel):
 
     path: str = Field(min_length=1)
     version: str | None = Field(default=None, max_length=256)
-

@@ -120,9 +120,14 @@ class _Control:
 
 
 #: A probe tool: a chat template "renders tools" when this name shows up in its output.
-_PROBE_TOOL = {"type": "function", "function": {
-    "name": "agentgrad_probe_tool", "description": "probe",
-    "parameters": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}}}
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "agentgrad_probe_tool",
+        "description": "probe",
+        "parameters": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]},
+    },
+}
 
 
 def template_renders_tools(tokenizer: Any) -> bool:
@@ -132,8 +137,9 @@ def template_renders_tools(tokenizer: Any) -> bool:
     if not getattr(tokenizer, "chat_template", None):
         return False
     try:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=[_PROBE_TOOL],
-                                             add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "hi"}], tools=[_PROBE_TOOL], add_generation_prompt=True, tokenize=False
+        )
     except Exception:  # noqa: BLE001 - a template that cannot render tools does not render them
         return False
     return _PROBE_TOOL["function"]["name"] in str(text)
@@ -265,8 +271,9 @@ class Engine:
         self._pending.put(request)
         return request.future
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams | None = None, *,
-                 lora: str | None = None) -> GenerationResult:
+    def generate(
+        self, prompt_ids: list[int], params: SamplingParams | None = None, *, lora: str | None = None
+    ) -> GenerationResult:
         """Blocking :meth:`submit`: generate from ``prompt_ids`` and wait for the result."""
         return self.submit(prompt_ids, params, lora=lora).result()
 
@@ -341,14 +348,18 @@ class Engine:
         if len(prompt_ids) >= self.max_model_len:
             raise RequestError(
                 f"This model's maximum context length is {self.max_model_len} tokens; the prompt has "
-                f"{len(prompt_ids)} tokens.", "messages")
+                f"{len(prompt_ids)} tokens.",
+                "messages",
+            )
         if params.max_tokens is not None:
             if params.max_tokens < 1:
                 raise RequestError("max_tokens must be at least 1", "max_tokens")
             if len(prompt_ids) + params.max_tokens > self.max_model_len:
                 raise RequestError(
                     f"This model's maximum context length is {self.max_model_len} tokens; you requested "
-                    f"{len(prompt_ids)} prompt + {params.max_tokens} completion tokens.", "max_tokens")
+                    f"{len(prompt_ids)} prompt + {params.max_tokens} completion tokens.",
+                    "max_tokens",
+                )
         if params.temperature < 0:
             raise RequestError("temperature must be >= 0", "temperature")
         if not 0 < params.top_p <= 1:
@@ -436,8 +447,9 @@ class Engine:
 
         state, version = payload
         params = {}
-        for name, tensor in itertools.chain(self._base.named_parameters(remove_duplicate=False),
-                                            self._base.named_buffers(remove_duplicate=False)):
+        for name, tensor in itertools.chain(
+            self._base.named_parameters(remove_duplicate=False), self._base.named_buffers(remove_duplicate=False)
+        ):
             if "lora_" in name:
                 continue
             params[name.replace(".base_layer.", ".")] = tensor
@@ -485,15 +497,22 @@ class _Batch:
         self.cache: Any = None
         self.mask: torch.Tensor | None = None
 
-    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any,
-                 loras: list[str | None]) -> torch.Tensor:
+    def _forward(
+        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any, loras: list[str | None]
+    ) -> torch.Tensor:
         engine = self.engine
         kwargs: dict[str, Any] = {}
         if engine._model is not engine._base:
             kwargs["adapter_names"] = [name or BASE_ADAPTER for name in loras]
-        out = engine._model(input_ids=ids.to(engine.device), attention_mask=mask.to(engine.device),
-                            position_ids=positions.to(engine.device), past_key_values=cache,
-                            use_cache=True, logits_to_keep=1, **kwargs)
+        out = engine._model(
+            input_ids=ids.to(engine.device),
+            attention_mask=mask.to(engine.device),
+            position_ids=positions.to(engine.device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+            **kwargs,
+        )
         engine._steps += 1
         return out.logits[:, -1, :].float().cpu()
 
@@ -507,8 +526,8 @@ class _Batch:
         ids = torch.full((len(requests), width), pad, dtype=torch.long)
         mask = torch.zeros((len(requests), width), dtype=torch.long)
         for row, r in enumerate(requests):
-            ids[row, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
-            mask[row, width - len(r.prompt_ids):] = 1
+            ids[row, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+            mask[row, width - len(r.prompt_ids) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
         logits = self._forward(ids, mask, positions, cache, [r.lora for r in requests])
@@ -529,10 +548,12 @@ class _Batch:
         old_len, new_len = self.mask.shape[1], mask.shape[1]
         width = max(old_len, new_len)
         for mine, theirs in zip(self.cache.layers, cache.layers):
-            mine.keys = torch.cat([F.pad(mine.keys, (0, 0, width - old_len, 0)),
-                                   F.pad(theirs.keys, (0, 0, width - new_len, 0))])
-            mine.values = torch.cat([F.pad(mine.values, (0, 0, width - old_len, 0)),
-                                     F.pad(theirs.values, (0, 0, width - new_len, 0))])
+            mine.keys = torch.cat(
+                [F.pad(mine.keys, (0, 0, width - old_len, 0)), F.pad(theirs.keys, (0, 0, width - new_len, 0))]
+            )
+            mine.values = torch.cat(
+                [F.pad(mine.values, (0, 0, width - old_len, 0)), F.pad(theirs.values, (0, 0, width - new_len, 0))]
+            )
         self.mask = torch.cat([F.pad(self.mask, (width - old_len, 0)), F.pad(mask, (width - new_len, 0))])
 
     def step(self) -> None:
@@ -625,9 +646,14 @@ class _Batch:
             if cut >= 0:
                 text = text[:cut]
         result = GenerationResult(
-            prompt_token_ids=seq.request.prompt_ids, token_ids=seq.out_ids, logprobs=seq.logprobs,
-            top_logprobs=seq.top if p.logprobs is not None else None, text=text,
-            finish_reason=seq.finish_reason or "stop", model_version=engine._version, lora=seq.request.lora,
+            prompt_token_ids=seq.request.prompt_ids,
+            token_ids=seq.out_ids,
+            logprobs=seq.logprobs,
+            top_logprobs=seq.top if p.logprobs is not None else None,
+            text=text,
+            finish_reason=seq.finish_reason or "stop",
+            model_version=engine._version,
+            lora=seq.request.lora,
         )
         if not seq.request.future.done():
             seq.request.future.set_result(result)

@@ -28,10 +28,18 @@ class ModelServer:
     or of ``$AGENTGRAD_ALLOWED_HOSTS``. Binding beyond loopback without a token logs a warning.
     """
 
-    def __init__(self, engine_or_model_dir: Engine | str | Path, host: str = "127.0.0.1", port: int = 0,
-                 *, served_model_name: str | None = None, token: str | None = None,
-                 allowed_hosts: Iterable[str] = (), max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                 **engine_kwargs: Any) -> None:
+    def __init__(
+        self,
+        engine_or_model_dir: Engine | str | Path,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        served_model_name: str | None = None,
+        token: str | None = None,
+        allowed_hosts: Iterable[str] = (),
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        **engine_kwargs: Any,
+    ) -> None:
         if isinstance(engine_or_model_dir, (str, Path)):
             self.engine, self._owns_engine = Engine(engine_or_model_dir, **engine_kwargs), True
         else:  # an Engine, or another engine with its surface (the Tinker sampler)
@@ -60,8 +68,13 @@ class ModelServer:
 
         from agentgrad.inference.app import create_app
 
-        app = create_app(self.engine, served_model_name=self.served_model_name, token=self.token,
-                         allowed_hosts=self.allowed_hosts, max_body_bytes=self.max_body_bytes)
+        app = create_app(
+            self.engine,
+            served_model_name=self.served_model_name,
+            token=self.token,
+            allowed_hosts=self.allowed_hosts,
+            max_body_bytes=self.max_body_bytes,
+        )
         return uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5))
 
     def _take_socket(self) -> socket.socket:
@@ -73,8 +86,9 @@ class ModelServer:
         """Start serving; returns the base URL once the server accepts connections."""
         url = self.bind()
         self._server = self._uvicorn()
-        self._thread = serve_in_thread(self._server, self._take_socket(), name="agentgrad-model-server",
-                                       timeout=timeout)
+        self._thread = serve_in_thread(
+            self._server, self._take_socket(), name="agentgrad-model-server", timeout=timeout
+        )
         return url
 
     def run(self) -> None:

@@ -36,8 +36,15 @@ class TinkerSamplerEngine:
     tokenizer in ``model_dir``. ``max_concurrency`` requests are in flight at once (the server
     batches them)."""
 
-    def __init__(self, model_dir: str | Path, sampling_client: Any, *, version: str = "v0",
-                 max_concurrency: int = 64, timeout: float = 900.0) -> None:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        sampling_client: Any,
+        *,
+        version: str = "v0",
+        max_concurrency: int = 64,
+        timeout: float = 900.0,
+    ) -> None:
         from transformers import AutoTokenizer
 
         self.model_dir: Path | None = Path(model_dir)
@@ -73,8 +80,14 @@ class TinkerSamplerEngine:
             self._client, self._version = sampling_client, version
         return version
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams | None = None, *, lora: str | None = None,
-               on_token: Callable[[TokenEvent], None] | None = None) -> Future:
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams | None = None,
+        *,
+        lora: str | None = None,
+        on_token: Callable[[TokenEvent], None] | None = None,
+    ) -> Future:
         """Queue a generation; the future resolves to a :class:`GenerationResult`. ``on_token``
         gets every token once the server has answered (the Tinker API does not stream)."""
         params = params or SamplingParams()
@@ -85,13 +98,16 @@ class TinkerSamplerEngine:
             client, version = self._client, self._version
         return self._pool.submit(self._sample, client, version, list(prompt_ids), params, on_token)
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams | None = None, *,
-                 lora: str | None = None) -> GenerationResult:
+    def generate(
+        self, prompt_ids: list[int], params: SamplingParams | None = None, *, lora: str | None = None
+    ) -> GenerationResult:
         return self.submit(prompt_ids, params, lora=lora).result()
 
     def update_weights(self, *_args: Any, **_kwargs: Any) -> str:
-        raise EngineError("this engine samples from a Tinker server: weights change through the Tinker API "
-                          "(the trainer's publish), not by upload")
+        raise EngineError(
+            "this engine samples from a Tinker server: weights change through the Tinker API "
+            "(the trainer's publish), not by upload"
+        )
 
     def load_lora(self, *_args: Any, **_kwargs: Any) -> None:
         raise EngineError("this engine samples from a Tinker server: it loads no local adapters")
@@ -112,26 +128,43 @@ class TinkerSamplerEngine:
         if any(not isinstance(t, int) or t < 0 or t >= self.vocab_size for t in prompt_ids):
             raise RequestError(f"prompt token ids must be integers in [0, {self.vocab_size})", "prompt")
         if len(prompt_ids) >= self.max_model_len:
-            raise RequestError(f"This model's maximum context length is {self.max_model_len} tokens; the prompt "
-                               f"has {len(prompt_ids)} tokens.", "messages")
+            raise RequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens; the prompt "
+                f"has {len(prompt_ids)} tokens.",
+                "messages",
+            )
         if params.max_tokens is not None and params.max_tokens < 1:
             raise RequestError("max_tokens must be at least 1", "max_tokens")
         if params.logprobs:
-            raise RequestError("top_logprobs are not available from a Tinker sampler (the sampled tokens' "
-                               "logprobs are)", "top_logprobs")
+            raise RequestError(
+                "top_logprobs are not available from a Tinker sampler (the sampled tokens' logprobs are)",
+                "top_logprobs",
+            )
 
-    def _sample(self, client: Any, version: str, prompt_ids: list[int], params: SamplingParams,
-                on_token: Callable[[TokenEvent], None] | None) -> GenerationResult:
+    def _sample(
+        self,
+        client: Any,
+        version: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        on_token: Callable[[TokenEvent], None] | None,
+    ) -> GenerationResult:
         from tinker import types
 
         room = self.max_model_len - len(prompt_ids)
         max_tokens = min(params.max_tokens or room, room)
         stop = [] if params.ignore_eos else list(self._eos_ids)
-        request = types.SamplingParams(max_tokens=max_tokens, temperature=params.temperature, top_p=params.top_p,
-                                       top_k=params.top_k or -1, seed=params.seed,
-                                       stop=stop + list(params.stop_token_ids) or None)
-        response = client.sample(prompt=types.ModelInput.from_ints(prompt_ids), num_samples=1,
-                                 sampling_params=request).result(timeout=self._timeout)
+        request = types.SamplingParams(
+            max_tokens=max_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k or -1,
+            seed=params.seed,
+            stop=stop + list(params.stop_token_ids) or None,
+        )
+        response = client.sample(
+            prompt=types.ModelInput.from_ints(prompt_ids), num_samples=1, sampling_params=request
+        ).result(timeout=self._timeout)
         sequence = response.sequences[0]
         tokens, logprobs = list(sequence.tokens), [float(v) for v in (sequence.logprobs or [])]
         finish = "stop" if sequence.stop_reason == "stop" else "length"
@@ -139,15 +172,23 @@ class TinkerSamplerEngine:
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         for s in params.stop:
             if s in text:
-                text = text[:text.find(s)]
+                text = text[: text.find(s)]
         if on_token is not None:
             for i, (token, logprob) in enumerate(zip(tokens, logprobs)):
                 on_token(TokenEvent(token, logprob, None, i == len(tokens) - 1))
-        return GenerationResult(prompt_token_ids=prompt_ids, token_ids=tokens, logprobs=logprobs, top_logprobs=None,
-                                text=text, finish_reason=finish, model_version=version)
+        return GenerationResult(
+            prompt_token_ids=prompt_ids,
+            token_ids=tokens,
+            logprobs=logprobs,
+            top_logprobs=None,
+            text=text,
+            finish_reason=finish,
+            model_version=version,
+        )
 
-    def _cut_at_stop_string(self, tokens: list[int], logprobs: list[float], finish: str,
-                            stops: list[str]) -> tuple[list[int], list[float], str]:
+    def _cut_at_stop_string(
+        self, tokens: list[int], logprobs: list[float], finish: str, stops: list[str]
+    ) -> tuple[list[int], list[float], str]:
         """Keep tokens up to the one that completes a stop string (as the local engine stops there)."""
         if not stops:
             return tokens, logprobs, finish

@@ -32,15 +32,22 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
             payload = json.loads(match.group(1))
         except ValueError:
             return text, []
-        if (not isinstance(payload, dict) or not isinstance(payload.get("name"), str)
-                or not isinstance(payload.get("arguments", {}), dict)):
+        if (
+            not isinstance(payload, dict)
+            or not isinstance(payload.get("name"), str)
+            or not isinstance(payload.get("arguments", {}), dict)
+        ):
             return text, []
-        calls.append({
-            "id": f"call_{uuid.uuid4().hex[:24]}",
-            "type": "function",
-            "function": {"name": payload["name"],
-                         "arguments": json.dumps(payload.get("arguments", {}), ensure_ascii=False)},
-        })
+        calls.append(
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {
+                    "name": payload["name"],
+                    "arguments": json.dumps(payload.get("arguments", {}), ensure_ascii=False),
+                },
+            }
+        )
     rest = _BLOCK.sub("", text)
     if TOOL_CALL_OPEN in rest or TOOL_CALL_CLOSE in rest:
         return text, []

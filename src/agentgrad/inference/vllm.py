@@ -20,21 +20,48 @@ from agentgrad.http.serve import http_url
 from agentgrad.http.transport import request_json
 
 
-def vllm_command(model: str | Path, *, host: str = "127.0.0.1", port: int = 8000,
-                 served_model_name: str | None = None, max_loras: int = 4,
-                 extra_args: list[str] | None = None) -> list[str]:
+def vllm_command(
+    model: str | Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    served_model_name: str | None = None,
+    max_loras: int = 4,
+    extra_args: list[str] | None = None,
+) -> list[str]:
     """The ``vllm serve`` command line: LoRA enabled, prefix caching on, tool calls parsed."""
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-           "--host", host, "--port", str(port), "--enable-lora", "--max-loras", str(max_loras),
-           "--enable-prefix-caching", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--enable-lora",
+        "--max-loras",
+        str(max_loras),
+        "--enable-prefix-caching",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+    ]
     if served_model_name:
         cmd += ["--served-model-name", served_model_name]
     return cmd + list(extra_args or [])
 
 
-def launch_vllm(model: str | Path, *, host: str = "127.0.0.1", port: int = 8000,
-                served_model_name: str | None = None, timeout: float = 900.0,
-                extra_args: list[str] | None = None) -> tuple[subprocess.Popen, str]:
+def launch_vllm(
+    model: str | Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    served_model_name: str | None = None,
+    timeout: float = 900.0,
+    extra_args: list[str] | None = None,
+) -> tuple[subprocess.Popen, str]:
     """Start vLLM and wait until it is healthy; returns (process, base URL ``http://host:port/v1``).
 
     Runtime LoRA updates (``/v1/load_lora_adapter``) are enabled through
@@ -44,8 +71,9 @@ def launch_vllm(model: str | Path, *, host: str = "127.0.0.1", port: int = 8000,
     if importlib.util.find_spec("vllm") is None:
         raise RuntimeError("vLLM is not installed: pip install 'agentgrad[vllm]' (needs CUDA)")
     env = dict(os.environ, VLLM_ALLOW_RUNTIME_LORA_UPDATING="True")
-    proc = subprocess.Popen(vllm_command(model, host=host, port=port, served_model_name=served_model_name,
-                                         extra_args=extra_args), env=env)
+    proc = subprocess.Popen(
+        vllm_command(model, host=host, port=port, served_model_name=served_model_name, extra_args=extra_args), env=env
+    )
     base = http_url(host, port)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -37,8 +37,10 @@ def check_replaceable(out: Path, marker: str, what: str) -> None:
     if out.exists() and not out.is_dir():
         raise InvalidInputError(f"{what} target {out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not (out / marker).is_file():
-        raise InvalidInputError(f"{what} target {out} is a non-empty directory that no {what} wrote "
-                                f"(no {marker}): choose another directory, or empty it")
+        raise InvalidInputError(
+            f"{what} target {out} is a non-empty directory that no {what} wrote "
+            f"(no {marker}): choose another directory, or empty it"
+        )
 
 
 @contextlib.contextmanager

@@ -24,12 +24,12 @@ def chatml_tool_template(default_system: str = DEFAULT_SYSTEM) -> str:
         "{{- '<|im_start|>system\\n' }}"
         "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}"
         "{%- else %}{{- '" + system + "' }}{%- endif %}"
-        "{{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
-        "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>\" }}"
-        "{%- for tool in tools %}{{- \"\\n\" }}{{- tool | tojson }}{%- endfor %}"
-        "{{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and "
-        "arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": "
-        "<function-name>, \\\"arguments\\\": <args-json-object>}\\n</tool_call><|im_end|>\\n\" }}"
+        '{{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n'
+        'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}'
+        '{%- for tool in tools %}{{- "\\n" }}{{- tool | tojson }}{%- endfor %}'
+        '{{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and '
+        'arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": '
+        '<function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}'
         "{%- else %}"
         "{%- if messages[0]['role'] == 'system' %}"
         "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
@@ -44,7 +44,7 @@ def chatml_tool_template(default_system: str = DEFAULT_SYSTEM) -> str:
         "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
         "{%- for tool_call in message.tool_calls %}"
         "{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}"
-        "{{- '\\n<tool_call>\\n{\"name\": \"' }}{{- tool_call.name }}{{- '\", \"arguments\": ' }}"
+        '{{- \'\\n<tool_call>\\n{"name": "\' }}{{- tool_call.name }}{{- \'", "arguments": \' }}'
         "{%- if tool_call.arguments is string %}{{- tool_call.arguments }}"
         "{%- else %}{{- tool_call.arguments | tojson }}{%- endif %}"
         "{{- '}\\n</tool_call>' }}"

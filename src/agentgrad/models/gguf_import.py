@@ -81,8 +81,9 @@ def locate_gguf(source: str | Path) -> Path:
     files = sorted(Path(spec.origin).parent.glob("*.gguf"))
     if len(files) != 1:
         found = ", ".join(f.name for f in files) or "none"
-        raise GGUFImportError(f"package {name} must hold exactly one .gguf file (found: {found}); "
-                              "name the file instead")
+        raise GGUFImportError(
+            f"package {name} must hold exactly one .gguf file (found: {found}); name the file instead"
+        )
     return files[0]
 
 
@@ -98,8 +99,9 @@ def import_smollm2(out_dir: str | Path | None = None, *, dtype: str = "float32")
     return import_gguf(SMOLLM2_PACKAGE, out_dir, dtype=dtype)
 
 
-def import_gguf(source: str | Path, out_dir: str | Path | None = None, *, dtype: str = "float32",
-                chat_template: str | None = None) -> Path:
+def import_gguf(
+    source: str | Path, out_dir: str | Path | None = None, *, dtype: str = "float32", chat_template: str | None = None
+) -> Path:
     """Import the GGUF file ``source`` names (see :func:`locate_gguf`) into ``out_dir`` (default:
     the cache, :func:`default_import_dir`) and return the directory.
 
@@ -113,8 +115,12 @@ def import_gguf(source: str | Path, out_dir: str | Path | None = None, *, dtype:
     gguf_file = locate_gguf(source)
     out = Path(out_dir).expanduser() if out_dir is not None else default_import_dir(gguf_file)
     check_replaceable(out, MANIFEST, "import")
-    settings = {"format": IMPORT_FORMAT, "sha256": _sha256(gguf_file), "dtype": dtype,
-                "chat_template_override": None if chat_template is None else _digest(chat_template)}
+    settings = {
+        "format": IMPORT_FORMAT,
+        "sha256": _sha256(gguf_file),
+        "dtype": dtype,
+        "chat_template_override": None if chat_template is None else _digest(chat_template),
+    }
     with install_lock(out.with_name(f".{out.name}.lock"), f"importing a model into {out}"):
         if _manifest_settings(out) == settings:
             return out
@@ -124,17 +130,25 @@ def import_gguf(source: str | Path, out_dir: str | Path | None = None, *, dtype:
             tokenizer, template_source = _tokenizer(gguf_file, chat_template)
             n_params = _write_weights(gguf_file, tmp, dtype)
             tokenizer.save_pretrained(str(tmp))
-            manifest = {**settings, "source": str(gguf_file.resolve()), "size": gguf_file.stat().st_size,
-                        "architecture": arch, "parameters": n_params, "chat_template": template_source,
-                        "import_seconds": round(time.monotonic() - started, 1)}
+            manifest = {
+                **settings,
+                "source": str(gguf_file.resolve()),
+                "size": gguf_file.stat().st_size,
+                "architecture": arch,
+                "parameters": n_params,
+                "chat_template": template_source,
+                "import_seconds": round(time.monotonic() - started, 1),
+            }
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return out
 
 
 def _require_gguf() -> None:
     if importlib.util.find_spec("gguf") is None:
-        raise AgentGradError(f"importing a GGUF file needs the 'gguf' package, which is not installed: "
-                             f"{INSTALL_HINT} (or pip install 'agentgrad[gguf]')")
+        raise AgentGradError(
+            f"importing a GGUF file needs the 'gguf' package, which is not installed: "
+            f"{INSTALL_HINT} (or pip install 'agentgrad[gguf]')"
+        )
 
 
 def _check_file(path: Path) -> str:
@@ -150,16 +164,20 @@ def _check_file(path: Path) -> str:
     size = path.stat().st_size
     short = [t.name for t in reader.tensors if int(t.data_offset) + int(t.n_bytes) > size]
     if short:
-        raise GGUFImportError(f"{path} is truncated: the data of {len(short)} tensor(s) ({short[0]}, …) "
-                              f"runs past the end of the file ({size} bytes)")
+        raise GGUFImportError(
+            f"{path} is truncated: the data of {len(short)} tensor(s) ({short[0]}, …) "
+            f"runs past the end of the file ({size} bytes)"
+        )
     field = reader.fields.get("general.architecture")
     if field is None:
         raise GGUFImportError(f"{path} names no architecture (no general.architecture key)")
     arch = str(field.contents())
     supported = sorted(set(GGUF_SUPPORTED_ARCHITECTURES) - {"general", "tokenizer"})
     if arch not in supported:
-        raise GGUFImportError(f"{path} holds a {arch!r} model, which transformers cannot load from GGUF "
-                              f"(it reads: {', '.join(supported)})")
+        raise GGUFImportError(
+            f"{path} holds a {arch!r} model, which transformers cannot load from GGUF "
+            f"(it reads: {', '.join(supported)})"
+        )
     return arch
 
 
@@ -174,16 +192,20 @@ def _tokenizer(path: Path, override: str | None) -> tuple[Any, str]:
     if override is not None:
         tokenizer.chat_template, source = override, "given"
     elif not tokenizer.chat_template:
-        raise GGUFImportError(f"the tokenizer in {path} has no chat template (no tokenizer.chat_template "
-                              "key): give one (chat_template=, --chat-template FILE)")
+        raise GGUFImportError(
+            f"the tokenizer in {path} has no chat template (no tokenizer.chat_template "
+            "key): give one (chat_template=, --chat-template FILE)"
+        )
     elif template_renders_tools(tokenizer):
         source = "file"
     elif "<|im_start|>" in tokenizer.chat_template:
         tokenizer.chat_template, source = chatml_tool_template(_default_system(tokenizer)), "chatml-tools"
     else:
-        raise GGUFImportError(f"the chat template in {path} renders no tools and is not ChatML, so AgentGrad "
-                              "cannot add a tool-calling section: give a template that renders tools "
-                              "(chat_template=, --chat-template FILE)")
+        raise GGUFImportError(
+            f"the chat template in {path} renders no tools and is not ChatML, so AgentGrad "
+            "cannot add a tool-calling section: give a template that renders tools "
+            "(chat_template=, --chat-template FILE)"
+        )
     if not template_renders_tools(tokenizer):
         raise GGUFImportError("the chat template given renders no tools (a request's tools would be dropped)")
     return tokenizer, source

@@ -19,8 +19,10 @@ if TYPE_CHECKING:
     from agentgrad.proxy.server import LLMProxy as LLMProxy
 
 _EXPORTS = {
-    "LLMProxy": "agentgrad.proxy.server", "create_proxy_app": "agentgrad.proxy.app",
-    "ProxyResourcesHook": "agentgrad.proxy.hooks", "rollout_endpoint": "agentgrad.proxy.hooks",
+    "LLMProxy": "agentgrad.proxy.server",
+    "create_proxy_app": "agentgrad.proxy.app",
+    "ProxyResourcesHook": "agentgrad.proxy.hooks",
+    "rollout_endpoint": "agentgrad.proxy.hooks",
 }
 
 __all__ = list(_EXPORTS)

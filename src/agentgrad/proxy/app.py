@@ -61,8 +61,15 @@ _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{
 MAX_FLUSH_TIMEOUT = 3600.0
 _UPSTREAM_PATH = {"chat": "/chat/completions", "responses": "/chat/completions", "completions": "/completions"}
 #: The context headers, as :class:`Incoming` names them (lowercase).
-_ROLLOUT_ID, _ATTEMPT_ID, _AGENT_NAME, _PARENT_ID = (name.lower() for name in (
-    semconv.HEADER_ROLLOUT_ID, semconv.HEADER_ATTEMPT_ID, semconv.HEADER_AGENT_NAME, semconv.HEADER_PARENT_ID))
+_ROLLOUT_ID, _ATTEMPT_ID, _AGENT_NAME, _PARENT_ID = (
+    name.lower()
+    for name in (
+        semconv.HEADER_ROLLOUT_ID,
+        semconv.HEADER_ATTEMPT_ID,
+        semconv.HEADER_AGENT_NAME,
+        semconv.HEADER_PARENT_ID,
+    )
+)
 
 
 def call_context(request: Incoming) -> CallContext | None:
@@ -81,9 +88,13 @@ def call_context(request: Incoming) -> CallContext | None:
     if match:
         trace_id, parent_id = match.groups()
     agent_name = headers.get(_AGENT_NAME)  # percent-encoded by instrument() where HTTP needs it
-    return CallContext(rollout_id=rollout_id, attempt_id=attempt_id,
-                       agent_name=unquote(agent_name) if agent_name else None,
-                       parent_id=headers.get(_PARENT_ID) or parent_id, trace_id=trace_id)
+    return CallContext(
+        rollout_id=rollout_id,
+        attempt_id=attempt_id,
+        agent_name=unquote(agent_name) if agent_name else None,
+        parent_id=headers.get(_PARENT_ID) or parent_id,
+        trace_id=trace_id,
+    )
 
 
 def _parse(raw: bytes, api: Api) -> dict[str, Any]:
@@ -112,8 +123,9 @@ def _unreachable(state: ProxyState, exc: Exception) -> Response:
     state.metrics.upstream_unreachable += 1
     message = f"upstream {state.upstream_url} is unreachable: {type(exc).__name__}: {exc}"
     log.warning("%s", message)
-    return Response(error_body(message, kind="upstream_error", code="upstream_unreachable"), status_code=502,
-                    media_type=_JSON)
+    return Response(
+        error_body(message, kind="upstream_error", code="upstream_unreachable"), status_code=502, media_type=_JSON
+    )
 
 
 async def _handle(state: ProxyState, request: Incoming, api: Api) -> Response | RelayResponse:
@@ -143,15 +155,22 @@ async def _handle(state: ProxyState, request: Incoming, api: Api) -> Response | 
 
 
 async def _forward(state: ProxyState, request: Incoming, call: Call) -> Response | RelayResponse:
-    sent = upstream_body(call.chat, "completions" if call.api == "completions" else "chat",
-                         await state.served_model(call.chat.get("model")))
+    sent = upstream_body(
+        call.chat,
+        "completions" if call.api == "completions" else "chat",
+        await state.served_model(call.chat.get("model")),
+    )
     try:
-        response = await state.http().request("POST", _UPSTREAM_PATH[call.api], dumps(sent),
-                                              state.headers(request.headers))
+        response = await state.http().request(
+            "POST", _UPSTREAM_PATH[call.api], dumps(sent), state.headers(request.headers)
+        )
         if response.status_code != 200:
             state.metrics.upstream_errors += 1
-            return Response(await response.read(), status_code=response.status_code,
-                            media_type=response.headers.get("content-type", _JSON))
+            return Response(
+                await response.read(),
+                status_code=response.status_code,
+                media_type=response.headers.get("content-type", _JSON),
+            )
         if sent.get("stream"):
             call.streaming = True
             return RelayResponse(state, call, response)
@@ -165,8 +184,11 @@ async def _forward(state: ProxyState, request: Incoming, call: Call) -> Response
         data = loads(raw_answer)
     except ValueError:
         state.metrics.upstream_errors += 1
-        return Response(error_body("upstream answered 200 with a body that is not JSON", kind="upstream_error"),
-                        status_code=502, media_type=_JSON)
+        return Response(
+            error_body("upstream answered 200 with a body that is not JSON", kind="upstream_error"),
+            status_code=502,
+            media_type=_JSON,
+        )
     capture = Capture.of_body(data)
     view = strip_for_client(data, call.asked)
     if call.api == "responses":
@@ -193,11 +215,11 @@ async def flush_response(state: ProxyState, rollout_id: str, attempt_id: str, ti
         else:
             writer.flush(rollout_id, attempt_id, 0)
     except FlushTimeout as exc:
-        return Response(error_body(str(exc), kind="timeout_error", code="flush_timeout"), status_code=504,
-                        media_type=_JSON)
+        return Response(
+            error_body(str(exc), kind="timeout_error", code="flush_timeout"), status_code=504, media_type=_JSON
+        )
     except FlushError as exc:
-        return Response(error_body(str(exc), kind="store_error", code="store_error"), status_code=500,
-                        media_type=_JSON)
+        return Response(error_body(str(exc), kind="store_error", code="store_error"), status_code=500, media_type=_JSON)
     return Response(b'{"status":"stored"}', media_type=_JSON)
 
 
@@ -210,11 +232,19 @@ async def _models(state: ProxyState, request: Request) -> Response:
     return Response(content, status_code=response.status_code, media_type=response.headers.get("content-type", _JSON))
 
 
-def create_proxy_app(store: Store, upstream_url: str, *, model: str | None = None,
-                     upstream_api_key: str | None = None, token: str | None = None,
-                     allowed_hosts: HostCheck | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                     upstream_timeout: float = 600.0, record_mode: RecordMode = "async",
-                     write_linger: float = 0.0) -> Starlette:
+def create_proxy_app(
+    store: Store,
+    upstream_url: str,
+    *,
+    model: str | None = None,
+    upstream_api_key: str | None = None,
+    token: str | None = None,
+    allowed_hosts: HostCheck | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    upstream_timeout: float = 600.0,
+    record_mode: RecordMode = "async",
+    write_linger: float = 0.0,
+) -> Starlette:
     """The proxy as an ASGI app (mount it, or serve it with :class:`LLMProxy`).
 
     Args:
@@ -238,15 +268,24 @@ def create_proxy_app(store: Store, upstream_url: str, *, model: str | None = Non
     """
     if upstream_api_key is None:
         upstream_api_key = env_token(MODEL_TOKEN_ENV)
-    state = ProxyState(store, upstream_url, model=model, upstream_api_key=upstream_api_key,
-                       forward_client_auth=token is None, upstream_timeout=upstream_timeout,
-                       record_mode=record_mode, write_linger=write_linger)
+    state = ProxyState(
+        store,
+        upstream_url,
+        model=model,
+        upstream_api_key=upstream_api_key,
+        forward_client_auth=token is None,
+        upstream_timeout=upstream_timeout,
+        record_mode=record_mode,
+        write_linger=write_linger,
+    )
 
     def endpoint(api: Api) -> Any:  # reached only by what the fast path leaves to Starlette
         async def run(request: Request) -> Response | RelayResponse:
             params = request.path_params
-            return await _handle(state, Incoming(request.scope, request.receive, params.get("rollout_id"),
-                                                 params.get("attempt_id")), api)
+            return await _handle(
+                state, Incoming(request.scope, request.receive, params.get("rollout_id"), params.get("attempt_id")), api
+            )
+
         return run
 
     async def models(request: Request) -> Response:
@@ -266,15 +305,16 @@ def create_proxy_app(store: Store, upstream_url: str, *, model: str | None = Non
         return Response(b'{"status":"ok"}', media_type=_JSON)
 
     async def not_found(request: Request, exc: Exception) -> Response:
-        message = f"no route {request.method} {request.url.path} (the proxy serves /v1/chat/completions, " \
-                  "/v1/responses, /v1/completions and /v1/models)"
+        message = (
+            f"no route {request.method} {request.url.path} (the proxy serves /v1/chat/completions, "
+            "/v1/responses, /v1/completions and /v1/models)"
+        )
         return Response(error_body(message), status_code=getattr(exc, "status_code", 404), media_type=_JSON)
 
     async def bug(request: Request, exc: Exception) -> Response:
         return _internal_error(exc)
 
-    routes = [Route("/metrics", metrics), Route("/health", health),
-              Route("/agentgrad/flush", flush, methods=["POST"])]
+    routes = [Route("/metrics", metrics), Route("/health", health), Route("/agentgrad/flush", flush, methods=["POST"])]
     for prefix in ("", ROLLOUT_PREFIX):
         routes += [Route(prefix + path, endpoint(api), methods=["POST"]) for path, api in API_ROUTES.items()]
         routes.append(Route(prefix + "/v1/models", models, methods=["GET"]))
@@ -289,18 +329,22 @@ def create_proxy_app(store: Store, upstream_url: str, *, model: str | None = Non
                 await state.client.aclose()
             await asyncio.to_thread(state.writer.close)  # drain: every accepted span is written
 
-    app = _ProxyApp(routes=routes, lifespan=lifespan,
-                    exception_handlers={404: not_found, 405: not_found, Exception: bug})
+    app = _ProxyApp(
+        routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found, Exception: bug}
+    )
     app.state.proxy = state
-    app.gate = GuardMiddleware(app.dispatch, Guard(token=token, hosts=allowed_hosts, max_body_bytes=max_body_bytes),
-                               openai_refusal)
+    app.gate = GuardMiddleware(
+        app.dispatch, Guard(token=token, hosts=allowed_hosts, max_body_bytes=max_body_bytes), openai_refusal
+    )
     return app
 
 
 def _flush_request(raw: bytes) -> tuple[str, str, float]:
     """``(rollout_id, attempt_id, timeout)`` of a flush body; :class:`OpenAIError` naming what is wrong."""
-    usage = ('flush needs a JSON body {"rollout_id": str, "attempt_id": str, '
-             f'"timeout": seconds from 0 to {MAX_FLUSH_TIMEOUT:g}}}')
+    usage = (
+        'flush needs a JSON body {"rollout_id": str, "attempt_id": str, '
+        f'"timeout": seconds from 0 to {MAX_FLUSH_TIMEOUT:g}}}'
+    )
     try:
         payload = parse_object(raw)
     except BadJson as exc:
@@ -317,8 +361,11 @@ def _flush_request(raw: bytes) -> tuple[str, str, float]:
 def _internal_error(exc: Exception) -> Response:
     """A bug's answer: logged with its traceback, and still an OpenAI-style body for the client."""
     log.error("unexpected error in the LLM proxy", exc_info=exc)
-    return Response(error_body(f"internal error: {type(exc).__name__}: {exc}", kind="server_error"),
-                    status_code=500, media_type=_JSON)
+    return Response(
+        error_body(f"internal error: {type(exc).__name__}: {exc}", kind="server_error"),
+        status_code=500,
+        media_type=_JSON,
+    )
 
 
 class _ProxyApp(Starlette):

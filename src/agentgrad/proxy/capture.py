@@ -39,9 +39,11 @@ class Requested:
     @classmethod
     def of(cls, body: dict[str, Any]) -> Requested:
         options = body.get("stream_options")
-        return cls(token_ids=bool(body.get("return_token_ids")),
-                   logprobs=body.get("logprobs") not in (None, False),
-                   usage_chunk=isinstance(options, dict) and bool(options.get("include_usage")))
+        return cls(
+            token_ids=bool(body.get("return_token_ids")),
+            logprobs=body.get("logprobs") not in (None, False),
+            usage_chunk=isinstance(options, dict) and bool(options.get("include_usage")),
+        )
 
 
 def upstream_body(body: dict[str, Any], api: Api, model: str | None) -> dict[str, Any]:
@@ -162,8 +164,9 @@ class StreamAccumulator:
                 self._merge_call(call)
 
     def _merge_call(self, delta: dict[str, Any]) -> None:
-        entry = self.tool_calls.setdefault(delta.get("index", 0), {
-            "id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+        entry = self.tool_calls.setdefault(
+            delta.get("index", 0), {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+        )
         entry["id"] = entry["id"] or delta.get("id")
         function = delta.get("function") or {}
         entry["function"]["name"] += function.get("name") or ""
@@ -181,13 +184,29 @@ class StreamAccumulator:
                 message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
             choice = {"index": 0, "message": message, "finish_reason": self.capture.finish_reason}
             kind = "chat.completion"
-        return {"id": first.get("id"), "object": kind, "created": first.get("created"),
-                "model": self.capture.response_model, "choices": [choice], "usage": self.capture.usage}
+        return {
+            "id": first.get("id"),
+            "object": kind,
+            "created": first.get("created"),
+            "model": self.capture.response_model,
+            "choices": [choice],
+            "usage": self.capture.usage,
+        }
 
 
-def build_span(context: CallContext, api: Api, request: dict[str, Any], response: dict[str, Any],
-               capture: Capture, *, streamed: bool, started: float, translated: dict[str, Any] | None = None,
-               span_id: str | None = None, ended: float | None = None) -> Span:
+def build_span(
+    context: CallContext,
+    api: Api,
+    request: dict[str, Any],
+    response: dict[str, Any],
+    capture: Capture,
+    *,
+    streamed: bool,
+    started: float,
+    translated: dict[str, Any] | None = None,
+    span_id: str | None = None,
+    ended: float | None = None,
+) -> Span:
     """The ``agentgrad.llm.call`` span of one completed call.
 
     ``translated`` is the chat request a Responses call became: the token ids are of that one.
@@ -207,10 +226,12 @@ def build_span(context: CallContext, api: Api, request: dict[str, Any], response
         semconv.GEN_AI_OPERATION_NAME: "text_completion" if api == "completions" else "chat",
         semconv.GEN_AI_REQUEST_MODEL: request.get("model"),
         semconv.GEN_AI_RESPONSE_MODEL: capture.response_model,
-        semconv.GEN_AI_USAGE_INPUT_TOKENS: (input_tokens if input_tokens is not None
-                                            else len(capture.prompt_token_ids or ())),
-        semconv.GEN_AI_USAGE_OUTPUT_TOKENS: (output_tokens if output_tokens is not None
-                                             else len(capture.completion_token_ids or ())),
+        semconv.GEN_AI_USAGE_INPUT_TOKENS: (
+            input_tokens if input_tokens is not None else len(capture.prompt_token_ids or ())
+        ),
+        semconv.GEN_AI_USAGE_OUTPUT_TOKENS: (
+            output_tokens if output_tokens is not None else len(capture.completion_token_ids or ())
+        ),
     }
     if translated is not None:
         attributes[semconv.LLM_UPSTREAM_REQUEST] = translated
@@ -226,6 +247,13 @@ def build_span(context: CallContext, api: Api, request: dict[str, Any], response
     fields: dict[str, Any] = {"span_id": span_id} if span_id else {}
     if context.trace_id:
         fields["trace_id"] = context.trace_id
-    return Span(rollout_id=context.rollout_id, attempt_id=context.attempt_id, parent_id=context.parent_id,
-                name=semconv.SPAN_LLM_CALL, start_time=started, end_time=ended, attributes=attributes,
-                **fields)
+    return Span(
+        rollout_id=context.rollout_id,
+        attempt_id=context.attempt_id,
+        parent_id=context.parent_id,
+        name=semconv.SPAN_LLM_CALL,
+        start_time=started,
+        end_time=ended,
+        attributes=attributes,
+        **fields,
+    )

@@ -34,8 +34,9 @@ class ProxyResourcesHook:
     proxy then uses its own upstream key, never the client's.
     """
 
-    def __init__(self, proxy_url: str, default_model: str = "default", llm_resource: str = "llm",
-                 token: str | None = None) -> None:
+    def __init__(
+        self, proxy_url: str, default_model: str = "default", llm_resource: str = "llm", token: str | None = None
+    ) -> None:
         if not llm_resource:
             raise ValueError("llm_resource must be a non-empty name")
         self.proxy_url = proxy_url
@@ -46,8 +47,10 @@ class ProxyResourcesHook:
     def __call__(self, resources: Resources, claimed: AttemptedRollout) -> Resources:
         endpoint = rollout_endpoint(self.proxy_url, claimed.rollout.rollout_id, claimed.attempt.attempt_id)
         update = {"endpoint": endpoint, **({"api_key": self.token} if self.token else {})}
-        items = {name: item.model_copy(update=update) if isinstance(item, LLM) else item
-                 for name, item in resources.items.items()}
+        items = {
+            name: item.model_copy(update=update) if isinstance(item, LLM) else item
+            for name, item in resources.items.items()
+        }
         if not any(isinstance(item, LLM) for item in items.values()):
             items[self.llm_resource] = LLM(endpoint=endpoint, model=self.default_model, api_key=self.token)
         return resources.model_copy(update={"items": items})

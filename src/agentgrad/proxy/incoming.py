@@ -16,8 +16,11 @@ from agentgrad.http.openai_errors import OpenAIError
 from agentgrad.proxy.capture import Api
 
 #: The API routes, each also under :data:`ROLLOUT_PREFIX`.
-API_ROUTES: dict[str, Api] = {"/v1/chat/completions": "chat", "/v1/responses": "responses",
-                              "/v1/completions": "completions"}
+API_ROUTES: dict[str, Api] = {
+    "/v1/chat/completions": "chat",
+    "/v1/responses": "responses",
+    "/v1/completions": "completions",
+}
 ROLLOUT_PREFIX = "/rollout/{rollout_id}/attempt/{attempt_id}"
 _API_PATH = re.compile(r"(?:/rollout/([^/]+)/attempt/([^/]+))?(/v1/(?:chat/completions|responses|completions))")
 
@@ -27,8 +30,9 @@ class Incoming:
 
     __slots__ = ("headers", "rollout_id", "attempt_id", "_receive")
 
-    def __init__(self, scope: Mapping[str, Any], receive: Any, rollout_id: str | None = None,
-                 attempt_id: str | None = None) -> None:
+    def __init__(
+        self, scope: Mapping[str, Any], receive: Any, rollout_id: str | None = None, attempt_id: str | None = None
+    ) -> None:
         self.headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
         self.rollout_id, self.attempt_id = rollout_id, attempt_id
         self._receive = receive
@@ -52,6 +56,6 @@ def api_route(scope: dict[str, Any]) -> tuple[Api, str | None, str | None] | Non
     path: str = scope["path"]
     root: str = scope.get("root_path", "")
     if root and path.startswith(root):  # mounted under a prefix
-        path = path[len(root):]
+        path = path[len(root) :]
     match = _API_PATH.fullmatch(path)
     return (API_ROUTES[match[3]], match[1], match[2]) if match else None

@@ -67,8 +67,9 @@ async def _disconnect(receive: Any) -> None:
         pass
 
 
-def responses_view(call: Call, completion: dict[str, Any], capture: Capture,
-                   writer: ResponsesStreamWriter | None = None) -> dict[str, Any]:
+def responses_view(
+    call: Call, completion: dict[str, Any], capture: Capture, writer: ResponsesStreamWriter | None = None
+) -> dict[str, Any]:
     """A chat completion as the Responses-API object the client of a ``/v1/responses`` call sees."""
     view = writer.final_response(completion) if writer else from_chat_completion(call.body, completion)
     if call.asked.token_ids:

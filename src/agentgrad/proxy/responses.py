@@ -64,11 +64,18 @@ def _chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
                 raise OpenAIError(f"{field}.role must be user, assistant, system or developer", param=f"{field}.role")
-            messages.append({"role": "system" if role == "developer" else role,
-                             "content": _text_of(item.get("content", ""), f"{field}.content")})
+            messages.append(
+                {
+                    "role": "system" if role == "developer" else role,
+                    "content": _text_of(item.get("content", ""), f"{field}.content"),
+                }
+            )
         elif kind == "function_call":
-            call = {"id": item.get("call_id") or item.get("id") or _new_id("call"), "type": "function",
-                    "function": {"name": item.get("name", ""), "arguments": item.get("arguments", "")}}
+            call = {
+                "id": item.get("call_id") or item.get("id") or _new_id("call"),
+                "type": "function",
+                "function": {"name": item.get("name", ""), "arguments": item.get("arguments", "")},
+            }
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant" and isinstance(last.get("content"), (str, type(None))):
                 last.setdefault("tool_calls", []).append(call)  # one assistant turn, several calls
@@ -76,8 +83,13 @@ def _chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
             output = item.get("output", "")
-            messages.append({"role": "tool", "tool_call_id": item.get("call_id", ""),
-                             "content": output if isinstance(output, str) else _text_of(output, f"{field}.output")})
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": item.get("call_id", ""),
+                    "content": output if isinstance(output, str) else _text_of(output, f"{field}.output"),
+                }
+            )
         elif kind == "reasoning":
             continue  # chat models have no reasoning items to replay
         else:
@@ -92,8 +104,9 @@ def _chat_tools(tools: Any) -> list[dict[str, Any]]:
     for index, tool in enumerate(tools):
         if not isinstance(tool, dict) or tool.get("type") != "function":
             kind = tool.get("type") if isinstance(tool, dict) else None
-            raise OpenAIError(f"only function tools can be served by a chat upstream, got {kind!r}",
-                              param=f"tools[{index}].type")
+            raise OpenAIError(
+                f"only function tools can be served by a chat upstream, got {kind!r}", param=f"tools[{index}].type"
+            )
         function = {"name": tool.get("name", "")}
         for key in ("description", "parameters", "strict"):
             if tool.get(key) is not None:
@@ -121,8 +134,11 @@ def _chat_response_format(text: Any) -> dict[str, Any] | None:
 def to_chat_request(body: dict[str, Any]) -> dict[str, Any]:
     """A Responses request as the equivalent Chat Completions request."""
     if body.get("previous_response_id"):
-        raise OpenAIError("previous_response_id needs server-side conversation state, which the proxy does not "
-                          "keep: send the full input instead", param="previous_response_id")
+        raise OpenAIError(
+            "previous_response_id needs server-side conversation state, which the proxy does not "
+            "keep: send the full input instead",
+            param="previous_response_id",
+        )
     if "input" not in body:
         raise OpenAIError("missing required field 'input'", param="input")
     chat: dict[str, Any] = {"model": body.get("model"), "messages": _chat_messages(body)}
@@ -143,13 +159,18 @@ def to_chat_request(body: dict[str, Any]) -> dict[str, Any]:
 
 # ---- chat answer → Response ------------------------------------------------------------------
 
+
 def _usage(chat_usage: dict[str, Any] | None) -> dict[str, Any] | None:
     if not chat_usage:
         return None
     prompt, completion = chat_usage.get("prompt_tokens", 0), chat_usage.get("completion_tokens", 0)
-    return {"input_tokens": prompt, "output_tokens": completion,
-            "total_tokens": chat_usage.get("total_tokens", prompt + completion),
-            "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
+    return {
+        "input_tokens": prompt,
+        "output_tokens": completion,
+        "total_tokens": chat_usage.get("total_tokens", prompt + completion),
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": 0},
+    }
 
 
 def _message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
@@ -159,23 +180,41 @@ def _message_item(item_id: str, text: str, status: str = "completed") -> dict[st
 
 def _function_item(item_id: str, call: dict[str, Any], status: str = "completed") -> dict[str, Any]:
     function = call.get("function") or {}
-    return {"type": "function_call", "id": item_id, "call_id": call.get("id") or item_id,
-            "name": function.get("name", ""),
-            "arguments": function.get("arguments", "") if status == "completed" else "", "status": status}
+    return {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": call.get("id") or item_id,
+        "name": function.get("name", ""),
+        "arguments": function.get("arguments", "") if status == "completed" else "",
+        "status": status,
+    }
 
 
 def _response_shell(request: dict[str, Any], response_id: str, created: float) -> dict[str, Any]:
     """The fields of a Response object that echo the request (the SDKs read several of them)."""
     return {
-        "id": response_id, "object": "response", "created_at": created, "status": "in_progress",
-        "model": request.get("model"), "output": [], "usage": None, "error": None, "incomplete_details": None,
-        "instructions": request.get("instructions"), "metadata": request.get("metadata") or {},
+        "id": response_id,
+        "object": "response",
+        "created_at": created,
+        "status": "in_progress",
+        "model": request.get("model"),
+        "output": [],
+        "usage": None,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": request.get("instructions"),
+        "metadata": request.get("metadata") or {},
         "parallel_tool_calls": request.get("parallel_tool_calls", True),
-        "temperature": request.get("temperature"), "top_p": request.get("top_p"),
-        "max_output_tokens": request.get("max_output_tokens"), "previous_response_id": None,
-        "tool_choice": request.get("tool_choice", "auto"), "tools": request.get("tools") or [],
-        "text": request.get("text") or {"format": {"type": "text"}}, "truncation": "disabled",
-        "reasoning": None, "store": False,
+        "temperature": request.get("temperature"),
+        "top_p": request.get("top_p"),
+        "max_output_tokens": request.get("max_output_tokens"),
+        "previous_response_id": None,
+        "tool_choice": request.get("tool_choice", "auto"),
+        "tools": request.get("tools") or [],
+        "text": request.get("text") or {"format": {"type": "text"}},
+        "truncation": "disabled",
+        "reasoning": None,
+        "store": False,
     }
 
 
@@ -185,8 +224,12 @@ def _status_of(finish_reason: str | None) -> tuple[str, dict[str, Any] | None]:
     return "completed", None
 
 
-def from_chat_completion(request: dict[str, Any], completion: dict[str, Any],
-                         response_id: str | None = None, item_ids: list[str] | None = None) -> dict[str, Any]:
+def from_chat_completion(
+    request: dict[str, Any],
+    completion: dict[str, Any],
+    response_id: str | None = None,
+    item_ids: list[str] | None = None,
+) -> dict[str, Any]:
     """A (non-streamed, or reassembled) chat completion as a Response object.
 
     ``item_ids`` lets a stream's final ``response.completed`` reuse the ids its deltas announced.
@@ -201,8 +244,13 @@ def from_chat_completion(request: dict[str, Any], completion: dict[str, Any],
     for call in message.get("tool_calls") or []:
         output.append(_function_item(next(ids, None) or _new_id("fc"), call))
     status, incomplete = _status_of(choice.get("finish_reason"))
-    response.update(status=status, incomplete_details=incomplete, output=output, model=completion.get("model"),
-                    usage=_usage(completion.get("usage")))
+    response.update(
+        status=status,
+        incomplete_details=incomplete,
+        output=output,
+        model=completion.get("model"),
+        usage=_usage(completion.get("usage")),
+    )
     return response
 
 
@@ -249,14 +297,26 @@ class ResponsesStreamWriter:
             self._message = {"kind": "message", "id": _new_id("msg"), "index": len(self._items), "text": ""}
             self._items.append(self._message)
             m = self._message
-            out += self._event("response.output_item.added", output_index=m["index"],
-                               item=_message_item(m["id"], "", "in_progress"))
-            out += self._event("response.content_part.added", item_id=m["id"], output_index=m["index"],
-                               content_index=0, part={"type": "output_text", "text": "", "annotations": []})
+            out += self._event(
+                "response.output_item.added", output_index=m["index"], item=_message_item(m["id"], "", "in_progress")
+            )
+            out += self._event(
+                "response.content_part.added",
+                item_id=m["id"],
+                output_index=m["index"],
+                content_index=0,
+                part={"type": "output_text", "text": "", "annotations": []},
+            )
         m = self._message
         m["text"] += text
-        return out + self._event("response.output_text.delta", item_id=m["id"], output_index=m["index"],
-                                 content_index=0, delta=text, logprobs=[])
+        return out + self._event(
+            "response.output_text.delta",
+            item_id=m["id"],
+            output_index=m["index"],
+            content_index=0,
+            delta=text,
+            logprobs=[],
+        )
 
     def _call_delta(self, delta: dict[str, Any]) -> bytes:
         out = b""
@@ -268,13 +328,20 @@ class ResponsesStreamWriter:
             entry = {"kind": "function_call", "id": _new_id("fc"), "index": len(self._items), "call": call}
             self._calls[key] = entry
             self._items.append(entry)
-            out += self._event("response.output_item.added", output_index=entry["index"],
-                               item=_function_item(entry["id"], call, "in_progress"))
+            out += self._event(
+                "response.output_item.added",
+                output_index=entry["index"],
+                item=_function_item(entry["id"], call, "in_progress"),
+            )
         arguments = function.get("arguments")
         if arguments:
             entry["call"]["function"]["arguments"] += arguments
-            out += self._event("response.function_call_arguments.delta", item_id=entry["id"],
-                               output_index=entry["index"], delta=arguments)
+            out += self._event(
+                "response.function_call_arguments.delta",
+                item_id=entry["id"],
+                output_index=entry["index"],
+                delta=arguments,
+            )
         return out
 
     def finish(self, completion: dict[str, Any]) -> bytes:
@@ -283,15 +350,30 @@ class ResponsesStreamWriter:
         for entry in self._items:
             if entry["kind"] == "message":
                 part = {"type": "output_text", "text": entry["text"], "annotations": []}
-                out += self._event("response.output_text.done", item_id=entry["id"], output_index=entry["index"],
-                                   content_index=0, text=entry["text"], logprobs=[])
-                out += self._event("response.content_part.done", item_id=entry["id"], output_index=entry["index"],
-                                   content_index=0, part=part)
+                out += self._event(
+                    "response.output_text.done",
+                    item_id=entry["id"],
+                    output_index=entry["index"],
+                    content_index=0,
+                    text=entry["text"],
+                    logprobs=[],
+                )
+                out += self._event(
+                    "response.content_part.done",
+                    item_id=entry["id"],
+                    output_index=entry["index"],
+                    content_index=0,
+                    part=part,
+                )
                 item = _message_item(entry["id"], entry["text"])
             else:
                 item = _function_item(entry["id"], entry["call"])
-                out += self._event("response.function_call_arguments.done", item_id=entry["id"],
-                                   output_index=entry["index"], arguments=item["arguments"])
+                out += self._event(
+                    "response.function_call_arguments.done",
+                    item_id=entry["id"],
+                    output_index=entry["index"],
+                    arguments=item["arguments"],
+                )
             out += self._event("response.output_item.done", output_index=entry["index"], item=item)
         response = self.final_response(completion)
         kind = "response.completed" if response["status"] == "completed" else "response.incomplete"
@@ -299,6 +381,7 @@ class ResponsesStreamWriter:
 
     def final_response(self, completion: dict[str, Any]) -> dict[str, Any]:
         """The Response object the stream describes (what the client ends up with)."""
-        ordered = ([e for e in self._items if e["kind"] == "message"]
-                   + [e for e in self._items if e["kind"] != "message"])
+        ordered = [e for e in self._items if e["kind"] == "message"] + [
+            e for e in self._items if e["kind"] != "message"
+        ]
         return from_chat_completion(self.request, completion, self.response_id, [e["id"] for e in ordered])

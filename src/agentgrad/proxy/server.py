@@ -47,14 +47,23 @@ class LLMProxy:
     ``POST /agentgrad/flush``) before relying on an attempt's calls being in the store.
     """
 
-    def __init__(self, store: Store, upstream_url: str, *, host: str = "127.0.0.1", port: int = 0,
-                 allowed_hosts: Iterable[str] = (), **options: Any) -> None:
+    def __init__(
+        self,
+        store: Store,
+        upstream_url: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        allowed_hosts: Iterable[str] = (),
+        **options: Any,
+    ) -> None:
         self.store = store
         self.upstream_url = upstream_url
         self.host, self.port = host, port
         self._token = options.get("token")
-        self.app = create_proxy_app(store, upstream_url, allowed_hosts=HostCheck.for_bind(host, allowed_hosts),
-                                    **options)
+        self.app = create_proxy_app(
+            store, upstream_url, allowed_hosts=HostCheck.for_bind(host, allowed_hosts), **options
+        )
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._socket: socket.socket | None = None
@@ -95,8 +104,9 @@ class LLMProxy:
         """Serve from a background thread; returns the OpenAI base URL (``http://127.0.0.1:PORT/v1``)."""
         if self._thread is None:
             self._server = uvicorn_server(self.app)
-            self._thread = serve_in_thread(self._server, self._take_socket(), name="agentgrad-llm-proxy",
-                                           timeout=timeout)
+            self._thread = serve_in_thread(
+                self._server, self._take_socket(), name="agentgrad-llm-proxy", timeout=timeout
+            )
             log.info("LLM proxy listening on %s, forwarding to %s", self.url, self.upstream_url)
         return self.base_url
 

@@ -34,10 +34,18 @@ _RETRIES_REMEMBERED = 4096
 class ProxyState:
     """Everything the routes share: the store, the upstream client, counters, retry memory."""
 
-    def __init__(self, store: Store, upstream_url: str, *, model: str | None = None,
-                 upstream_api_key: str | None = None, forward_client_auth: bool = True,
-                 upstream_timeout: float = 600.0, record_mode: RecordMode = "async",
-                 write_linger: float = 0.0) -> None:
+    def __init__(
+        self,
+        store: Store,
+        upstream_url: str,
+        *,
+        model: str | None = None,
+        upstream_api_key: str | None = None,
+        forward_client_auth: bool = True,
+        upstream_timeout: float = 600.0,
+        record_mode: RecordMode = "async",
+        write_linger: float = 0.0,
+    ) -> None:
         if record_mode not in ("async", "sync"):
             raise ValueError(f"record_mode must be 'async' or 'sync', got {record_mode!r}")
         self.store = store
@@ -115,8 +123,7 @@ class ProxyState:
             call.open = False
             self.writer.cancel(call.key)
 
-    async def record(self, call: Call, answer: Callable[[], tuple[dict[str, Any], Capture]], *,
-                     streamed: bool) -> None:
+    async def record(self, call: Call, answer: Callable[[], tuple[dict[str, Any], Capture]], *, streamed: bool) -> None:
         """Hand the call's span to the writer (``async``) or store it now (``sync``).
 
         ``answer`` gives the response as the client saw it and its capture; it is called where the
@@ -132,12 +139,24 @@ class ProxyState:
             response, capture = answer()
             if capture.prompt_token_ids is None or capture.completion_token_ids is None:
                 self.metrics.missing_token_ids += 1
-                log.warning("upstream %s returned no token ids for a call of rollout %s: the call is stored but "
-                            "cannot be trained on (does the engine support return_token_ids?)",
-                            self.upstream_url, context.rollout_id)
-            return build_span(context, call.api, call.body, response, capture, streamed=streamed,
-                              started=call.started, translated=call.chat if call.api == "responses" else None,
-                              span_id=call.span_id, ended=ended)
+                log.warning(
+                    "upstream %s returned no token ids for a call of rollout %s: the call is stored but "
+                    "cannot be trained on (does the engine support return_token_ids?)",
+                    self.upstream_url,
+                    context.rollout_id,
+                )
+            return build_span(
+                context,
+                call.api,
+                call.body,
+                response,
+                capture,
+                streamed=streamed,
+                started=call.started,
+                translated=call.chat if call.api == "responses" else None,
+                span_id=call.span_id,
+                ended=ended,
+            )
 
         if self.record_mode == "async":
             self.writer.submit(key, make_span)

@@ -61,8 +61,9 @@ class FlushError(RuntimeError):
 
     def __init__(self, rollout_id: str, attempt_id: str, failed: int, last_error: str | None) -> None:
         self.failed, self.last_error = failed, last_error
-        super().__init__(f"{failed} LLM call span(s) of rollout {rollout_id} attempt {attempt_id} could not be "
-                         f"stored: {last_error}")
+        super().__init__(
+            f"{failed} LLM call span(s) of rollout {rollout_id} attempt {attempt_id} could not be stored: {last_error}"
+        )
 
 
 @dataclass
@@ -81,8 +82,17 @@ class SpanWriter:
     :meth:`flush` waits until an attempt has no unsettled call and nothing queued or being written.
     """
 
-    def __init__(self, store: Store, metrics: ProxyMetrics, *, max_batch: int = 256, linger: float = 0.0,
-                 retries: int = 4, backoff: float = 0.05, max_backoff: float = 2.0) -> None:
+    def __init__(
+        self,
+        store: Store,
+        metrics: ProxyMetrics,
+        *,
+        max_batch: int = 256,
+        linger: float = 0.0,
+        retries: int = 4,
+        backoff: float = 0.05,
+        max_backoff: float = 2.0,
+    ) -> None:
         self.store, self.metrics = store, metrics
         self.max_batch, self.linger = max_batch, linger
         self.retries, self.backoff, self.max_backoff = retries, backoff, max_backoff
@@ -144,8 +154,10 @@ class SpanWriter:
                 finally:
                     self._flushing -= 1
                 if not done:
-                    raise FlushTimeout(f"{self._pending.get(key, 0)} LLM call(s) of rollout {rollout_id} attempt "
-                                       f"{attempt_id} still in flight or unstored after {timeout} s")
+                    raise FlushTimeout(
+                        f"{self._pending.get(key, 0)} LLM call(s) of rollout {rollout_id} attempt "
+                        f"{attempt_id} still in flight or unstored after {timeout} s"
+                    )
             result = self._failed.pop(key, None)
         if result is not None and result.failed:
             raise FlushError(rollout_id, attempt_id, result.failed, result.last_error)
@@ -175,8 +187,9 @@ class SpanWriter:
             with self._start_lock:
                 if self._thread is None:
                     self._stopping = threading.Event()
-                    self._thread = threading.Thread(target=self._run, args=(self._stopping,),
-                                                    name="agentgrad-span-writer", daemon=True)
+                    self._thread = threading.Thread(
+                        target=self._run, args=(self._stopping,), name="agentgrad-span-writer", daemon=True
+                    )
                     self._thread.start()
 
     def _run(self, stopping: threading.Event) -> None:
@@ -250,8 +263,9 @@ class SpanWriter:
                 if isinstance(exc, PERMANENT_ERRORS) or attempt == self.retries:
                     return False
                 self.metrics.store_retries += 1
-                log.debug("storing %d span(s) failed (%s: %s); retry in %.2f s", len(spans), type(exc).__name__,
-                          exc, delay)
+                log.debug(
+                    "storing %d span(s) failed (%s: %s); retry in %.2f s", len(spans), type(exc).__name__, exc, delay
+                )
                 time.sleep(delay)
                 delay = min(delay * 2, self.max_backoff)
         return False

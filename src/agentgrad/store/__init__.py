@@ -25,10 +25,13 @@ if TYPE_CHECKING:
     from agentgrad.store.wire import TOKEN_ENV as TOKEN_ENV
 
 _EXPORTS = {
-    "Store": "agentgrad.store.protocol", "RolloutFilter": "agentgrad.store.protocol",
+    "Store": "agentgrad.store.protocol",
+    "RolloutFilter": "agentgrad.store.protocol",
     "RolloutRequest": "agentgrad.store.protocol",
-    "MemoryStore": "agentgrad.store.memory", "SqliteStore": "agentgrad.store.sqlite",
-    "PostgresStore": "agentgrad.store.postgres", "RedisStore": "agentgrad.store.redis",
+    "MemoryStore": "agentgrad.store.memory",
+    "SqliteStore": "agentgrad.store.sqlite",
+    "PostgresStore": "agentgrad.store.postgres",
+    "RedisStore": "agentgrad.store.redis",
     "StoreClient": "agentgrad.store.client",
     "TOKEN_ENV": "agentgrad.store.wire",
 }
@@ -53,7 +56,7 @@ def open_store(url: str, *, watchdog: bool = True, **options: Any) -> Store:
         from agentgrad.store.sqlite import SqliteStore
 
         # sqlite:///abs/path.db → /abs/path.db ; sqlite://rel.db → rel.db
-        return SqliteStore(url[len("sqlite://"):] or ":memory:", **options)
+        return SqliteStore(url[len("sqlite://") :] or ":memory:", **options)
     if url.startswith(("postgresql://", "postgres://")):
         from agentgrad.store.postgres import PostgresStore
 

@@ -79,9 +79,14 @@ def _dumps_as_fields(cls: type[BaseModel]) -> bool:
     skips the intermediate copy ``model_dump`` builds, which was most of the client's time on a
     batch of spans."""
     decorators = cls.__pydantic_decorators__
-    return not (decorators.field_serializers or decorators.model_serializers or decorators.computed_fields
-                or cls.model_config.get("extra") == "allow" or cls.model_config.get("serialize_by_alias")
-                or any(field.exclude or getattr(field, "exclude_if", None) for field in cls.model_fields.values()))
+    return not (
+        decorators.field_serializers
+        or decorators.model_serializers
+        or decorators.computed_fields
+        or cls.model_config.get("extra") == "allow"
+        or cls.model_config.get("serialize_by_alias")
+        or any(field.exclude or getattr(field, "exclude_if", None) for field in cls.model_fields.values())
+    )
 
 
 def _encode_default(value: Any) -> Any:
@@ -218,8 +223,9 @@ class StoreClient(Store):
         _, cls = known
         return _rebuild(cls, body.message, body.fields if cls is not InvalidInputError else {})
 
-    def _call(self, model: type[M], method: str, path: str, payload: dict[str, Any] | bytes | None = None,
-              **options: Any) -> M:
+    def _call(
+        self, model: type[M], method: str, path: str, payload: dict[str, Any] | bytes | None = None, **options: Any
+    ) -> M:
         return model.model_validate_json(self._request(method, path, payload, **options))
 
     # ---- rollouts -------------------------------------------------------------------------------
@@ -230,10 +236,14 @@ class StoreClient(Store):
         stores nothing twice; with the caller's ``idempotency_key`` they are sent as given, so
         that the caller's own repeat matches the first request, as with a local store."""
         parsed = [r if isinstance(r, RolloutRequest) else RolloutRequest.model_validate(r) for r in requests]
-        named = parsed if idempotency_key is not None else \
-            [r if r.rollout_id else r.model_copy(update={"rollout_id": new_id("ro")}) for r in parsed]
-        return self._call(wire.RolloutList, "POST", "/v1/rollouts/enqueue", {"rollouts": named}, once=True,
-                          key=idempotency_key).rollouts
+        named = (
+            parsed
+            if idempotency_key is not None
+            else [r if r.rollout_id else r.model_copy(update={"rollout_id": new_id("ro")}) for r in parsed]
+        )
+        return self._call(
+            wire.RolloutList, "POST", "/v1/rollouts/enqueue", {"rollouts": named}, once=True, key=idempotency_key
+        ).rollouts
 
     def dequeue_rollouts(
         self, limit: int, worker_id: str | None = None, timeout: float = 0.0, *, idempotency_key: str | None = None
@@ -241,9 +251,15 @@ class StoreClient(Store):
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
             wait = min(self.long_poll, max(0.0, deadline - time.monotonic()))
-            claimed = self._call(wire.ClaimList, "POST", "/v1/rollouts/dequeue",
-                                 {"limit": limit, "worker_id": worker_id, "timeout": wait}, once=True,
-                                 key=idempotency_key, wait=wait).claimed
+            claimed = self._call(
+                wire.ClaimList,
+                "POST",
+                "/v1/rollouts/dequeue",
+                {"limit": limit, "worker_id": worker_id, "timeout": wait},
+                once=True,
+                key=idempotency_key,
+                wait=wait,
+            ).claimed
             if claimed or time.monotonic() >= deadline:
                 return claimed
 
@@ -259,8 +275,9 @@ class StoreClient(Store):
         return self._call(wire.Count, "POST", "/v1/rollouts/count", body).count
 
     def cancel_rollout(self, rollout_id: str, *, idempotency_key: str | None = None) -> Rollout:
-        return self._call(Rollout, "POST", "/v1/rollouts/cancel", {"rollout_id": rollout_id}, once=True,
-                          key=idempotency_key)
+        return self._call(
+            Rollout, "POST", "/v1/rollouts/cancel", {"rollout_id": rollout_id}, once=True, key=idempotency_key
+        )
 
     def update_rollout_metadata(self, rollout_id: str, metadata: dict[str, Any]) -> Rollout:
         return self._call(Rollout, "POST", "/v1/rollouts/metadata", {"rollout_id": rollout_id, "metadata": metadata})
@@ -271,8 +288,9 @@ class StoreClient(Store):
         while True:
             left = self.long_poll if deadline is None else max(0.0, deadline - time.monotonic())
             wait = min(self.long_poll, left)
-            done = self._call(wire.RolloutList, "POST", "/v1/rollouts/wait",
-                              {"rollout_ids": ids, "timeout": wait}, wait=wait).rollouts
+            done = self._call(
+                wire.RolloutList, "POST", "/v1/rollouts/wait", {"rollout_ids": ids, "timeout": wait}, wait=wait
+            ).rollouts
             if len(done) == len(ids) or (deadline is not None and time.monotonic() >= deadline):
                 return done
 
@@ -287,12 +305,18 @@ class StoreClient(Store):
         status: AttemptStatus | str,
         error: AttemptError | None = None,
     ) -> Attempt:
-        body = {"rollout_id": rollout_id, "attempt_id": attempt_id,
-                "status": status.value if isinstance(status, AttemptStatus) else status, "error": error}
+        body = {
+            "rollout_id": rollout_id,
+            "attempt_id": attempt_id,
+            "status": status.value if isinstance(status, AttemptStatus) else status,
+            "error": error,
+        }
         return self._call(Attempt, "POST", "/v1/attempts/update", body)
 
     def heartbeat(self, rollout_id: str, attempt_id: str) -> Attempt:
-        return self._call(Attempt, "POST", "/v1/attempts/heartbeat", {"rollout_id": rollout_id, "attempt_id": attempt_id})
+        return self._call(
+            Attempt, "POST", "/v1/attempts/heartbeat", {"rollout_id": rollout_id, "attempt_id": attempt_id}
+        )
 
     def check_watchdog(self) -> list[Attempt]:
         return self._call(wire.AttemptList, "POST", "/v1/watchdog/check").attempts
@@ -309,8 +333,10 @@ class StoreClient(Store):
             normalize_span(span, index if len(parsed) > 1 else None)
         body = b'{"spans":' + _SPAN_LIST.dump_json(parsed) + b"}"
         receipt = self._call(wire.SpanReceipt, "POST", "/v1/spans/receipt", body)
-        return [receipt.stored.get(index) or evolved(span, sequence_id=sequence_id)
-                for index, (span, sequence_id) in enumerate(zip(parsed, receipt.sequence_ids, strict=True))]
+        return [
+            receipt.stored.get(index) or evolved(span, sequence_id=sequence_id)
+            for index, (span, sequence_id) in enumerate(zip(parsed, receipt.sequence_ids, strict=True))
+        ]
 
     def query_spans(
         self,
@@ -328,8 +354,13 @@ class StoreClient(Store):
         after = max(0, after_sequence_id)
         while True:
             want = wire.DEFAULT_SPAN_PAGE if limit is None else min(wire.MAX_SPAN_PAGE, max(0, limit - len(spans)))
-            params = {"rollout_id": rollout_id, "attempt_id": attempt_id, "name": name,
-                      "after_sequence_id": after, "limit": want}
+            params = {
+                "rollout_id": rollout_id,
+                "attempt_id": attempt_id,
+                "name": name,
+                "after_sequence_id": after,
+                "limit": want,
+            }
             page = self._call(wire.SpanPage, "GET", "/v1/spans", params=params)
             spans += page.spans
             if page.next_after_sequence_id is None or (limit is not None and len(spans) >= limit):
@@ -345,8 +376,10 @@ class StoreClient(Store):
         # Validated here like a local store does (same pydantic errors), then sent typed; named
         # here unless the caller's key makes its repeats match (see enqueue_rollouts).
         snapshot = Resources(resources_id=resources_id or new_id("res"), version=0, items=items)
-        body = {"items": snapshot.items,
-                "resources_id": resources_id if idempotency_key is not None else snapshot.resources_id}
+        body = {
+            "items": snapshot.items,
+            "resources_id": resources_id if idempotency_key is not None else snapshot.resources_id,
+        }
         return self._call(Resources, "POST", "/v1/resources", body, once=True, key=idempotency_key)
 
     def get_resources(self, resources_id: str) -> Resources:

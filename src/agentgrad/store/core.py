@@ -141,12 +141,14 @@ class StoreTx(Protocol):
     def peek_rollout(self, rollout_id: str) -> Rollout | None:
         """The rollout as a read-only view: the core must neither change it nor hand it out."""
         ...
+
     def insert_rollouts(self, rollouts: Sequence[Rollout]) -> None: ...
     def save_rollout(self, rollout: Rollout, *, private: bool = False) -> None:
         """Replace the stored rollout. ``private``: the core made this record for the store alone
         and nobody else will ever hold it, so a backend that keeps objects may keep it as it is
         (no copy); it may share nested values with the view it was made from."""
         ...
+
     def push_queue(self, rollout_ids: Sequence[str]) -> None: ...
     def pop_queue(self, limit: int) -> list[str]: ...
     def remove_from_queue(self, rollout_id: str) -> None: ...
@@ -157,11 +159,13 @@ class StoreTx(Protocol):
     def peek_attempt(self, rollout_id: str, attempt_id: str) -> Attempt | None:
         """The attempt as a read-only view, like :meth:`peek_rollout`."""
         ...
+
     def get_attempts(self, rollout_id: str) -> list[Attempt]: ...
     def insert_attempt(self, attempt: Attempt) -> None: ...
     def save_attempt(self, attempt: Attempt, *, private: bool = False) -> None:
         """Replace the stored attempt; ``private`` as for :meth:`save_rollout`."""
         ...
+
     def attempt_clocks(self) -> list[AttemptClock]:
         """One clock per attempt in ``preparing`` or ``running`` (those of rollouts that set no
         time limit may be left out: they can never be overdue)."""
@@ -192,9 +196,11 @@ class StoreTx(Protocol):
     def find_replay(self, scope: str, key: str) -> tuple[str, str] | None:
         """The (fingerprint, answer JSON) recorded for an idempotency key, or None."""
         ...
+
     def save_replay(self, scope: str, key: str, fingerprint: str, answer: str, stamp: float) -> None:
         """Record an idempotency key's answer (the key is not recorded yet: the core looked)."""
         ...
+
     def prune_replays(self, expired_before: float, keep: int) -> None:
         """Drop the records written before ``expired_before`` and all but the ``keep`` newest."""
         ...
@@ -405,8 +411,12 @@ class TransactionalStore(Store):
                     error=None,
                 )
                 rollout = evolved(
-                    view, status=RolloutStatus.PREPARING, num_attempts=attempt.sequence_id,
-                    start_time=view.start_time or stamp, reward=None, llm_calls=0,
+                    view,
+                    status=RolloutStatus.PREPARING,
+                    num_attempts=attempt.sequence_id,
+                    start_time=view.start_time or stamp,
+                    reward=None,
+                    llm_calls=0,
                 )
                 tx.insert_attempt(attempt)
                 tx.save_rollout(rollout)
@@ -654,8 +664,9 @@ class TransactionalStore(Store):
                 latest = attempt_id
             status = attempt.status
             if status is _RUNNING:
-                if stamp - (attempt.last_heartbeat_time or 0.0) >= HEARTBEAT_RESOLUTION_SECONDS \
-                        and _heard_from(attempt_id, attempts, spans):
+                if stamp - (attempt.last_heartbeat_time or 0.0) >= HEARTBEAT_RESOLUTION_SECONDS and _heard_from(
+                    attempt_id, attempts, spans
+                ):
                     tx.save_attempt(evolved(attempt, last_heartbeat_time=stamp), private=True)
             elif status is _PREPARING and _heard_from(attempt_id, attempts, spans):
                 wake |= self._transition(tx, rollout, attempt, _RUNNING, None)[1]
@@ -787,8 +798,9 @@ class TransactionalStore(Store):
         """Record ``answer`` for ``replay``'s key inside the write's transaction, pruning now and
         then (see :mod:`agentgrad.store.idempotency`)."""
         stamp = self._clock()
-        tx.save_replay(replay.scope, replay.key, replay.fingerprint, idempotency.dump_answer(replay.scope, answer),
-                       stamp)
+        tx.save_replay(
+            replay.scope, replay.key, replay.fingerprint, idempotency.dump_answer(replay.scope, answer), stamp
+        )
         if self._replays_recorded % max(1, self.replay_prune_interval) == 0:
             tx.prune_replays(stamp - self.replay_ttl_seconds, self.max_replays)
         self._replays_recorded += 1
@@ -817,4 +829,3 @@ class TransactionalStore(Store):
         if self._watchdog_thread is not None:
             self._watchdog_thread.join(timeout=5)
         self._close_backend()
-

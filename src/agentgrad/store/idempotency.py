@@ -94,7 +94,8 @@ def refused(found: Replay) -> IdempotencyKeyReusedError:
     return IdempotencyKeyReusedError(
         f"idempotency key {found.key!r} was already used for a different {found.scope} request; "
         "send a new key with each new request (and the same key only with an exact retry)",
-        key=found.key, operation=found.scope,
+        key=found.key,
+        operation=found.scope,
     )
 
 

@@ -128,8 +128,11 @@ def _normalized(value: Any, depth: int) -> Any:
     if kind is dict or kind is list:
         if depth >= MAX_VALUE_DEPTH:
             raise _NotJson
-        if len(value) >= _FLAT_CHECK_MIN and _is_flat_json(value if kind is list else value.values()) \
-                and (kind is list or _has_str_keys(value)):
+        if (
+            len(value) >= _FLAT_CHECK_MIN
+            and _is_flat_json(value if kind is list else value.values())
+            and (kind is list or _has_str_keys(value))
+        ):
             return value
         copy: Any = None
         for key, item in value.items() if kind is dict else enumerate(value):

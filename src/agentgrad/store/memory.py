@@ -57,13 +57,14 @@ class _SpanLog:
         self.names.append(span.name)
         self.texts.append(text)
 
-    def select(self, attempt_id: str | None, name: str | None, after_sequence_id: int,
-               limit: int | None) -> Iterable[bytes]:
+    def select(
+        self, attempt_id: str | None, name: str | None, after_sequence_id: int, limit: int | None
+    ) -> Iterable[bytes]:
         """The texts after ``after_sequence_id`` (the index of the next one: sequence ids count
         from 1), at most ``limit``; a page without filters is one slice, not a copy of the rest."""
         start = max(0, after_sequence_id)
         if attempt_id is None and name is None:
-            return self.texts[start:] if limit is None else self.texts[start:start + limit]
+            return self.texts[start:] if limit is None else self.texts[start : start + limit]
         selected = (
             self.texts[index]
             for index in range(start, len(self.texts))
@@ -219,8 +220,16 @@ class _MemoryTx(StoreTx):
             config = self.d.rollouts[rollout_id].config
             if config.timeout_seconds is not None or config.unresponsive_seconds is not None:
                 latest = attempts[-1]
-                clocks.append(AttemptClock(rollout_id, latest.attempt_id, latest.start_time, latest.last_heartbeat_time,
-                                           config.timeout_seconds, config.unresponsive_seconds))
+                clocks.append(
+                    AttemptClock(
+                        rollout_id,
+                        latest.attempt_id,
+                        latest.start_time,
+                        latest.last_heartbeat_time,
+                        config.timeout_seconds,
+                        config.unresponsive_seconds,
+                    )
+                )
         return clocks
 
     def insert_spans(self, rollout_id: str, spans: Sequence[Span]) -> list[tuple[Span, bool]]:
@@ -319,4 +328,3 @@ class MemoryStore(TransactionalStore):
 
     def _transaction(self) -> _Locked:
         return self._locked
-

@@ -84,8 +84,13 @@ class OutageLog:
                 return
             self._since = time.monotonic()
             self.outages += 1
-        log.warning("%s: the store cannot be reached (%s: %s: %s); retrying with backoff until it answers",
-                    self.who, what, type(exc).__name__, exc)
+        log.warning(
+            "%s: the store cannot be reached (%s: %s: %s); retrying with backoff until it answers",
+            self.who,
+            what,
+            type(exc).__name__,
+            exc,
+        )
 
     def answered(self) -> None:
         if self._since is None:  # the usual case, without taking the lock
@@ -111,15 +116,21 @@ class PatientStore(Store):
     method is :meth:`call` of the wrapped store's method; :attr:`outage` says whether it is down.
     """
 
-    def __init__(self, store: Store, *, who: str = "worker", give_up: Callable[[], bool] = lambda: False,
-                 first_delay: float = 0.25, max_delay: float = 5.0) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        who: str = "worker",
+        give_up: Callable[[], bool] = lambda: False,
+        first_delay: float = 0.25,
+        max_delay: float = 5.0,
+    ) -> None:
         self.inner = store
         self.outage = OutageLog(who)
         self.give_up = give_up
         self.first_delay, self.max_delay = first_delay, max_delay
 
-    def call(self, func: Callable[..., T], *args: Any, give_up: Callable[[], bool] | None = None,
-             **kwargs: Any) -> T:
+    def call(self, func: Callable[..., T], *args: Any, give_up: Callable[[], bool] | None = None, **kwargs: Any) -> T:
         """``func(*args, **kwargs)``, retried while it fails with an outage error and neither
         ``give_up`` (default: the store's) nor the store's own ``give_up`` says to stop."""
         backoff = None  # made on the first failure: most calls never need one

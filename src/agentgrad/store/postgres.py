@@ -153,13 +153,16 @@ class PostgresStore(TransactionalStore):
             return
         if "agentgrad_meta" not in tables:
             shown = ", ".join(sorted(tables)[:5])
-            raise StoreFileError(f"{where} holds tables of something else ({shown}); refusing to use it as an "
-                                 "AgentGrad store (pass schema=… to use a schema of its own)")
+            raise StoreFileError(
+                f"{where} holds tables of something else ({shown}); refusing to use it as an "
+                "AgentGrad store (pass schema=… to use a schema of its own)"
+            )
         cur.execute("SELECT value FROM agentgrad_meta WHERE key = 'schema_version'")
         row = cur.fetchone()
         if row is None or row[0] != SCHEMA_VERSION:
-            raise StoreFileError(f"{where} has store schema version {row[0] if row else 'none'}, "
-                                 f"this AgentGrad needs {SCHEMA_VERSION}")
+            raise StoreFileError(
+                f"{where} has store schema version {row[0] if row else 'none'}, this AgentGrad needs {SCHEMA_VERSION}"
+            )
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[StoreTx]:

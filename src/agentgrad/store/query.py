@@ -33,4 +33,4 @@ def filter_and_page(rollouts: Iterable[Rollout], f: RolloutFilter) -> list[Rollo
     missing = [r for r in selected if getattr(r, key) is None]
     ordered = present + missing
     end = None if f.limit is None else f.offset + f.limit
-    return ordered[f.offset:end]
+    return ordered[f.offset : end]

@@ -221,7 +221,8 @@ class _WriterConn(_Conn):
         while True:
             # UNWATCH first: our own SET would otherwise spoil a WATCH left by a failed try.
             replies, error = self._exchange(
-                [("UNWATCH",), ("SET", lock.key, token, "NX", "PX", lock.lease_ms), ("WATCH", lock.key), *commands])
+                [("UNWATCH",), ("SET", lock.key, token, "NX", "PX", lock.lease_ms), ("WATCH", lock.key), *commands]
+            )
             if replies[1] is not None:
                 self.token = token
                 if error is not None:
@@ -253,8 +254,10 @@ class _WriterConn(_Conn):
             return
         replies = super().calls([("MULTI",), *writes, ("DEL", self.lock.key), ("EXEC",)])
         if replies[-1] is None:
-            raise RedisStoreError(f"the store lock {self.lock.key!r} expired during a call that held it longer than "
-                                  f"lock_seconds={self.lock.lease_ms / 1000}; nothing of the call was written")
+            raise RedisStoreError(
+                f"the store lock {self.lock.key!r} expired during a call that held it longer than "
+                f"lock_seconds={self.lock.lease_ms / 1000}; nothing of the call was written"
+            )
         failed = [reply for reply in replies[-1] if isinstance(reply, redis.ResponseError)]
         if failed:
             raise failed[0]
@@ -327,8 +330,9 @@ class RedisTx(StoreTx):
         written = self._written.get((self.k.rollouts, rollout_id), _ABSENT)
         if written is not _ABSENT or rollout_id in self._attempt_texts:
             return self._hget(self.k.rollouts, rollout_id)
-        text, attempts = self.conn.calls([("HGET", self.k.rollouts, rollout_id),
-                                          ("HGETALL", self.k.attempts(rollout_id))])
+        text, attempts = self.conn.calls(
+            [("HGET", self.k.rollouts, rollout_id), ("HGETALL", self.k.attempts(rollout_id))]
+        )
         self._attempt_texts[rollout_id] = _pairs(attempts)
         return None if text is None else text.decode()
 
@@ -454,8 +458,16 @@ class RedisTx(StoreTx):
                 continue
             attempt = from_json(Attempt, text)
             timeout, unresponsive = _numbers(limit)
-            clocks.append(AttemptClock(rollout_id, attempt.attempt_id, attempt.start_time,
-                                       attempt.last_heartbeat_time, timeout, unresponsive))
+            clocks.append(
+                AttemptClock(
+                    rollout_id,
+                    attempt.attempt_id,
+                    attempt.start_time,
+                    attempt.last_heartbeat_time,
+                    timeout,
+                    unresponsive,
+                )
+            )
         return clocks
 
     # ---- spans
@@ -467,8 +479,9 @@ class RedisTx(StoreTx):
         existing: dict[str, Span] = {}
         if stored:
             entries = self.conn.calls([("LINDEX", spans_key, seq - 1) for seq in stored.values()])
-            existing = {name: from_json(Span, entry.split(_NUL, 2)[2])
-                        for name, entry in zip(stored, entries, strict=True)}
+            existing = {
+                name: from_json(Span, entry.split(_NUL, 2)[2]) for name, entry in zip(stored, entries, strict=True)
+            }
         top = length + self._new_spans.get(rollout_id, 0)
         fresh: dict[str, Span] = {}
         results: list[tuple[Span, bool]] = []
@@ -484,8 +497,9 @@ class RedisTx(StoreTx):
                 results.append((fresh[name], True))
         if fresh:
             self._new_spans[rollout_id] = top - length
-            self._write("RPUSH", spans_key,
-                        *[f"{s.attempt_id}\0{s.name}\0".encode() + to_json(s) for s in fresh.values()])
+            self._write(
+                "RPUSH", spans_key, *[f"{s.attempt_id}\0{s.name}\0".encode() + to_json(s) for s in fresh.values()]
+            )
             self._write("HSET", ids_key, *[part for name, s in fresh.items() for part in (name, s.sequence_id)])
         return results
 
@@ -566,10 +580,12 @@ class RedisTx(StoreTx):
 
     def prune_replays(self, expired_before: float, keep: int) -> None:
         """Records of this transaction are the newest: the oldest on the server go first."""
-        expired, count = self.conn.calls([
-            ("ZRANGEBYSCORE", self.k.replay_times, "-inf", f"({expired_before!r}"),
-            ("ZCARD", self.k.replay_times),
-        ])
+        expired, count = self.conn.calls(
+            [
+                ("ZRANGEBYSCORE", self.k.replay_times, "-inf", f"({expired_before!r}"),
+                ("ZCARD", self.k.replay_times),
+            ]
+        )
         surplus = min(count, count + self._new_replays - keep)
         oldest = self.conn.call("ZRANGE", self.k.replay_times, 0, surplus - 1) if surplus > 0 else []
         doomed = list(dict.fromkeys([*expired, *oldest]))
@@ -636,12 +652,17 @@ class RedisStore(TransactionalStore):
         self._keys = _Keys(self.prefix)
         # Every connection of this object carries the lock's holder name: a waiter that finds no
         # connection so named knows the lock holder is dead (see the module docstring).
-        self._lock = _Lock(self._keys.lock, max(1, int(lock_seconds * 1000)),
-                           f"agentgrad-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+        self._lock = _Lock(
+            self._keys.lock, max(1, int(lock_seconds * 1000)), f"agentgrad-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        )
         try:
             self._pool = redis.BlockingConnectionPool.from_url(
-                url, max_connections=pool_size, timeout=socket_timeout, client_name=self._lock.holder,
-                socket_connect_timeout=connect_timeout, socket_timeout=socket_timeout,
+                url,
+                max_connections=pool_size,
+                timeout=socket_timeout,
+                client_name=self._lock.holder,
+                socket_connect_timeout=connect_timeout,
+                socket_timeout=socket_timeout,
                 protocol=2,  # the replies this module reads (redis-py 8 would speak RESP3)
             )
         except (ValueError, TypeError) as exc:
@@ -681,24 +702,30 @@ class RedisStore(TransactionalStore):
             conn.call("HSETNX", self._keys.meta, "schema_version", SCHEMA_VERSION)
             found = conn.call("HGET", self._keys.meta, "schema_version").decode()
             if found != SCHEMA_VERSION:
-                raise StoreFileError(f"Redis prefix {self.prefix!r} at {_redact(self.url)} has store schema version "
-                                     f"{found}, this AgentGrad needs {SCHEMA_VERSION}")
+                raise StoreFileError(
+                    f"Redis prefix {self.prefix!r} at {_redact(self.url)} has store schema version "
+                    f"{found}, this AgentGrad needs {SCHEMA_VERSION}"
+                )
             self._warn_if_volatile(conn)
 
     def _warn_if_volatile(self, conn: _Conn) -> None:
         """Warn (once per server) when the server persists nothing: a Redis restart would lose the
         whole store. Servers that refuse ``CONFIG GET`` (managed services) are not judged."""
         try:
-            appendonly, save = (reply[1] for reply in conn.calls([("CONFIG", "GET", "appendonly"),
-                                                                   ("CONFIG", "GET", "save")]))
+            appendonly, save = (
+                reply[1] for reply in conn.calls([("CONFIG", "GET", "appendonly"), ("CONFIG", "GET", "save")])
+            )
         except redis.ResponseError:
             return
         server = _redact(self.url).partition("?")[0]
         if appendonly == b"no" and not save.strip() and server not in _WARNED:
             _WARNED.add(server)
-            log.warning("Redis at %s persists nothing (appendonly no, no save points): the store survives any "
-                        "client's crash but not a Redis restart; for that run Redis with appendonly yes "
-                        "(docs/store-service.md#redis)", server)
+            log.warning(
+                "Redis at %s persists nothing (appendonly no, no save points): the store survives any "
+                "client's crash but not a Redis restart; for that run Redis with appendonly yes "
+                "(docs/store-service.md#redis)",
+                server,
+            )
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[StoreTx]:

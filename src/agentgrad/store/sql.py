@@ -84,8 +84,7 @@ class SqlDialect:
                 rollout_id TEXT NOT NULL, attempt_id TEXT NOT NULL, sequence_id INTEGER NOT NULL,
                 status TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (rollout_id, attempt_id))""",
             "CREATE INDEX IF NOT EXISTS attempts_by_seq ON attempts (rollout_id, sequence_id)",
-            "CREATE INDEX IF NOT EXISTS attempts_active ON attempts (status) "
-            "WHERE status IN ('preparing', 'running')",
+            "CREATE INDEX IF NOT EXISTS attempts_active ON attempts (status) WHERE status IN ('preparing', 'running')",
             """CREATE TABLE IF NOT EXISTS spans (
                 rollout_id TEXT NOT NULL, attempt_id TEXT NOT NULL, span_id TEXT NOT NULL,
                 sequence_id BIGINT NOT NULL, name TEXT NOT NULL, data TEXT NOT NULL,
@@ -107,7 +106,10 @@ class SqlDialect:
 
 SQLITE = SqlDialect(name="sqlite", float_type="REAL")
 POSTGRES = SqlDialect(
-    name="postgresql", placeholder="%s", claim_lock=" FOR UPDATE SKIP LOCKED", autoincrement_pk="BIGSERIAL PRIMARY KEY",
+    name="postgresql",
+    placeholder="%s",
+    claim_lock=" FOR UPDATE SKIP LOCKED",
+    autoincrement_pk="BIGSERIAL PRIMARY KEY",
     serial_pk="BIGSERIAL PRIMARY KEY",
 )
 
@@ -134,7 +136,7 @@ def _text(record: Any) -> str:
 
 def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]:
     for start in range(0, len(items), size):
-        yield items[start:start + size]
+        yield items[start : start + size]
 
 
 class RowViews:
@@ -357,7 +359,9 @@ class SqlTx(StoreTx):
             # Writers are serialized (SQLite's write lock, PostgreSQL's advisory lock), so the next
             # number follows the highest stored one: an index lookup that, unlike a counter in the
             # rollout's row, leaves one page fewer for the commit to write.
-            ((top,),) = self._rows("SELECT COALESCE(MAX(sequence_id), 0) FROM spans WHERE rollout_id = ?", (rollout_id,))
+            ((top,),) = self._rows(
+                "SELECT COALESCE(MAX(sequence_id), 0) FROM spans WHERE rollout_id = ?", (rollout_id,)
+            )
             first = top + 1
             fresh = {key: evolved(span, sequence_id=first + offset) for offset, (key, span) in enumerate(fresh.items())}
             self.cur.executemany(
@@ -443,8 +447,10 @@ class SqlTx(StoreTx):
         return (rows[0][0], rows[0][1]) if rows else None
 
     def save_replay(self, scope: str, key: str, fingerprint: str, answer: str, stamp: float) -> None:
-        self._exec("INSERT INTO replays (scope, idem_key, fingerprint, answer, created) VALUES (?, ?, ?, ?, ?)",
-                   (scope, key, fingerprint, answer, stamp))
+        self._exec(
+            "INSERT INTO replays (scope, idem_key, fingerprint, answer, created) VALUES (?, ?, ?, ?, ?)",
+            (scope, key, fingerprint, answer, stamp),
+        )
 
     def prune_replays(self, expired_before: float, keep: int) -> None:
         """Writers are serialized, so ids grow with ``created``: the expired records are those
@@ -480,17 +486,33 @@ def _readable(model: type[_Record], what: str, rows: Iterable[tuple[Any, str]]) 
             if (what, key) not in _REPORTED and len(_REPORTED) < 10_000:
                 _REPORTED.add((what, key))
                 problem = exc.errors(include_url=False)[0]
-                log.warning("skipping stored %s %r: it no longer reads (%s: %s); it was written before the "
-                            "store refused such values", what, key, ".".join(map(str, problem["loc"])), problem["msg"])
+                log.warning(
+                    "skipping stored %s %r: it no longer reads (%s: %s); it was written before the "
+                    "store refused such values",
+                    what,
+                    key,
+                    ".".join(map(str, problem["loc"])),
+                    problem["msg"],
+                )
     return records
 
 
 #: The core's calls that only read. A SQL backend runs them apart from its writers (PostgreSQL
 #: without its advisory lock, SQLite on connections of its own beside its writer), so a long read
 #: never holds up a write, and a write never waits for one.
-READ_ONLY_CALLS = ("get_rollout", "query_rollouts", "count_rollouts", "wait_for_rollouts", "get_attempts",
-                   "query_spans", "get_resources", "get_latest_resources", "query_resources", "query_workers",
-                   "query_metrics")
+READ_ONLY_CALLS = (
+    "get_rollout",
+    "query_rollouts",
+    "count_rollouts",
+    "wait_for_rollouts",
+    "get_attempts",
+    "query_spans",
+    "get_resources",
+    "get_latest_resources",
+    "query_resources",
+    "query_workers",
+    "query_metrics",
+)
 _Store = TypeVar("_Store", bound=TransactionalStore)
 
 

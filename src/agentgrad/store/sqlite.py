@@ -87,7 +87,9 @@ class SqliteStore(TransactionalStore):
         try:
             tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         except sqlite3.DatabaseError as exc:
-            raise StoreFileError(f"{self.path} is not a usable SQLite store file ({exc}); refusing to open it") from None
+            raise StoreFileError(
+                f"{self.path} is not a usable SQLite store file ({exc}); refusing to open it"
+            ) from None
         if not tables:
             return
         if "agentgrad_meta" not in tables:

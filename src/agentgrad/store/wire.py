@@ -91,8 +91,9 @@ class SpanQuery(_Query):
     rollout_id: Key
     attempt_id: Key | None = Field(None, description='an attempt id, or "latest"')
     name: Name | None = None
-    after_sequence_id: StoredInt = Field(0, description="answer the spans after this sequence id (the "
-                                         "previous page's next_after_sequence_id)")
+    after_sequence_id: StoredInt = Field(
+        0, description="answer the spans after this sequence id (the previous page's next_after_sequence_id)"
+    )
     limit: int = Field(DEFAULT_SPAN_PAGE, ge=0, le=MAX_SPAN_PAGE, description="spans per page")
 
 
@@ -100,8 +101,9 @@ class SpanPage(BaseModel):
     """One page of a rollout's spans, in sequence order."""
 
     spans: list[Span]
-    next_after_sequence_id: int | None = Field(None, description="where the next page starts (pass it as "
-                                               "after_sequence_id); null on the last page")
+    next_after_sequence_id: int | None = Field(
+        None, description="where the next page starts (pass it as after_sequence_id); null on the last page"
+    )
 
 
 class ResourcesQuery(_Query):
@@ -187,8 +189,10 @@ class SpanReceipt(BaseModel):
     """
 
     sequence_ids: list[int]
-    stored: dict[int, Span] = Field(default_factory=dict, description="by index in the batch: stored "
-                                    "copies that differ from the span sent (repeats of an earlier span)")
+    stored: dict[int, Span] = Field(
+        default_factory=dict,
+        description="by index in the batch: stored copies that differ from the span sent (repeats of an earlier span)",
+    )
 
 
 class ResourcesBody(_Body):

@@ -48,8 +48,14 @@ class StubUpstream:
     waits for the event before the rest (tests of calls still in flight).
     """
 
-    def __init__(self, replies: Sequence[str | dict[str, Any]] = ("The answer is 5.",), *, fail_first: int = 0,
-                 chunk_chars: int = 4, model_version: str = "v0") -> None:
+    def __init__(
+        self,
+        replies: Sequence[str | dict[str, Any]] = ("The answer is 5.",),
+        *,
+        fail_first: int = 0,
+        chunk_chars: int = 4,
+        model_version: str = "v0",
+    ) -> None:
         self.replies = list(replies)
         self.fail_first = fail_first
         self.chunk_chars = chunk_chars
@@ -60,11 +66,13 @@ class StubUpstream:
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self.port = 0
-        self.app = Starlette(routes=[
-            Route("/v1/chat/completions", self._chat, methods=["POST"]),
-            Route("/v1/completions", self._completions, methods=["POST"]),
-            Route("/v1/models", self._models, methods=["GET"]),
-        ])
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/completions", self._completions, methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+            ]
+        )
 
     # ---- serving ---------------------------------------------------------------------------------
     def start(self) -> str:
@@ -103,8 +111,13 @@ class StubUpstream:
         return [ord(c) for c in (prompt if isinstance(prompt, str) else json.dumps(prompt))]
 
     def _top(self, body: dict[str, Any], kind: str) -> dict[str, Any]:
-        top = {"id": f"stub-{time.time_ns()}", "object": kind, "created": int(time.time()),
-               "model": body.get("model") or STUB_MODEL, "model_version": self.model_version}
+        top = {
+            "id": f"stub-{time.time_ns()}",
+            "object": kind,
+            "created": int(time.time()),
+            "model": body.get("model") or STUB_MODEL,
+            "model_version": self.model_version,
+        }
         if body.get("return_token_ids"):
             top["prompt_token_ids"] = self._prompt_ids(body)
         return top
@@ -112,8 +125,9 @@ class StubUpstream:
     @staticmethod
     def _logprobs(text: str, chat: bool) -> dict[str, Any]:
         if chat:
-            return {"content": [{"token": c, "logprob": -0.5, "bytes": list(c.encode()), "top_logprobs": []}
-                                for c in text]}
+            return {
+                "content": [{"token": c, "logprob": -0.5, "bytes": list(c.encode()), "top_logprobs": []} for c in text]
+            }
         return {"tokens": list(text), "token_logprobs": [-0.5] * len(text), "top_logprobs": None, "text_offset": []}
 
     @staticmethod
@@ -122,7 +136,9 @@ class StubUpstream:
         if isinstance(reply, str):
             return reply
         call = reply["tool_call"]
-        return f"<tool_call>{json.dumps({'name': call['name'], 'arguments': json.loads(call['arguments'])})}</tool_call>"
+        return (
+            f"<tool_call>{json.dumps({'name': call['name'], 'arguments': json.loads(call['arguments'])})}</tool_call>"
+        )
 
     @staticmethod
     def _usage(body: dict[str, Any], text: str) -> dict[str, int]:
@@ -133,19 +149,27 @@ class StubUpstream:
         body = json.loads(await request.body())
         reply, ok = self._next(body)
         if not ok:
-            return Response(b'{"error": {"message": "scripted failure", "type": "server_error"}}', status_code=500,
-                            media_type="application/json")
+            return Response(
+                b'{"error": {"message": "scripted failure", "type": "server_error"}}',
+                status_code=500,
+                media_type="application/json",
+            )
         text = self._render(reply)
         if body.get("stream"):
             return StreamingResponse(self._chat_stream(body, reply, text), media_type="text/event-stream")
         message: dict[str, Any] = {"role": "assistant", "content": reply if isinstance(reply, str) else None}
         finish = "stop"
         if isinstance(reply, dict):
-            message["tool_calls"] = [{"id": reply.get("id", "call_1"), "type": "function",
-                                      "function": reply["tool_call"]}]
+            message["tool_calls"] = [
+                {"id": reply.get("id", "call_1"), "type": "function", "function": reply["tool_call"]}
+            ]
             finish = "tool_calls"
-        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish,
-                                  "logprobs": self._logprobs(text, True) if body.get("logprobs") else None}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": message,
+            "finish_reason": finish,
+            "logprobs": self._logprobs(text, True) if body.get("logprobs") else None,
+        }
         if body.get("return_token_ids"):
             choice["token_ids"] = [ord(c) for c in text]
         out = {**self._top(body, "chat.completion"), "choices": [choice], "usage": self._usage(body, text)}
@@ -155,17 +179,27 @@ class StubUpstream:
         top = self._top(body, "chat.completion.chunk")
         ids = body.get("return_token_ids")
         step = self.chunk_chars
-        pieces = [text[i:i + step] for i in range(0, len(text), step)] or [""]
+        pieces = [text[i : i + step] for i in range(0, len(text), step)] or [""]
         for number, piece in enumerate(pieces):
             delta: dict[str, Any] = {"role": "assistant"} if number == 0 else {}
             if isinstance(reply, str):
                 delta["content"] = piece
             elif number == 0:
                 call = reply["tool_call"]
-                delta["tool_calls"] = [{"index": 0, "id": reply.get("id", "call_1"), "type": "function",
-                                        "function": {"name": call["name"], "arguments": ""}}]
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None,
-                                      "logprobs": self._logprobs(piece, True) if body.get("logprobs") else None}
+                delta["tool_calls"] = [
+                    {
+                        "index": 0,
+                        "id": reply.get("id", "call_1"),
+                        "type": "function",
+                        "function": {"name": call["name"], "arguments": ""},
+                    }
+                ]
+            choice: dict[str, Any] = {
+                "index": 0,
+                "delta": delta,
+                "finish_reason": None,
+                "logprobs": self._logprobs(piece, True) if body.get("logprobs") else None,
+            }
             if ids:
                 choice["token_ids"] = [ord(c) for c in piece]
             chunk = {**top, "choices": [choice]}
@@ -176,10 +210,19 @@ class StubUpstream:
             yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
         if isinstance(reply, dict):  # arguments in a second delta, as real engines stream them
             args = {"index": 0, "function": {"arguments": reply["tool_call"]["arguments"]}}
-            yield b"data: " + json.dumps({**top, "choices": [{"index": 0, "delta": {"tool_calls": [args]},
-                                                                "finish_reason": None}]}).encode() + b"\n\n"
+            yield (
+                b"data: "
+                + json.dumps(
+                    {**top, "choices": [{"index": 0, "delta": {"tool_calls": [args]}, "finish_reason": None}]}
+                ).encode()
+                + b"\n\n"
+            )
         finish = "stop" if isinstance(reply, str) else "tool_calls"
-        yield b"data: " + json.dumps({**top, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}).encode() + b"\n\n"
+        yield (
+            b"data: "
+            + json.dumps({**top, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}).encode()
+            + b"\n\n"
+        )
         if (body.get("stream_options") or {}).get("include_usage"):
             yield b"data: " + json.dumps({**top, "choices": [], "usage": self._usage(body, text)}).encode() + b"\n\n"
         yield b"data: [DONE]\n\n"
@@ -188,13 +231,19 @@ class StubUpstream:
         body = json.loads(await request.body())
         reply, _ = self._next(body)
         text = self._render(reply)
-        choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": "stop",
-                                  "logprobs": self._logprobs(text, False) if body.get("logprobs") is not None else None}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": text,
+            "finish_reason": "stop",
+            "logprobs": self._logprobs(text, False) if body.get("logprobs") is not None else None,
+        }
         if body.get("return_token_ids"):
             choice["token_ids"] = [ord(c) for c in text]
         out = {**self._top(body, "text_completion"), "choices": [choice], "usage": self._usage(body, text)}
         return Response(json.dumps(out), media_type="application/json")
 
     async def _models(self, request: Request) -> Response:
-        return Response(json.dumps({"object": "list", "data": [{"id": STUB_MODEL, "object": "model"}]}),
-                        media_type="application/json")
+        return Response(
+            json.dumps({"object": "list", "data": [{"id": STUB_MODEL, "object": "model"}]}),
+            media_type="application/json",
+        )

@@ -14,7 +14,8 @@ if TYPE_CHECKING:
     from agentgrad.tracing.instrument import rollout_headers as rollout_headers
 
 _EXPORTS = {
-    "instrument": "agentgrad.tracing.instrument", "rollout_headers": "agentgrad.tracing.instrument",
+    "instrument": "agentgrad.tracing.instrument",
+    "rollout_headers": "agentgrad.tracing.instrument",
 }
 
 __all__ = list(_EXPORTS)

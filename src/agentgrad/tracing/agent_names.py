@@ -55,8 +55,7 @@ class _Entered:
     node: str | None
 
 
-_entered: contextvars.ContextVar[_Entered | None] = contextvars.ContextVar("agentgrad_framework_agent",
-                                                                          default=None)
+_entered: contextvars.ContextVar[_Entered | None] = contextvars.ContextVar("agentgrad_framework_agent", default=None)
 
 
 # ---- reading the name ----------------------------------------------------------------------------
@@ -257,20 +256,24 @@ PATCHES: tuple[Patch, ...] = (
     # OpenAI Agents SDK: one turn of the current agent; after a handoff the next turn is the new
     # agent's. (Its tracing spans cannot be used: with tracing disabled they have no parents.)
     Patch("agents.run_internal.run_loop", "get_new_response", _with_argument("bindings", _public_agent_name)),
-    Patch("agents.run_internal.run_loop", "run_single_turn_streamed",
-          _with_argument("bindings", _public_agent_name)),
+    Patch("agents.run_internal.run_loop", "run_single_turn_streamed", _with_argument("bindings", _public_agent_name)),
     # AutoGen: the invoke_agent span it opens around an agent's run, run_stream, or turn in a team.
     Patch("autogen_agentchat.agents._base_chat_agent", "trace_invoke_agent_span", named_span),
     Patch("autogen_agentchat.teams._group_chat._chat_agent_container", "trace_invoke_agent_span", named_span),
     # CrewAI: an agent executing a task in a crew, or kicked off on its own.
-    *(Patch("crewai.agent.core", f"Agent.{method}", _with_self("role"))
-      for method in ("execute_task", "aexecute_task", "kickoff", "kickoff_async")),
+    *(
+        Patch("crewai.agent.core", f"Agent.{method}", _with_self("role"))
+        for method in ("execute_task", "aexecute_task", "kickoff", "kickoff_async")
+    ),
     # smolagents: a run of an agent (a managed agent's run too).
     Patch("smolagents.agents", "MultiStepAgent.run", _with_self("name")),
     # LlamaIndex: the workflow step that lets an agent take its step (single agent, multi-agent).
     Patch("llama_index.core.agent.workflow.base_agent", "BaseWorkflowAgent.run_agent_step", _with_self("name")),
-    Patch("llama_index.core.agent.workflow.multi_agent_workflow", "AgentWorkflow.run_agent_step",
-          _with_argument("ev", lambda event: event.current_agent_name)),
+    Patch(
+        "llama_index.core.agent.workflow.multi_agent_workflow",
+        "AgentWorkflow.run_agent_step",
+        _with_argument("ev", lambda event: event.current_agent_name),
+    ),
 )
 
 

@@ -54,19 +54,29 @@ class StoreSpanProcessor(SpanProcessor):
             context = self._pending.pop(own.span_id, None)
         if context is None:
             return
-        events = [SpanEvent(name=e.name, timestamp=e.timestamp * _NS, attributes=dict(e.attributes or {}))
-                  for e in span.events]
+        events = [
+            SpanEvent(name=e.name, timestamp=e.timestamp * _NS, attributes=dict(e.attributes or {}))
+            for e in span.events
+        ]
         try:
-            context.store.add_span(Span(
-                rollout_id=context.rollout_id, attempt_id=context.attempt_id,
-                span_id=f"{own.span_id:016x}", trace_id=f"{own.trace_id:032x}",
-                parent_id=f"{span.parent.span_id:016x}" if span.parent else context.parent_span_id,
-                name=span.name, start_time=(span.start_time or 0) * _NS, end_time=(span.end_time or 0) * _NS,
-                status=SpanStatus.model_validate({"status_code": span.status.status_code.name,
-                                                  "description": span.status.description}),
-                attributes=dict(span.attributes or {}), events=events,
-                resource={"service.name": "agentgrad-runner"},
-            ))
+            context.store.add_span(
+                Span(
+                    rollout_id=context.rollout_id,
+                    attempt_id=context.attempt_id,
+                    span_id=f"{own.span_id:016x}",
+                    trace_id=f"{own.trace_id:032x}",
+                    parent_id=f"{span.parent.span_id:016x}" if span.parent else context.parent_span_id,
+                    name=span.name,
+                    start_time=(span.start_time or 0) * _NS,
+                    end_time=(span.end_time or 0) * _NS,
+                    status=SpanStatus.model_validate(
+                        {"status_code": span.status.status_code.name, "description": span.status.description}
+                    ),
+                    attributes=dict(span.attributes or {}),
+                    events=events,
+                    resource={"service.name": "agentgrad-runner"},
+                )
+            )
         except Exception as exc:  # a lost enrichment span must never fail the agent
             log.warning("could not store span %r: %s: %s", span.name, type(exc).__name__, exc)
 

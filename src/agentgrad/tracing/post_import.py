@@ -61,8 +61,12 @@ def _install_finder() -> None:
 class _Finder(importlib.abc.MetaPathFinder):
     """Finds nothing itself: for a watched name it asks the finders after it, then wraps the loader."""
 
-    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None,
-                  ) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None,
+        target: ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname not in _waiting:
             return None
         for finder in sys.meta_path:

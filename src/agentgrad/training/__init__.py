@@ -32,15 +32,23 @@ if TYPE_CHECKING:
     from agentgrad.training.publish import VLLMLoRAPublisher as VLLMLoRAPublisher
 
 _EXPORTS = {
-    "TrainConfig": "agentgrad.training.policy", "LoraSettings": "agentgrad.training.policy",
+    "TrainConfig": "agentgrad.training.policy",
+    "LoraSettings": "agentgrad.training.policy",
     "LocalPolicy": "agentgrad.training.local",
-    "PolicyTrainer": "agentgrad.training.policy", "Sample": "agentgrad.training.policy",
-    "StepMetrics": "agentgrad.training.policy", "fit_sequences": "agentgrad.training.policy",
-    "micro_batches": "agentgrad.training.policy", "nll_loss": "agentgrad.training.policy",
-    "ppo_clip_loss": "agentgrad.training.policy", "check_model": "agentgrad.training.policy",
-    "default_lr": "agentgrad.training.policy", "export_model": "agentgrad.training.export",
-    "Publisher": "agentgrad.training.publish", "Published": "agentgrad.training.publish",
-    "LocalEnginePublisher": "agentgrad.training.publish", "VLLMLoRAPublisher": "agentgrad.training.publish",
+    "PolicyTrainer": "agentgrad.training.policy",
+    "Sample": "agentgrad.training.policy",
+    "StepMetrics": "agentgrad.training.policy",
+    "fit_sequences": "agentgrad.training.policy",
+    "micro_batches": "agentgrad.training.policy",
+    "nll_loss": "agentgrad.training.policy",
+    "ppo_clip_loss": "agentgrad.training.policy",
+    "check_model": "agentgrad.training.policy",
+    "default_lr": "agentgrad.training.policy",
+    "export_model": "agentgrad.training.export",
+    "Publisher": "agentgrad.training.publish",
+    "Published": "agentgrad.training.publish",
+    "LocalEnginePublisher": "agentgrad.training.publish",
+    "VLLMLoRAPublisher": "agentgrad.training.publish",
     "ModelServerPublisher": "agentgrad.training.publish",
 }
 

@@ -45,8 +45,14 @@ class TrainBackend(Protocol):
         """The longest sequence the model takes, None when unknown."""
         ...
 
-    def ppo_step(self, samples: Sequence[Sample], *, mini_batches: int = 1, epochs: int = 1,
-                 tokens_per_sample: float | None = None) -> StepMetrics:
+    def ppo_step(
+        self,
+        samples: Sequence[Sample],
+        *,
+        mini_batches: int = 1,
+        epochs: int = 1,
+        tokens_per_sample: float | None = None,
+    ) -> StepMetrics:
         """One PPO-clip step over samples with advantages and sampled logprobs."""
         ...
 
@@ -58,15 +64,13 @@ class TrainBackend(Protocol):
         """Count a step that made no update."""
         ...
 
-    def save_checkpoint(self, directory: str | Path, cursor: Any = None,
-                        extra: dict[str, Any] | None = None) -> Path:
+    def save_checkpoint(self, directory: str | Path, cursor: Any = None, extra: dict[str, Any] | None = None) -> Path:
         """Save weights, optimizer and step (plus the caller's data ``cursor``) under ``directory``."""
         ...
 
     def load_checkpoint(self, directory: str | Path, *, optimizer: bool = True) -> dict[str, Any] | None:
         """Restore the latest checkpoint under ``directory``; its ``cursor`` and ``extra``, or None."""
         ...
-
 
 
 class TrainablePolicy(Protocol):

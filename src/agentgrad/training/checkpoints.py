@@ -60,6 +60,8 @@ def find_checkpoint(path: str | Path) -> Path:
             if not (target / "state.json").is_file():
                 raise InvalidInputError(f"{root / LATEST} points at {target}, which holds no checkpoint")
             return target
-    raise InvalidInputError(f"no checkpoint at {p}: expected a checkpoint (a step-NNNNNN directory with "
-                            "state.json), a checkpoint root (with a 'latest' file) or a run directory "
-                            "(with checkpoints/latest)" + ("" if p.exists() else f"; {p} does not exist"))
+    raise InvalidInputError(
+        f"no checkpoint at {p}: expected a checkpoint (a step-NNNNNN directory with "
+        "state.json), a checkpoint root (with a 'latest' file) or a run directory "
+        "(with checkpoints/latest)" + ("" if p.exists() else f"; {p} does not exist")
+    )

@@ -28,8 +28,9 @@ if TYPE_CHECKING:
     from agentgrad.training.policy import _Batch
 
 
-def dpo_loss(chosen: torch.Tensor, rejected: torch.Tensor, ref_chosen: torch.Tensor, ref_rejected: torch.Tensor,
-             beta: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def dpo_loss(
+    chosen: torch.Tensor, rejected: torch.Tensor, ref_chosen: torch.Tensor, ref_rejected: torch.Tensor, beta: float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The DPO loss **summed** over pairs (callers divide by their pair count, so micro-batches
     add up), from per-pair sequence logprobs under the policy and the reference.
 
@@ -40,8 +41,11 @@ def dpo_loss(chosen: torch.Tensor, rejected: torch.Tensor, ref_chosen: torch.Ten
 
     margin = beta * ((chosen - ref_chosen) - (rejected - ref_rejected))
     loss = -F.logsigmoid(margin).sum()
-    diagnostics = {"margin": margin.detach().sum(), "accuracy": (margin.detach() > 0).float().sum(),
-                   "pairs": margin.new_tensor(float(margin.numel()))}
+    diagnostics = {
+        "margin": margin.detach().sum(),
+        "accuracy": (margin.detach() > 0).float().sum(),
+        "pairs": margin.new_tensor(float(margin.numel())),
+    }
     return loss, diagnostics
 
 
@@ -102,12 +106,14 @@ def dpo_step(trainer: PolicyTrainer, pairs: Sequence[tuple[Sample, Sample]], bet
         seen["margin"] += float(diag["margin"])
         seen["accuracy"] += float(diag["accuracy"])
         delta = (ref - logprobs.detach()).clamp(-20.0, 20.0)
-        return loss / n_pairs, {"kl": ((delta.exp() - delta - 1.0) * batch.mask).sum(),
-                                "entropy": (entropy.detach() * batch.mask).sum(), "tokens": batch.mask.sum()}
+        return loss / n_pairs, {
+            "kl": ((delta.exp() - delta - 1.0) * batch.mask).sum(),
+            "entropy": (entropy.detach() * batch.mask).sum(),
+            "tokens": batch.mask.sum(),
+        }
 
     step = trainer._step([s for pair in pairs for s in pair], loss_fn, batching=rows_by_pair)
-    return DPOMetrics(step=step, pairs=len(pairs), margin=seen["margin"] / n_pairs,
-                      accuracy=seen["accuracy"] / n_pairs)
+    return DPOMetrics(step=step, pairs=len(pairs), margin=seen["margin"] / n_pairs, accuracy=seen["accuracy"] / n_pairs)
 
 
 __all__ = ["DPOMetrics", "dpo_loss", "dpo_step"]

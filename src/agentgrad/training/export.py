@@ -39,12 +39,19 @@ log = logging.getLogger(__name__)
 MANIFEST = "agentgrad_export.json"
 #: Base-model files never copied: the export writes its own weights and config.
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".msgpack", ".h5")
-_NOT_COPIED = {"config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json",
-               "adapter_config.json", "agentgrad_build.json", MANIFEST}
+_NOT_COPIED = {
+    "config.json",
+    "model.safetensors.index.json",
+    "pytorch_model.bin.index.json",
+    "adapter_config.json",
+    "agentgrad_build.json",
+    MANIFEST,
+}
 
 
-def export_model(source: str | Path | PolicyTrainer, out_dir: str | Path, *,
-                 base_model: str | Path | None = None) -> Path:
+def export_model(
+    source: str | Path | PolicyTrainer, out_dir: str | Path, *, base_model: str | Path | None = None
+) -> Path:
     """Write ``source``'s policy to ``out_dir`` as a Hugging Face model directory; return its path.
 
     ``source``: a :class:`PolicyTrainer` (its current weights), a checkpoint directory, a
@@ -64,8 +71,13 @@ def export_model(source: str | Path | PolicyTrainer, out_dir: str | Path, *,
     with staged_dir(out, label="export") as tmp:
         _write(trainer, tmp, disposable)
         copy_base_files(trainer.model_dir, tmp)
-        manifest = {"base_model": str(trainer.model_dir.resolve()), "step": trainer.step,
-                    "lora": trainer.model_record()["lora"], "time": time.time(), **origin}
+        manifest = {
+            "base_model": str(trainer.model_dir.resolve()),
+            "step": trainer.step,
+            "lora": trainer.model_record()["lora"],
+            "time": time.time(),
+            **origin,
+        }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     log.info("exported %s (step %d) to %s", origin.get("checkpoint", "the trainer's policy"), trainer.step, out)
     return out
@@ -81,19 +93,26 @@ def _trainer_from_checkpoint(source: Path, base_model: str | Path | None) -> tup
     record = state.get("model") or {}
     base = Path(base_model) if base_model is not None else Path(record["path"]) if record.get("path") else None
     if base is None:
-        raise InvalidInputError(f"checkpoint {target} does not record the model it was trained from (written by "
-                                "an older agentgrad): name it (export_model(..., base_model=DIR), or "
-                                "agentgrad export-model --base-model DIR)")
+        raise InvalidInputError(
+            f"checkpoint {target} does not record the model it was trained from (written by "
+            "an older agentgrad): name it (export_model(..., base_model=DIR), or "
+            "agentgrad export-model --base-model DIR)"
+        )
     if not (base / "config.json").is_file():
-        raise InvalidInputError(f"the base model of checkpoint {target}, {base}, is not a model directory "
-                                "(no config.json): name where it is now with base_model= (--base-model)")
+        raise InvalidInputError(
+            f"the base model of checkpoint {target}, {base}, is not a model directory "
+            "(no config.json): name where it is now with base_model= (--base-model)"
+        )
     lora = record.get("lora")
     if lora is None and state.get("lora"):
-        raise InvalidInputError(f"checkpoint {target} holds a LoRA adapter but does not record its settings "
-                                "(written by an older agentgrad): export it from a PolicyTrainer built with "
-                                "the same TrainConfig(lora=...) instead")
-    config = TrainConfig(lr=0.0, device="cpu", dtype=record.get("dtype") or "float32",
-                         lora=LoraSettings(**lora) if lora else None)
+        raise InvalidInputError(
+            f"checkpoint {target} holds a LoRA adapter but does not record its settings "
+            "(written by an older agentgrad): export it from a PolicyTrainer built with "
+            "the same TrainConfig(lora=...) instead"
+        )
+    config = TrainConfig(
+        lr=0.0, device="cpu", dtype=record.get("dtype") or "float32", lora=LoraSettings(**lora) if lora else None
+    )
     trainer = PolicyTrainer(base, config)
     trainer.restore(target, optimizer=False)
     return trainer, {"checkpoint": str(target.resolve())}

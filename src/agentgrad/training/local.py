@@ -47,16 +47,25 @@ class LocalPolicy:
     be called any number of times.
     """
 
-    def __init__(self, model_dir: str | Path, *, device: str = "cpu", max_batch_size: int = 64,
-                 served_model_name: str | None = None, proxy_host: str = "127.0.0.1", proxy_port: int = 0) -> None:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        device: str = "cpu",
+        max_batch_size: int = 64,
+        served_model_name: str | None = None,
+        proxy_host: str = "127.0.0.1",
+        proxy_port: int = 0,
+    ) -> None:
         path = Path(model_dir).expanduser()
         if not path.is_dir():
             what = "is not a directory" if path.exists() else "does not exist"
-            raise FileNotFoundError(f"LocalPolicy: the model directory {path} {what} "
-                                    "(a local Hugging Face model directory, with config.json and the weights)")
+            raise FileNotFoundError(
+                f"LocalPolicy: the model directory {path} {what} "
+                "(a local Hugging Face model directory, with config.json and the weights)"
+            )
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"LocalPolicy: {path} has no config.json: it is not a Hugging Face model "
-                                    "directory")
+            raise FileNotFoundError(f"LocalPolicy: {path} has no config.json: it is not a Hugging Face model directory")
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be ≥ 1, got {max_batch_size}")
         self.model_dir = path
@@ -173,8 +182,10 @@ class LocalPolicy:
 
     def _require_started(self, what: str) -> Engine:
         if self.engine is None or not self.started:
-            raise RuntimeError(f"{what}: the policy is not started — use `with LocalPolicy(dir).serving(store) "
-                               "as policy:` or give it to a Trainer, which starts it on its store")
+            raise RuntimeError(
+                f"{what}: the policy is not started — use `with LocalPolicy(dir).serving(store) "
+                "as policy:` or give it to a Trainer, which starts it on its store"
+            )
         return self.engine
 
     def __repr__(self) -> str:

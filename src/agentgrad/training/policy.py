@@ -55,6 +55,7 @@ MIN_SHARED_PREFIX = 16  # below this, sharing the prefix KV saves less than it c
 # configuration and samples
 # ---------------------------------------------------------------------------------------------
 
+
 @dataclass
 class LoraSettings:
     """A LoRA adapter over frozen base weights (peft)."""
@@ -145,8 +146,9 @@ class Sample:
         if len(self.mask) != len(self.response_ids):
             raise ValueError(f"Sample.mask has {len(self.mask)} entries for {len(self.response_ids)} response tokens")
         if self.old_logprobs is not None and len(self.old_logprobs) != len(self.response_ids):
-            raise ValueError(f"Sample.old_logprobs has {len(self.old_logprobs)} entries for "
-                             f"{len(self.response_ids)} response tokens")
+            raise ValueError(
+                f"Sample.old_logprobs has {len(self.old_logprobs)} entries for {len(self.response_ids)} response tokens"
+            )
 
     @property
     def length(self) -> int:
@@ -155,13 +157,19 @@ class Sample:
     @classmethod
     def from_transition(cls, t: Any) -> Sample:
         """From an :class:`agentgrad.types.Transition` (its advantage and sampled logprobs)."""
-        return cls(list(t.prompt_ids), list(t.response_ids), list(t.response_mask or [1] * len(t.response_ids)),
-                   list(t.response_logprobs) if t.response_logprobs is not None else None, float(t.advantage))
+        return cls(
+            list(t.prompt_ids),
+            list(t.response_ids),
+            list(t.response_mask or [1] * len(t.response_ids)),
+            list(t.response_logprobs) if t.response_logprobs is not None else None,
+            float(t.advantage),
+        )
 
 
 # ---------------------------------------------------------------------------------------------
 # model
 # ---------------------------------------------------------------------------------------------
+
 
 def _device_and_dtype(config: TrainConfig) -> tuple[Any, Any]:
     import torch
@@ -208,9 +216,18 @@ def default_lr(n_params: int, lora: bool = False) -> float:
 
 
 #: The config fields a checkpoint records to recognise the model it came from.
-_FINGERPRINT_FIELDS = ("model_type", "architectures", "vocab_size", "hidden_size", "num_hidden_layers",
-                       "num_attention_heads", "num_key_value_heads", "intermediate_size",
-                       "max_position_embeddings", "tie_word_embeddings")
+_FINGERPRINT_FIELDS = (
+    "model_type",
+    "architectures",
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+)
 
 
 def model_fingerprint(config: Any) -> dict[str, Any]:
@@ -250,8 +267,7 @@ def weights_digest(model_dir: str | Path, samples: int = 16, chunk: int = 1 << 1
 def describe_fingerprint(fp: dict[str, Any]) -> str:
     """``qwen2, 4 layers, hidden 128, vocab 640`` — a fingerprint in words, for messages."""
     arch = fp.get("model_type") or "?"
-    return (f"{arch}, {fp.get('num_hidden_layers')} layers, hidden {fp.get('hidden_size')}, "
-            f"vocab {fp.get('vocab_size')}")
+    return f"{arch}, {fp.get('num_hidden_layers')} layers, hidden {fp.get('hidden_size')}, vocab {fp.get('vocab_size')}"
 
 
 def check_model(model_dir: str | Path, *, tools: bool = False, prompt_tokens: int | None = None) -> dict[str, Any]:
@@ -271,8 +287,10 @@ def check_model(model_dir: str | Path, *, tools: bool = False, prompt_tokens: in
 
     root = Path(model_dir)
     if not (root / "config.json").is_file():
-        raise InvalidInputError(f"model {root} is not a Hugging Face model directory: no config.json"
-                                + ("" if root.is_dir() else " (the directory does not exist)"))
+        raise InvalidInputError(
+            f"model {root} is not a Hugging Face model directory: no config.json"
+            + ("" if root.is_dir() else " (the directory does not exist)")
+        )
     from transformers import AutoConfig, AutoTokenizer
 
     config = AutoConfig.from_pretrained(str(root))
@@ -288,21 +306,32 @@ def check_model(model_dir: str | Path, *, tools: bool = False, prompt_tokens: in
     template = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
     renders_tools = tool_format = False
     if tokenizer is not None and not template:
-        problems.append("no chat template (tokenizer_config.json 'chat_template' or chat_template.jinja): "
-                        "agents call the model through chat completions")
+        problems.append(
+            "no chat template (tokenizer_config.json 'chat_template' or chat_template.jinja): "
+            "agents call the model through chat completions"
+        )
     elif tokenizer is not None:
         renders_tools = template_renders_tools(tokenizer)
         tool_format = "<tool_call>" in str(template)
         if tools and not renders_tools:
-            problems.append("its chat template has no tool section: it drops a request's `tools`, so the model "
-                            "would never see the agent's tools (use a model whose template renders tools)")
+            problems.append(
+                "its chat template has no tool section: it drops a request's `tools`, so the model "
+                "would never see the agent's tools (use a model whose template renders tools)"
+            )
     if prompt_tokens is not None and context is not None and prompt_tokens >= context:
-        problems.append(f"its context is too short: the prompt has {prompt_tokens} tokens, the model's context "
-                        f"(max_position_embeddings) is {context}")
+        problems.append(
+            f"its context is too short: the prompt has {prompt_tokens} tokens, the model's context "
+            f"(max_position_embeddings) is {context}"
+        )
     if problems:
         raise InvalidInputError(f"model {root} cannot be used for this run: " + "; ".join(problems))
-    return {"context": context, "chat_template": bool(template), "renders_tools": renders_tools,
-            "tool_call_format": tool_format, "fingerprint": model_fingerprint(config)}
+    return {
+        "context": context,
+        "chat_template": bool(template),
+        "renders_tools": renders_tools,
+        "tool_call_format": tool_format,
+        "fingerprint": model_fingerprint(config),
+    }
 
 
 def load_policy(model_dir: str | Path, config: TrainConfig) -> Any:
@@ -317,8 +346,16 @@ def load_policy(model_dir: str | Path, config: TrainConfig) -> Any:
         from peft import LoraConfig, get_peft_model
 
         lora = config.lora
-        model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                                 target_modules=lora.target_modules, task_type="CAUSAL_LM"))
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=lora.r,
+                lora_alpha=lora.alpha,
+                lora_dropout=lora.dropout,
+                target_modules=lora.target_modules,
+                task_type="CAUSAL_LM",
+            ),
+        )
     model.config.use_cache = False
     return model
 
@@ -326,6 +363,7 @@ def load_policy(model_dir: str | Path, config: TrainConfig) -> Any:
 # ---------------------------------------------------------------------------------------------
 # micro-batching and the forward pass
 # ---------------------------------------------------------------------------------------------
+
 
 def micro_batches(samples: Sequence[Sample], token_budget: int) -> list[list[Sample]]:
     """Pack samples (sorted by length, so padding is small) into micro-batches whose padded size
@@ -384,15 +422,15 @@ def _layout(batch: Sequence[Sample], device: Any, share_prefix: bool = True) -> 
     adv = torch.zeros(size)
     for b, (sample, row) in enumerate(zip(batch, rows)):
         suffix = row[prefix:]
-        input_ids[b, :len(suffix)] = torch.tensor(suffix)
-        attention[b, :prefix + len(suffix)] = 1
+        input_ids[b, : len(suffix)] = torch.tensor(suffix)
+        attention[b, : prefix + len(suffix)] = 1
         start = len(sample.prompt_ids) - 1 - prefix  # position whose logits predict response token 0
         n = len(sample.response_ids)
-        targets[b, start:start + n] = torch.tensor(sample.response_ids)
-        mask[b, start:start + n] = torch.tensor(sample.mask, dtype=torch.float)
+        targets[b, start : start + n] = torch.tensor(sample.response_ids)
+        mask[b, start : start + n] = torch.tensor(sample.mask, dtype=torch.float)
         if sample.old_logprobs is not None:
-            old[b, start:start + n] = torch.tensor(sample.old_logprobs, dtype=torch.float)
-        adv[b, start:start + n] = sample.advantage
+            old[b, start : start + n] = torch.tensor(sample.old_logprobs, dtype=torch.float)
+        adv[b, start : start + n] = sample.advantage
     prefix_ids = torch.tensor([rows[0][:prefix]]) if prefix else None
     to = lambda x: None if x is None else x.to(device)  # noqa: E731
     return _Batch(to(prefix_ids), to(input_ids), to(attention), to(targets), to(mask), to(old), to(adv))
@@ -404,8 +442,9 @@ def _logits(model: Any, batch: _Batch) -> torch.Tensor:
     if batch.prefix_ids is not None:
         cache = model(input_ids=batch.prefix_ids, use_cache=True).past_key_values
         cache.batch_repeat_interleave(batch.input_ids.shape[0])
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention, past_key_values=cache,
-                use_cache=cache is not None)
+    out = model(
+        input_ids=batch.input_ids, attention_mask=batch.attention, past_key_values=cache, use_cache=cache is not None
+    )
     return out.logits.float()
 
 
@@ -422,6 +461,7 @@ def token_logprobs(model: Any, batch: _Batch, with_entropy: bool = False) -> tup
 # ---------------------------------------------------------------------------------------------
 # losses
 # ---------------------------------------------------------------------------------------------
+
 
 def ppo_clip_loss(
     logprobs: torch.Tensor,
@@ -495,6 +535,7 @@ def decayed_lr(lr: float, step: int, total: int, *, decay: str, final: float) ->
 # the trainer
 # ---------------------------------------------------------------------------------------------
 
+
 @dataclass
 class StepMetrics:
     """What one training step did. ``loss`` and ``grad_norm`` are means over its updates;
@@ -544,15 +585,23 @@ class PolicyTrainer:
         self.n_params = sum(p.numel() for n, p in base.named_parameters() if "lora_" not in n)
         if config.lr is None:  # the caller's config object stays as it was; ours holds the choice
             config = replace(config, lr=default_lr(self.n_params, lora=config.lora is not None))
-            log.info("learning rate %g, picked for %s parameters%s (set TrainConfig(lr=...) to choose)",
-                     config.lr, f"{self.n_params:,}", " with LoRA" if config.lora is not None else "")
+            log.info(
+                "learning rate %g, picked for %s parameters%s (set TrainConfig(lr=...) to choose)",
+                config.lr,
+                f"{self.n_params:,}",
+                " with LoRA" if config.lora is not None else "",
+            )
         self.config = config
         if config.lora is not None and config.lora.dropout and not config.dropout:
-            log.warning("LoraSettings(dropout=%g) has no effect: dropout is off while training "
-                        "(TrainConfig(dropout=True) turns it on)", config.lora.dropout)
+            log.warning(
+                "LoraSettings(dropout=%g) has no effect: dropout is off while training "
+                "(TrainConfig(dropout=True) turns it on)",
+                config.lora.dropout,
+            )
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay,
-                                           betas=config.betas, eps=config.adam_eps)
+        self.optimizer = torch.optim.AdamW(
+            params, lr=config.lr, weight_decay=config.weight_decay, betas=config.betas, eps=config.adam_eps
+        )
         self.step = 0
         #: The run's length in steps, the horizon of ``TrainConfig.lr_decay`` (GRPO sets it).
         self.total_steps: int | None = None
@@ -574,10 +623,13 @@ class PolicyTrainer:
         if self._weights_digest is None:
             self._weights_digest = weights_digest(self.model_dir) or ""
         dtype = next(self.model.parameters()).dtype
-        return {"path": str(self.model_dir.resolve()), "fingerprint": model_fingerprint(self.model.config),
-                "weights": self._weights_digest or None,
-                "lora": asdict(self.config.lora) if self.config.lora is not None else None,
-                "dtype": str(dtype).removeprefix("torch.") if isinstance(dtype, torch.dtype) else str(dtype)}
+        return {
+            "path": str(self.model_dir.resolve()),
+            "fingerprint": model_fingerprint(self.model.config),
+            "weights": self._weights_digest or None,
+            "lora": asdict(self.config.lora) if self.config.lora is not None else None,
+            "dtype": str(dtype).removeprefix("torch.") if isinstance(dtype, torch.dtype) else str(dtype),
+        }
 
     def skip_step(self) -> None:
         """Count a step that made no update (the algorithm found nothing to learn from its data),
@@ -607,17 +659,24 @@ class PolicyTrainer:
                 self._reference.eval().requires_grad_(False)
             return token_logprobs(self._reference, batch)[0]
 
-    def _update(self, samples: Sequence[Sample], loss_fn: LossFn, sums: dict[str, float], *,
-                batches: list[list[Sample]] | None = None,
-                tokens_per_sample: float | None = None) -> tuple[float, float, int]:
+    def _update(
+        self,
+        samples: Sequence[Sample],
+        loss_fn: LossFn,
+        sums: dict[str, float],
+        *,
+        batches: list[list[Sample]] | None = None,
+        tokens_per_sample: float | None = None,
+    ) -> tuple[float, float, int]:
         """One optimizer update over ``samples`` (micro-batched, or cut into ``batches`` by the
         caller); adds the loss function's diagnostics into ``sums`` and returns (loss, grad norm,
         micro-batches). The loss normaliser is the update's trained-token count, or with
         ``tokens_per_sample`` the constant ``len(samples) × tokens_per_sample`` (Dr. GRPO)."""
         import torch
 
-        total = (float(len(samples)) * tokens_per_sample if tokens_per_sample
-                 else float(sum(sum(s.mask) for s in samples)))  # type: ignore[arg-type]
+        total = (
+            float(len(samples)) * tokens_per_sample if tokens_per_sample else float(sum(sum(s.mask) for s in samples))
+        )  # type: ignore[arg-type]
         loss_total = 0.0
         batches = batches or micro_batches(samples, self.config.micro_batch_tokens)
         for chunk in batches:
@@ -638,9 +697,16 @@ class PolicyTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         return loss_total, grad_norm, len(batches)
 
-    def _step(self, samples: Sequence[Sample], loss_fn: LossFn, *, mini_batches: int = 1, epochs: int = 1,
-              tokens_per_sample: float | None = None,
-              batching: Callable[[Sequence[Sample]], list[list[Sample]]] | None = None) -> StepMetrics:
+    def _step(
+        self,
+        samples: Sequence[Sample],
+        loss_fn: LossFn,
+        *,
+        mini_batches: int = 1,
+        epochs: int = 1,
+        tokens_per_sample: float | None = None,
+        batching: Callable[[Sequence[Sample]], list[list[Sample]]] | None = None,
+    ) -> StepMetrics:
         """One training step: ``epochs`` passes over ``samples``, each cut into ``mini_batches``
         shuffled parts with one optimizer update per part. ``step`` advances by one.
         ``batching`` cuts an update's samples into micro-batches instead of :func:`micro_batches`
@@ -667,8 +733,13 @@ class PolicyTrainer:
                 rng.shuffle(order)
             for part in range(parts):
                 update = order[part::parts]
-                loss, norm, n = self._update(update, loss_fn, sums, tokens_per_sample=tokens_per_sample,
-                                             batches=batching(update) if batching else None)
+                loss, norm, n = self._update(
+                    update,
+                    loss_fn,
+                    sums,
+                    tokens_per_sample=tokens_per_sample,
+                    batches=batching(update) if batching else None,
+                )
                 losses.append(loss)
                 norms.append(norm)
                 chunks += n
@@ -676,10 +747,17 @@ class PolicyTrainer:
         tokens = sums.get("tokens", float(sum(sum(s.mask) for s in samples)))  # type: ignore[arg-type]
         per_token = lambda k: sums[k] / max(tokens, 1.0) if k in sums else float("nan")  # noqa: E731
         return StepMetrics(
-            loss=statistics.fmean(losses), tokens=int(tokens), seconds=time.perf_counter() - started,
-            grad_norm=statistics.fmean(norms), entropy=per_token("entropy"), kl=per_token("kl"),
-            clip_fraction=per_token("clipped"), ratio_mean=per_token("ratio"), micro_batches=chunks,
-            ratio_max=sums.get("ratio_max", float("nan")), lr=lr,
+            loss=statistics.fmean(losses),
+            tokens=int(tokens),
+            seconds=time.perf_counter() - started,
+            grad_norm=statistics.fmean(norms),
+            entropy=per_token("entropy"),
+            kl=per_token("kl"),
+            clip_fraction=per_token("clipped"),
+            ratio_mean=per_token("ratio"),
+            micro_batches=chunks,
+            ratio_max=sums.get("ratio_max", float("nan")),
+            lr=lr,
             updates=len(losses),
         )
 
@@ -689,10 +767,17 @@ class PolicyTrainer:
         if config.lr_decay == "none":
             return float(config.lr)  # type: ignore[arg-type]
         if not self.total_steps:
-            raise ValueError(f"TrainConfig.lr_decay={config.lr_decay!r} needs the run's length: set "
-                             "PolicyTrainer.total_steps (GRPO sets it to its steps)")
-        lr = decayed_lr(float(config.lr), self.step, self.total_steps,  # type: ignore[arg-type]
-                        decay=config.lr_decay, final=config.lr_final)
+            raise ValueError(
+                f"TrainConfig.lr_decay={config.lr_decay!r} needs the run's length: set "
+                "PolicyTrainer.total_steps (GRPO sets it to its steps)"
+            )
+        lr = decayed_lr(
+            float(config.lr),
+            self.step,
+            self.total_steps,  # type: ignore[arg-type]
+            decay=config.lr_decay,
+            final=config.lr_final,
+        )
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         return lr
@@ -706,10 +791,17 @@ class PolicyTrainer:
             raise InvalidInputError(
                 f"a training sequence has {longest} tokens, longer than the context of model {self.model_dir} "
                 f"({context} tokens, max_position_embeddings): use a model with a longer context, or shorter "
-                "prompts and completions (max_tokens)")
+                "prompts and completions (max_tokens)"
+            )
 
-    def ppo_step(self, samples: Sequence[Sample], *, mini_batches: int = 1, epochs: int = 1,
-                 tokens_per_sample: float | None = None) -> StepMetrics:
+    def ppo_step(
+        self,
+        samples: Sequence[Sample],
+        *,
+        mini_batches: int = 1,
+        epochs: int = 1,
+        tokens_per_sample: float | None = None,
+    ) -> StepMetrics:
         """One PPO-clip training step over ``samples`` (advantages and old logprobs set): one
         optimizer update by default, or ``epochs`` × ``mini_batches`` updates — the later ones
         are off-policy, which the importance ratio and its clipping account for.
@@ -721,16 +813,25 @@ class PolicyTrainer:
         def loss_fn(batch: _Batch, total: float) -> tuple[Any, dict[str, Any]]:
             ref = self._reference_logprobs(batch)
             logprobs, entropy = token_logprobs(self.model, batch, with_entropy=True)
-            loss, diag = ppo_clip_loss(logprobs, batch.old_logprobs, batch.advantages, batch.mask,
-                                       clip_eps_low=config.clip_eps_low, clip_eps_high=config.clip_eps_high,
-                                       ref_logprobs=ref, kl_coef=config.kl_coef, normalizer=total)
+            loss, diag = ppo_clip_loss(
+                logprobs,
+                batch.old_logprobs,
+                batch.advantages,
+                batch.mask,
+                clip_eps_low=config.clip_eps_low,
+                clip_eps_high=config.clip_eps_high,
+                ref_logprobs=ref,
+                kl_coef=config.kl_coef,
+                normalizer=total,
+            )
             if config.entropy_coef:
                 loss = loss - config.entropy_coef * (entropy * batch.mask).sum() / total
             diag["entropy"] = (entropy.detach() * batch.mask).sum()
             return loss, diag
 
-        return self._step(samples, loss_fn, mini_batches=mini_batches, epochs=epochs,
-                          tokens_per_sample=tokens_per_sample)
+        return self._step(
+            samples, loss_fn, mini_batches=mini_batches, epochs=epochs, tokens_per_sample=tokens_per_sample
+        )
 
     def nll_step(self, samples: Sequence[Sample]) -> StepMetrics:
         """One supervised (NLL) optimizer step over ``samples``' masked response tokens."""
@@ -766,8 +867,9 @@ class PolicyTrainer:
 
         with torch.no_grad():
             base = self.model.get_base_model()
-            state = {k.replace(".base_layer.", "."): v.detach()
-                     for k, v in base.state_dict().items() if "lora_" not in k}
+            state = {
+                k.replace(".base_layer.", "."): v.detach() for k, v in base.state_dict().items() if "lora_" not in k
+            }
             for name, module in base.named_modules():
                 if not isinstance(module, LoraLayer) or module.merged or module.disable_adapters:
                     continue
@@ -791,8 +893,9 @@ class PolicyTrainer:
             return {k: v.clone() if v.data_ptr() in live else v for k, v in self.merged_state_dict().items()}
 
     # ---- checkpoints --------------------------------------------------------------------------
-    def save_checkpoint(self, directory: str | Path, cursor: Any = None, extra: dict[str, Any] | None = None,
-                        keep: int = 2) -> Path:
+    def save_checkpoint(
+        self, directory: str | Path, cursor: Any = None, extra: dict[str, Any] | None = None, keep: int = 2
+    ) -> Path:
         """Write ``step-NNNNNN/`` (model, optimizer, step, cursor, and the record of the model it
         came from: :meth:`model_record`) and point ``latest`` at it.
 
@@ -802,13 +905,25 @@ class PolicyTrainer:
         import torch
 
         def fill(tmp: Path) -> None:
-            trainable = {k: v for k, v in self.model.state_dict().items()} if not self.is_lora else {
-                k: v for k, v in self.model.named_parameters() if v.requires_grad}
+            trainable = (
+                {k: v for k, v in self.model.state_dict().items()}
+                if not self.is_lora
+                else {k: v for k, v in self.model.named_parameters() if v.requires_grad}
+            )
             torch.save(trainable, tmp / "model.pt")
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-            (tmp / "state.json").write_text(json.dumps({"step": self.step, "cursor": cursor, "extra": extra or {},
-                                                        "lora": self.is_lora, "model": self.model_record(),
-                                                        "time": time.time()}))
+            (tmp / "state.json").write_text(
+                json.dumps(
+                    {
+                        "step": self.step,
+                        "cursor": cursor,
+                        "extra": extra or {},
+                        "lora": self.is_lora,
+                        "model": self.model_record(),
+                        "time": time.time(),
+                    }
+                )
+            )
 
         return commit_checkpoint(directory, self.step, fill, keep=keep)
 
@@ -838,13 +953,15 @@ class PolicyTrainer:
         except RuntimeError as exc:  # shapes or names: another model
             from agentgrad.errors import InvalidInputError
 
-            raise InvalidInputError(f"checkpoint {target} does not fit model {self.model_dir}: "
-                                    f"{str(exc).splitlines()[0]}") from exc
+            raise InvalidInputError(
+                f"checkpoint {target} does not fit model {self.model_dir}: {str(exc).splitlines()[0]}"
+            ) from exc
         if unexpected:
             raise ValueError(f"checkpoint {target} does not fit this model (unexpected keys {unexpected[:5]})")
         if optimizer:
-            self.optimizer.load_state_dict(torch.load(target / "optimizer.pt", map_location=self.device,
-                                                      weights_only=True))
+            self.optimizer.load_state_dict(
+                torch.load(target / "optimizer.pt", map_location=self.device, weights_only=True)
+            )
         self.step = int(state["step"])
         log.info("resumed from %s (step %d)", target, self.step)
         return state
@@ -855,37 +972,51 @@ class PolicyTrainer:
 
         record = state.get("model")
         if record is None:
-            log.info("checkpoint %s does not record the model it came from (written by an older agentgrad): "
-                     "loading it into %s unchecked", target, self.model_dir)
+            log.info(
+                "checkpoint %s does not record the model it came from (written by an older agentgrad): "
+                "loading it into %s unchecked",
+                target,
+                self.model_dir,
+            )
             if bool(state.get("lora")) != self.is_lora:
                 raise InvalidInputError(
                     f"checkpoint {target} holds {'a LoRA adapter' if state.get('lora') else 'full weights'}, but "
                     f"this trainer {'uses LoRA' if self.is_lora else 'fine-tunes all weights'} "
-                    f"(TrainConfig.lora={self.config.lora})")
+                    f"(TrainConfig.lora={self.config.lora})"
+                )
             return
         mine = self.model_record()
         theirs_fp, mine_fp = record.get("fingerprint") or {}, mine["fingerprint"]
         problems = []
         if theirs_fp != mine_fp:
-            fields = [f"{k} {theirs_fp.get(k)!r} vs {mine_fp.get(k)!r}" for k in mine_fp
-                      if theirs_fp.get(k) != mine_fp.get(k)]
+            fields = [
+                f"{k} {theirs_fp.get(k)!r} vs {mine_fp.get(k)!r}" for k in mine_fp if theirs_fp.get(k) != mine_fp.get(k)
+            ]
             problems.append("another architecture (" + ", ".join(fields) + ")")
         elif record.get("weights") and mine["weights"] and record["weights"] != mine["weights"]:
-            problems.append("other weights with the same architecture (a different model, or the model "
-                            "directory changed since)")
+            problems.append(
+                "other weights with the same architecture (a different model, or the model directory changed since)"
+            )
         if _lora_key(record.get("lora")) != _lora_key(mine["lora"]):
-            problems.append(f"other LoRA settings ({_describe_lora(record.get('lora'))} vs "
-                            f"{_describe_lora(mine['lora'])})")
+            problems.append(
+                f"other LoRA settings ({_describe_lora(record.get('lora'))} vs {_describe_lora(mine['lora'])})"
+            )
         if problems:
             raise InvalidInputError(
                 f"checkpoint {target} was written by a trainer of model {record.get('path')} "
                 f"({describe_fingerprint(theirs_fp)}, {_describe_lora(record.get('lora'))}); this trainer has model "
                 f"{mine['path']} ({describe_fingerprint(mine_fp)}, {_describe_lora(mine['lora'])}): "
-                + "; ".join(problems) + f". Resume with the model it came from, or start over in another "
-                f"output directory (or delete {target.parent}).")
+                + "; ".join(problems)
+                + f". Resume with the model it came from, or start over in another "
+                f"output directory (or delete {target.parent})."
+            )
         if record.get("path") != mine["path"]:
-            log.info("checkpoint %s came from %s; %s holds the same model (moved or copied)",
-                     target, record.get("path"), mine["path"])
+            log.info(
+                "checkpoint %s came from %s; %s holds the same model (moved or copied)",
+                target,
+                record.get("path"),
+                mine["path"],
+            )
 
 
 def _lora_key(lora: dict[str, Any] | None) -> tuple[Any, ...] | None:
@@ -905,6 +1036,7 @@ def _describe_lora(lora: dict[str, Any] | None) -> str:
 # ---------------------------------------------------------------------------------------------
 # the SFT loop
 # ---------------------------------------------------------------------------------------------
+
 
 def epoch_order(n: int, epoch: int, seed: int) -> list[int]:
     """The sample order of one epoch: a fixed shuffle per (seed, epoch), so a resumed run sees
@@ -965,7 +1097,21 @@ def fit_sequences(
 
 
 __all__ = [
-    "LoraSettings", "PolicyTrainer", "Sample", "StepMetrics", "TrainConfig", "check_model", "cursor_batches",
-    "decayed_lr", "default_lr", "fit_sequences", "load_policy", "micro_batches",
-    "model_fingerprint", "nll_loss", "ppo_clip_loss", "token_logprobs", "weights_digest",
+    "LoraSettings",
+    "PolicyTrainer",
+    "Sample",
+    "StepMetrics",
+    "TrainConfig",
+    "check_model",
+    "cursor_batches",
+    "decayed_lr",
+    "default_lr",
+    "fit_sequences",
+    "load_policy",
+    "micro_batches",
+    "model_fingerprint",
+    "nll_loss",
+    "ppo_clip_loss",
+    "token_logprobs",
+    "weights_digest",
 ]

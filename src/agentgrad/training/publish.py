@@ -76,8 +76,9 @@ class ModelServerPublisher:
     default ``$AGENTGRAD_MODEL_TOKEN``.
     """
 
-    def __init__(self, base_url: str, work_dir: str | Path, *, keep: int = 2, timeout: float = 600.0,
-                 api_key: str | None = None) -> None:
+    def __init__(
+        self, base_url: str, work_dir: str | Path, *, keep: int = 2, timeout: float = 600.0, api_key: str | None = None
+    ) -> None:
         if keep < 1:
             raise ValueError(f"keep must be at least 1 (the served weights), got {keep}")
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
@@ -109,13 +110,15 @@ class ModelServerPublisher:
         except OSError as exc:
             raise ConnectionError(f"model server at {self.url} could not be reached: {exc}") from exc
         if reply.status >= 400:
-            raise RuntimeError(f"model server at {self.url} refused weights {directory}: "
-                               f"HTTP {reply.status} {reply.text[:500]}")
+            raise RuntimeError(
+                f"model server at {self.url} refused weights {directory}: HTTP {reply.status} {reply.text[:500]}"
+            )
         try:
             return str(reply.json()["model_version"])
         except (ValueError, KeyError, TypeError) as exc:
-            raise RuntimeError(f"model server at {self.url} answered without a model_version: "
-                               f"{reply.text[:300]}") from exc
+            raise RuntimeError(
+                f"model server at {self.url} answered without a model_version: {reply.text[:300]}"
+            ) from exc
 
     def _write(self, trainer: PolicyTrainer, version: str) -> Path:
         from safetensors.torch import save_file
@@ -154,8 +157,14 @@ class VLLMLoRAPublisher:
     ``$AGENTGRAD_MODEL_TOKEN``.
     """
 
-    def __init__(self, base_url: str, adapter_dir: str | Path, prefix: str = "policy",
-                 api_key: str | None = None, timeout: float = 120.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        adapter_dir: str | Path,
+        prefix: str = "policy",
+        api_key: str | None = None,
+        timeout: float = 120.0,
+    ) -> None:
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.adapter_dir = Path(adapter_dir)
         self.prefix = prefix
@@ -171,12 +180,22 @@ class VLLMLoRAPublisher:
         name = f"{self.prefix}-{trainer.step}"
         path = (self.adapter_dir / name).resolve()
         trainer.model.save_pretrained(str(path))
-        response = request_json("POST", f"{self.base_url}/v1/load_lora_adapter",
-                                {"lora_name": name, "lora_path": str(path)}, headers=self.headers, timeout=self.timeout)
+        response = request_json(
+            "POST",
+            f"{self.base_url}/v1/load_lora_adapter",
+            {"lora_name": name, "lora_path": str(path)},
+            headers=self.headers,
+            timeout=self.timeout,
+        )
         if response.status >= 400:
             raise RuntimeError(f"vLLM refused adapter {name}: HTTP {response.status} {response.text[:300]}")
         if self._current is not None:
-            request_json("POST", f"{self.base_url}/v1/unload_lora_adapter", {"lora_name": self._current},
-                         headers=self.headers, timeout=self.timeout)
+            request_json(
+                "POST",
+                f"{self.base_url}/v1/unload_lora_adapter",
+                {"lora_name": self._current},
+                headers=self.headers,
+                timeout=self.timeout,
+            )
         self._current = name
         return Published(version=name, model=name)

@@ -70,8 +70,9 @@ def import_tinker() -> Any:
     try:
         import tinker
     except ImportError as exc:
-        raise TinkerError(f"the Tinker backend needs the tinker client: pip install 'agentgrad[tinker]' "
-                          f"(it pins {TINKER_CLIENT})") from exc
+        raise TinkerError(
+            f"the Tinker backend needs the tinker client: pip install 'agentgrad[tinker]' (it pins {TINKER_CLIENT})"
+        ) from exc
     return tinker
 
 
@@ -108,6 +109,7 @@ class TinkerSettings:
 # samples → Tinker data
 # ---------------------------------------------------------------------------------------------
 
+
 def advantage_scales(samples: Sequence[Sample], normalizer: float, reduction: Reduction) -> list[float]:
     """Per-sample factors on the advantages that make the server's reduction equal AgentGrad's
     ``Σ tokens / normalizer`` (see the module doc): ``B·nᵢ/normalizer`` for ``sequence_mean``,
@@ -128,8 +130,10 @@ def datum_fields(sample: Sample, *, scale: float = 1.0, ppo: bool = True) -> tup
     if ppo:
         old = sample.old_logprobs
         if old is None or any(m and (v is None or math.isnan(v)) for m, v in zip(mask, old)):
-            raise TinkerError("a training sample has no sampled logprobs for its trained tokens: the Tinker "
-                              "backend needs them (the capture proxy records them when the server returns them)")
+            raise TinkerError(
+                "a training sample has no sampled logprobs for its trained tokens: the Tinker "
+                "backend needs them (the capture proxy records them when the server returns them)"
+            )
         inputs["logprobs"] = [0.0] * pad + [float(v) if m else 0.0 for m, v in zip(mask, old)]
         inputs["advantages"] = [0.0] * pad + [sample.advantage * scale if m else 0.0 for m in mask]
     return tokens[:-1], inputs
@@ -156,8 +160,14 @@ class _UpdateStats:
     ratio_max: float = float("nan")
 
 
-def ppo_stats(samples: Sequence[Sample], logprobs: Sequence[Sequence[float]], normalizer: float, *,
-              clip_low: float, clip_high: float) -> _UpdateStats:
+def ppo_stats(
+    samples: Sequence[Sample],
+    logprobs: Sequence[Sequence[float]],
+    normalizer: float,
+    *,
+    clip_low: float,
+    clip_high: float,
+) -> _UpdateStats:
     """AgentGrad's PPO-clip loss and diagnostics of one update, from the per-target logprobs the
     server computed before the update (``loss_fn_outputs[i]["logprobs"]``)."""
     stats = _UpdateStats()
@@ -183,6 +193,7 @@ def ppo_stats(samples: Sequence[Sample], logprobs: Sequence[Sequence[float]], no
 # the trainer
 # ---------------------------------------------------------------------------------------------
 
+
 def _refuse_unsupported(config: TrainConfig) -> None:
     """Settings the Tinker API has no field for: refused, never silently dropped."""
     problems = []
@@ -196,8 +207,9 @@ def _refuse_unsupported(config: TrainConfig) -> None:
     if lora is not None:
         default = LoraSettings(r=lora.r)
         if (lora.alpha, lora.dropout, lora.target_modules) != (default.alpha, default.dropout, default.target_modules):
-            problems.append("lora alpha, dropout or target_modules (the API takes the rank only; the server picks "
-                            "the rest)")
+            problems.append(
+                "lora alpha, dropout or target_modules (the API takes the rank only; the server picks the rest)"
+            )
     if config.device not in ("auto", "cpu") or config.dtype != "auto":
         problems.append("device/dtype (the server's hardware decides)")
     if problems:
@@ -207,8 +219,10 @@ def _refuse_unsupported(config: TrainConfig) -> None:
 def _model_config(model_dir: Path) -> dict[str, Any]:
     path = model_dir / "config.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{model_dir} has no config.json: the Tinker backend needs the model's local "
-                                "directory (config and tokenizer) to render prompts and count parameters")
+        raise FileNotFoundError(
+            f"{model_dir} has no config.json: the Tinker backend needs the model's local "
+            "directory (config and tokenizer) to render prompts and count parameters"
+        )
     return json.loads(path.read_text())
 
 
@@ -234,8 +248,9 @@ class TinkerTrainer:
     with the step and the algorithm's data cursor.
     """
 
-    def __init__(self, model_dir: str | Path, config: TrainConfig, settings: TinkerSettings, *,
-                 service_client: Any = None) -> None:
+    def __init__(
+        self, model_dir: str | Path, config: TrainConfig, settings: TinkerSettings, *, service_client: Any = None
+    ) -> None:
         from dataclasses import replace
 
         _refuse_unsupported(config)
@@ -253,10 +268,12 @@ class TinkerTrainer:
         self._saved: dict[int, str] = {}  # step → the server's checkpoint path
         tinker = import_tinker()
         self._types = tinker.types
-        self.service = service_client or tinker.ServiceClient(base_url=settings.base_url,
-                                                              api_key=settings.api_key or _env_key())
-        self.client = self.service.create_lora_training_client(base_model=self.base_model, rank=self.rank,
-                                                               seed=config.seed)
+        self.service = service_client or tinker.ServiceClient(
+            base_url=settings.base_url, api_key=settings.api_key or _env_key()
+        )
+        self.client = self.service.create_lora_training_client(
+            base_model=self.base_model, rank=self.rank, seed=config.seed
+        )
 
     @property
     def context_length(self) -> int | None:
@@ -269,13 +286,21 @@ class TinkerTrainer:
         self.step += 1
 
     # ---- steps ------------------------------------------------------------------------------------
-    def ppo_step(self, samples: Sequence[Sample], *, mini_batches: int = 1, epochs: int = 1,
-                 tokens_per_sample: float | None = None) -> StepMetrics:
+    def ppo_step(
+        self,
+        samples: Sequence[Sample],
+        *,
+        mini_batches: int = 1,
+        epochs: int = 1,
+        tokens_per_sample: float | None = None,
+    ) -> StepMetrics:
         """One PPO step (see the class doc); the same cut into updates as the local trainer."""
         config = self.config
-        loss_config = ({"clip_low_threshold": 1.0 - config.clip_eps_low,
-                        "clip_high_threshold": 1.0 + config.clip_eps_high}
-                       if self.settings.loss_fn == "ppo" else None)
+        loss_config = (
+            {"clip_low_threshold": 1.0 - config.clip_eps_low, "clip_high_threshold": 1.0 + config.clip_eps_high}
+            if self.settings.loss_fn == "ppo"
+            else None
+        )
         high = 1.0 + config.clip_eps_high if self.settings.loss_fn == "ppo" else math.inf
         low = 1.0 - config.clip_eps_low if self.settings.loss_fn == "ppo" else 0.0
         started, lr = time.perf_counter(), self._lr()
@@ -284,10 +309,12 @@ class TinkerTrainer:
         for part in self._updates(samples, mini_batches, epochs):
             normalizer = len(part) * tokens_per_sample if tokens_per_sample else float(sum(sum(s.mask) for s in part))  # type: ignore[arg-type]
             data = to_datums(part, normalizer=normalizer, reduction=self.settings.reduction)
-            out = self._call(self.client.forward_backward(data, loss_fn=self.settings.loss_fn,
-                                                          loss_fn_config=loss_config))
-            stats = ppo_stats(part, [o["logprobs"].tolist() for o in out.loss_fn_outputs], normalizer,
-                              clip_low=low, clip_high=high)
+            out = self._call(
+                self.client.forward_backward(data, loss_fn=self.settings.loss_fn, loss_fn_config=loss_config)
+            )
+            stats = ppo_stats(
+                part, [o["logprobs"].tolist() for o in out.loss_fn_outputs], normalizer, clip_low=low, clip_high=high
+            )
             norms.append(self._optim_step(lr))
             losses.append(stats.loss)
             totals.tokens += stats.tokens
@@ -296,10 +323,18 @@ class TinkerTrainer:
             totals.ratio_max = max(totals.ratio_max, stats.ratio_max)
         self.step += 1
         tokens = max(totals.tokens, 1.0)
-        return StepMetrics(loss=statistics.fmean(losses), tokens=int(totals.tokens),
-                           seconds=time.perf_counter() - started, grad_norm=_mean(norms),
-                           clip_fraction=totals.clipped / tokens, ratio_mean=totals.ratio / tokens,
-                           ratio_max=totals.ratio_max, lr=lr, micro_batches=len(losses), updates=len(losses))
+        return StepMetrics(
+            loss=statistics.fmean(losses),
+            tokens=int(totals.tokens),
+            seconds=time.perf_counter() - started,
+            grad_norm=_mean(norms),
+            clip_fraction=totals.clipped / tokens,
+            ratio_mean=totals.ratio / tokens,
+            ratio_max=totals.ratio_max,
+            lr=lr,
+            micro_batches=len(losses),
+            updates=len(losses),
+        )
 
     def nll_step(self, samples: Sequence[Sample]) -> StepMetrics:
         """One supervised step (``cross_entropy``); under ``sequence_mean`` sequences weigh
@@ -315,8 +350,9 @@ class TinkerTrainer:
             loss -= sum(row[pad + j] for j, m in enumerate(sample.mask) if m) / tokens  # type: ignore[arg-type]
         norm = self._optim_step(lr)
         self.step += 1
-        return StepMetrics(loss=loss, tokens=int(tokens), seconds=time.perf_counter() - started, grad_norm=norm,
-                           lr=lr, micro_batches=1)
+        return StepMetrics(
+            loss=loss, tokens=int(tokens), seconds=time.perf_counter() - started, grad_norm=norm, lr=lr, micro_batches=1
+        )
 
     def _trainable(self, samples: Sequence[Sample]) -> list[Sample]:
         kept = [s for s in samples if any(s.mask)]  # type: ignore[arg-type]
@@ -327,8 +363,10 @@ class TinkerTrainer:
         if context is not None and longest > context:
             from agentgrad.errors import InvalidInputError
 
-            raise InvalidInputError(f"a training sequence has {longest} tokens, longer than the context of "
-                                    f"{self.base_model} ({context} tokens)")
+            raise InvalidInputError(
+                f"a training sequence has {longest} tokens, longer than the context of "
+                f"{self.base_model} ({context} tokens)"
+            )
         return kept
 
     def _updates(self, samples: Sequence[Sample], mini_batches: int, epochs: int) -> Iterator[list[Sample]]:
@@ -351,14 +389,24 @@ class TinkerTrainer:
             return float(config.lr)  # type: ignore[arg-type]
         if not self.total_steps:
             raise ValueError(f"TrainConfig.lr_decay={config.lr_decay!r} needs the run's length (total_steps)")
-        return decayed_lr(float(config.lr), self.step, self.total_steps,  # type: ignore[arg-type]
-                          decay=config.lr_decay, final=config.lr_final)
+        return decayed_lr(
+            float(config.lr),
+            self.step,
+            self.total_steps,  # type: ignore[arg-type]
+            decay=config.lr_decay,
+            final=config.lr_final,
+        )
 
     def _optim_step(self, lr: float) -> float:
         config = self.config
-        params = self._types.AdamParams(learning_rate=lr, beta1=config.betas[0], beta2=config.betas[1],
-                                        eps=config.adam_eps, weight_decay=config.weight_decay,
-                                        grad_clip_norm=config.grad_clip)
+        params = self._types.AdamParams(
+            learning_rate=lr,
+            beta1=config.betas[0],
+            beta2=config.betas[1],
+            eps=config.adam_eps,
+            weight_decay=config.weight_decay,
+            grad_clip_norm=config.grad_clip,
+        )
         response = self._call(self.client.optim_step(params))
         metrics = getattr(response, "metrics", None) or {}  # SkyRL names it "skyrl.ai/grad_norm"
         return next((float(v) for k, v in metrics.items() if k.rsplit("/", 1)[-1] == "grad_norm"), float("nan"))
@@ -371,8 +419,9 @@ class TinkerTrainer:
         """Save the current weights for sampling and return the server's sampler of them."""
         return self.client.save_weights_and_get_sampling_client()
 
-    def save_checkpoint(self, directory: str | Path, cursor: Any = None, extra: dict[str, Any] | None = None,
-                        keep: int = 2) -> Path:
+    def save_checkpoint(
+        self, directory: str | Path, cursor: Any = None, extra: dict[str, Any] | None = None, keep: int = 2
+    ) -> Path:
         """The server saves weights and optimizer (``save_state``); ``step-NNNNNN/state.json``
         here records the server's path, the step and the data cursor."""
         # A step saved twice (a run's last step) keeps the server's first save: the weights are the
@@ -382,9 +431,19 @@ class TinkerTrainer:
             path = self._saved[self.step] = self._call(self.client.save_state(f"agentgrad-step-{self.step:06d}")).path
 
         def fill(tmp: Path) -> None:
-            (tmp / "state.json").write_text(json.dumps({
-                "step": self.step, "cursor": cursor, "extra": extra or {}, "lora": True,
-                "model": self.model_record(), "tinker_path": path, "time": time.time()}))
+            (tmp / "state.json").write_text(
+                json.dumps(
+                    {
+                        "step": self.step,
+                        "cursor": cursor,
+                        "extra": extra or {},
+                        "lora": True,
+                        "model": self.model_record(),
+                        "tinker_path": path,
+                        "time": time.time(),
+                    }
+                )
+            )
 
         return commit_checkpoint(directory, self.step, fill, keep=keep)
 
@@ -394,8 +453,10 @@ class TinkerTrainer:
             return None
         state = json.loads((target / "state.json").read_text())
         if "tinker_path" not in state:
-            raise TinkerError(f"checkpoint {target} was written by the local trainer, not through the Tinker API: "
-                              "resume it with the local backend, or start a new output directory")
+            raise TinkerError(
+                f"checkpoint {target} was written by the local trainer, not through the Tinker API: "
+                "resume it with the local backend, or start a new output directory"
+            )
         load = self.client.load_state_with_optimizer if optimizer else self.client.load_state
         self._call(load(state["tinker_path"]))
         self.step = int(state["step"])
@@ -414,9 +475,19 @@ class TinkerTrainer:
         out.mkdir(parents=True, exist_ok=True)
         copy_base_files(self.model_dir, out)
         shutil.copy2(self.model_dir / "config.json", out / "config.json")
-        (out / "tinker_weights.json").write_text(json.dumps({
-            "sampler_path": path, "base_model": self.base_model, "server": self.settings.base_url,
-            "step": self.step, "time": time.time()}, indent=2) + "\n")
+        (out / "tinker_weights.json").write_text(
+            json.dumps(
+                {
+                    "sampler_path": path,
+                    "base_model": self.base_model,
+                    "server": self.settings.base_url,
+                    "step": self.step,
+                    "time": time.time(),
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         return out
 
 
@@ -435,6 +506,7 @@ def _env_key() -> str:
 # serving: the policy a Trainer is given
 # ---------------------------------------------------------------------------------------------
 
+
 class TinkerPublisher:
     """Publishes by asking the server for a sampler of the trainer's current weights and
     switching the sampling engine to it (requests already running finish on the old one)."""
@@ -444,8 +516,10 @@ class TinkerPublisher:
 
     def publish(self, trainer: Any) -> Published:
         if not isinstance(trainer, TinkerTrainer):
-            raise TinkerError("TinkerPolicy publishes TinkerTrainer weights only (the trainer came from "
-                              "elsewhere: give the algorithm no publisher of its own)")
+            raise TinkerError(
+                "TinkerPolicy publishes TinkerTrainer weights only (the trainer came from "
+                "elsewhere: give the algorithm no publisher of its own)"
+            )
         return Published(version=self.engine.switch(trainer.sampling_client(), f"v{trainer.step}"))
 
 
@@ -458,10 +532,23 @@ class TinkerPolicy(LocalPolicy):
     publish sample the base model.
     """
 
-    def __init__(self, model_dir: str | Path, settings: TinkerSettings, *, served_model_name: str | None = None,
-                 proxy_host: str = "127.0.0.1", proxy_port: int = 0, max_concurrency: int = 64) -> None:
-        super().__init__(model_dir, served_model_name=served_model_name, proxy_host=proxy_host,
-                         proxy_port=proxy_port, max_batch_size=max_concurrency)
+    def __init__(
+        self,
+        model_dir: str | Path,
+        settings: TinkerSettings,
+        *,
+        served_model_name: str | None = None,
+        proxy_host: str = "127.0.0.1",
+        proxy_port: int = 0,
+        max_concurrency: int = 64,
+    ) -> None:
+        super().__init__(
+            model_dir,
+            served_model_name=served_model_name,
+            proxy_host=proxy_host,
+            proxy_port=proxy_port,
+            max_batch_size=max_concurrency,
+        )
         self.settings = settings
         self._trainer: TinkerTrainer | None = None
         self._trainer_config: TrainConfig | None = None
@@ -474,8 +561,9 @@ class TinkerPolicy(LocalPolicy):
 
         base = self.settings.base_model or str(self.model_dir.resolve())
         sampler = self.service.create_sampling_client(base_model=base)
-        return TinkerSamplerEngine(self.model_dir, sampler, max_concurrency=self.max_batch_size,
-                                   timeout=self.settings.timeout)
+        return TinkerSamplerEngine(
+            self.model_dir, sampler, max_concurrency=self.max_batch_size, timeout=self.settings.timeout
+        )
 
     def trainer(self, config: TrainConfig) -> TinkerTrainer:
         """The trainer of this policy on the server (one per policy: the server holds its adapter)."""
@@ -484,8 +572,10 @@ class TinkerPolicy(LocalPolicy):
                 self._trainer = TinkerTrainer(self.model_dir, config, self.settings, service_client=self.service)
                 self._trainer_config = config
             elif config != self._trainer_config:
-                raise TinkerError("this TinkerPolicy already trains with other settings: one policy, one "
-                                  "adapter on the server (use a new TinkerPolicy for another run)")
+                raise TinkerError(
+                    "this TinkerPolicy already trains with other settings: one policy, one "
+                    "adapter on the server (use a new TinkerPolicy for another run)"
+                )
             return self._trainer
 
     def publisher(self) -> TinkerPublisher:

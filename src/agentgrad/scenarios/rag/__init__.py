@@ -24,10 +24,13 @@ if TYPE_CHECKING:
     from agentgrad.scenarios.rag.world import generate_split as generate_split
 
 _EXPORTS = {
-    "write_split": "agentgrad.scenarios.rag.files", "write_world": "agentgrad.scenarios.rag.files",
-    "INSTRUCTIONS": "agentgrad.scenarios.rag.prompt", "SEARCH_DESCRIPTION": "agentgrad.scenarios.rag.prompt",
+    "write_split": "agentgrad.scenarios.rag.files",
+    "write_world": "agentgrad.scenarios.rag.files",
+    "INSTRUCTIONS": "agentgrad.scenarios.rag.prompt",
+    "SEARCH_DESCRIPTION": "agentgrad.scenarios.rag.prompt",
     "score_reply": "agentgrad.scenarios.rag.reward",
-    "open_index": "agentgrad.scenarios.rag.search", "run_search": "agentgrad.scenarios.rag.search",
+    "open_index": "agentgrad.scenarios.rag.search",
+    "run_search": "agentgrad.scenarios.rag.search",
     "generate_split": "agentgrad.scenarios.rag.world",
 }
 

@@ -72,7 +72,6 @@ def write_world(out_dir: str | Path, seed: int = 0, questions: dict[str, int] | 
         if split not in SPLITS or n < 1:
             raise InvalidInputError(f"questions: {split}={n!r}; give each of {SPLITS} at least 1")
     written = [write_split(out_dir, split, seed, counts[split]) for split in SPLITS]
-    settings = {"world": "rag", "seed": seed, "questions": counts,
-                "documents": {f.split: f.documents for f in written}}
+    settings = {"world": "rag", "seed": seed, "questions": counts, "documents": {f.split: f.documents for f in written}}
     (Path(out_dir) / "world.json").write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
     return written

@@ -8,8 +8,10 @@ The answer format is the reference's (``<answer>…</answer>``), which
 
 from __future__ import annotations
 
-INSTRUCTIONS = ("Answer the question using the search tool over an encyclopedia. Search for a name to read its "
-                "entry; if the entry names another person, place or organisation you need, search for it too. "
-                "Reply with the answer only, as <answer>...</answer>.")
+INSTRUCTIONS = (
+    "Answer the question using the search tool over an encyclopedia. Search for a name to read its "
+    "entry; if the entry names another person, place or organisation you need, search for it too. "
+    "Reply with the answer only, as <answer>...</answer>."
+)
 
 SEARCH_DESCRIPTION = "Search the encyclopedia; returns the best matching entries. Search for a name or a few keywords."

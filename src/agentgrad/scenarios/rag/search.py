@@ -60,14 +60,16 @@ def _check_fts5() -> None:
     try:
         sqlite3.connect(":memory:").execute("CREATE VIRTUAL TABLE t USING fts5(x)")
     except sqlite3.OperationalError as exc:  # a Python built against an SQLite without FTS5
-        raise RuntimeError(f"this Python's SQLite {sqlite3.sqlite_version} has no FTS5 module, which the "
-                           "RAG search tool needs") from exc
+        raise RuntimeError(
+            f"this Python's SQLite {sqlite3.sqlite_version} has no FTS5 module, which the RAG search tool needs"
+        ) from exc
 
 
 def _read_corpus(corpus: Path) -> list[Document]:
     if not corpus.is_file():
-        raise CorpusError(f"corpus file {str(corpus)!r} does not exist (write it with `agentgrad scenarios rag "
-                          "generate`)")
+        raise CorpusError(
+            f"corpus file {str(corpus)!r} does not exist (write it with `agentgrad scenarios rag generate`)"
+        )
     docs = []
     with corpus.open(encoding="utf-8") as lines:
         for number, line in enumerate(lines, 1):
@@ -106,8 +108,9 @@ def build_index(corpus: str | Path) -> Path:
     try:
         with contextlib.closing(sqlite3.connect(tmp)) as db, db:
             db.execute("CREATE VIRTUAL TABLE docs USING fts5(id UNINDEXED, title, text, tokenize='porter unicode61')")
-            db.executemany("INSERT INTO docs (id, title, text) VALUES (?, ?, ?)",
-                           [(d.id, d.title, d.text) for d in docs])
+            db.executemany(
+                "INSERT INTO docs (id, title, text) VALUES (?, ?, ?)", [(d.id, d.title, d.text) for d in docs]
+            )
             db.execute("INSERT INTO docs (docs) VALUES ('optimize')")
             db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
             db.executemany("INSERT INTO meta VALUES (?, ?)", [("version", _INDEX_VERSION), ("corpus_sha256", digest)])
@@ -130,8 +133,11 @@ class SearchIndex:
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
             raise QueryError(f"k must be a whole number from 1 to {MAX_K}, got {k!r}")
         with contextlib.closing(sqlite3.connect(self.path.as_uri() + "?mode=ro", uri=True)) as db:
-            rows = db.execute("SELECT id, title, text FROM docs WHERE docs MATCH ? "
-                              f"ORDER BY bm25(docs, 0.0, {_WEIGHTS[0]}, {_WEIGHTS[1]}) LIMIT ?", (match, k)).fetchall()
+            rows = db.execute(
+                "SELECT id, title, text FROM docs WHERE docs MATCH ? "
+                f"ORDER BY bm25(docs, 0.0, {_WEIGHTS[0]}, {_WEIGHTS[1]}) LIMIT ?",
+                (match, k),
+            ).fetchall()
         return [Document(*row) for row in rows]
 
 
@@ -144,14 +150,16 @@ def fts_query(query: str) -> str:
     if not isinstance(query, str):
         raise QueryError(f"the query must be text, got {type(query).__name__}")
     if len(query) > MAX_QUERY_CHARS:
-        raise QueryError(f"query too long ({len(query)} characters; at most {MAX_QUERY_CHARS}): "
-                         "search for a name or a few keywords")
+        raise QueryError(
+            f"query too long ({len(query)} characters; at most {MAX_QUERY_CHARS}): search for a name or a few keywords"
+        )
     terms = list(dict.fromkeys(t.lower() for t in _TERM.findall(query)))
     if not terms:
         raise QueryError("empty query: give the words to look for, e.g. a name")
     if len(terms) > MAX_QUERY_TERMS:
-        raise QueryError(f"query too long ({len(terms)} words; at most {MAX_QUERY_TERMS}): "
-                         "search for a name or a few keywords")
+        raise QueryError(
+            f"query too long ({len(terms)} words; at most {MAX_QUERY_TERMS}): search for a name or a few keywords"
+        )
     return " OR ".join(f'"{t}"' for t in terms)
 
 
@@ -169,8 +177,9 @@ def open_index(corpus: str | Path) -> SearchIndex:
     try:
         stat = corpus.stat()
     except FileNotFoundError:
-        raise CorpusError(f"corpus file {str(corpus)!r} does not exist (write it with `agentgrad scenarios rag "
-                          "generate`)") from None
+        raise CorpusError(
+            f"corpus file {str(corpus)!r} does not exist (write it with `agentgrad scenarios rag generate`)"
+        ) from None
     key = (corpus, stat.st_size, stat.st_mtime_ns)
     with _opening:
         if key not in _opened:

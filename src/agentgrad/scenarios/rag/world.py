@@ -43,20 +43,79 @@ class SplitSize:
 #: About 2,800 documents in all: a train corpus of 2,100, validation and test ones of 350 each.
 SIZES = {"train": SplitSize(1400, 350, 350), "val": SplitSize(230, 60, 60), "test": SplitSize(230, 60, 60)}
 
-_ONSETS = ("b", "br", "c", "d", "dr", "f", "g", "gr", "h", "k", "l", "m", "n", "p", "r", "s", "st", "t", "th",
-           "tr", "v", "w", "z")
+_ONSETS = (
+    "b",
+    "br",
+    "c",
+    "d",
+    "dr",
+    "f",
+    "g",
+    "gr",
+    "h",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "st",
+    "t",
+    "th",
+    "tr",
+    "v",
+    "w",
+    "z",
+)
 _VOWELS = ("a", "e", "i", "o", "u", "a", "e", "o", "ai", "ou")
 _CODAS = ("", "", "", "l", "n", "r", "s", "m", "th", "nd")
 _PLACE_ENDINGS = ("mere", "ford", "holm", "wick", "gard", "stead", "ton", "vale", "port", "by")
 _RIVER_ENDINGS = ("water", "brook", "flow", "run")
-COUNTRIES = ("Arvenia", "Belmora", "Cassovar", "Dunmarch", "Eskeland", "Farrow Isles", "Galdria", "Hollin",
-             "Istrevia", "Jorvast", "Kelmark", "Lorreth")
-OCCUPATIONS = ("cartographer", "glassblower", "astronomer", "shipwright", "composer", "botanist", "engineer",
-               "lawyer", "painter", "physician", "architect", "chemist", "novelist", "weaver", "surveyor")
+COUNTRIES = (
+    "Arvenia",
+    "Belmora",
+    "Cassovar",
+    "Dunmarch",
+    "Eskeland",
+    "Farrow Isles",
+    "Galdria",
+    "Hollin",
+    "Istrevia",
+    "Jorvast",
+    "Kelmark",
+    "Lorreth",
+)
+OCCUPATIONS = (
+    "cartographer",
+    "glassblower",
+    "astronomer",
+    "shipwright",
+    "composer",
+    "botanist",
+    "engineer",
+    "lawyer",
+    "painter",
+    "physician",
+    "architect",
+    "chemist",
+    "novelist",
+    "weaver",
+    "surveyor",
+)
 #: An organisation's kind and the word its name ends with.
-_KINDS = (("shipyard", "Shipyard"), ("bank", "Bank"), ("observatory", "Observatory"),
-          ("publishing house", "Press"), ("brewery", "Brewery"), ("orchestra", "Orchestra"),
-          ("trading company", "Company"), ("foundry", "Foundry"), ("academy", "Academy"), ("guild", "Guild"))
+_KINDS = (
+    ("shipyard", "Shipyard"),
+    ("bank", "Bank"),
+    ("observatory", "Observatory"),
+    ("publishing house", "Press"),
+    ("brewery", "Brewery"),
+    ("orchestra", "Orchestra"),
+    ("trading company", "Company"),
+    ("foundry", "Foundry"),
+    ("academy", "Academy"),
+    ("guild", "Guild"),
+)
 
 
 @dataclass(frozen=True)
@@ -140,8 +199,9 @@ class _Names:
         self.rng, self.split, self.used = rng, split, set[str]()
 
     def _word(self, syllables: int) -> str:
-        parts = [self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) + self.rng.choice(_CODAS)
-                 for _ in range(syllables)]
+        parts = [
+            self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) + self.rng.choice(_CODAS) for _ in range(syllables)
+        ]
         return "".join(parts).capitalize()
 
     def draw(self, make: Callable[[], str]) -> str:
@@ -170,20 +230,25 @@ def _slug(name: str) -> str:
 
 def _person_doc(p: _Person) -> Document:
     assert p.birthplace is not None and p.employer is not None
-    text = (f"{p.name} is a {p.occupation} born in {p.born} in {p.birthplace.name}. "
-            f"{p.name} works for {p.employer.name}.")
+    text = (
+        f"{p.name} is a {p.occupation} born in {p.born} in {p.birthplace.name}. {p.name} works for {p.employer.name}."
+    )
     return Document(f"person-{_slug(p.name)}", p.name, text)
 
 
 def _place_doc(c: _Place) -> Document:
-    text = (f"{c.name} is a town in {c.country} on the river {c.river}. "
-            f"It was founded in {c.founded} and has {c.population} inhabitants.")
+    text = (
+        f"{c.name} is a town in {c.country} on the river {c.river}. "
+        f"It was founded in {c.founded} and has {c.population} inhabitants."
+    )
     return Document(f"place-{_slug(c.name)}", c.name, text)
 
 
 def _organisation_doc(o: _Organisation) -> Document:
-    text = (f"{o.name} is a {o.kind} founded in {o.founded} by {o.founder.name}. "
-            f"It is headquartered in {o.headquarters.name}.")
+    text = (
+        f"{o.name} is a {o.kind} founded in {o.founded} by {o.founder.name}. "
+        f"It is headquartered in {o.headquarters.name}."
+    )
     return Document(f"org-{_slug(o.name)}", o.name, text)
 
 
@@ -200,28 +265,39 @@ def generate_split(split: str, seed: int = 0) -> Split:
     rng = random.Random(f"rag:{seed}:{split}")
     names = _Names(rng, split)
     rivers = [names.river() for _ in range(max(4, size.places // 4))]
-    places = [_Place(names.place(), rng.choice(COUNTRIES), rng.choice(rivers), rng.randint(900, 1750),
-                     rng.randint(800, 90000)) for _ in range(size.places)]
-    people = [_Person(names.person(), rng.randint(1800, 1990), rng.choice(OCCUPATIONS))
-              for _ in range(size.people)]
+    places = [
+        _Place(
+            names.place(), rng.choice(COUNTRIES), rng.choice(rivers), rng.randint(900, 1750), rng.randint(800, 90000)
+        )
+        for _ in range(size.places)
+    ]
+    people = [_Person(names.person(), rng.randint(1800, 1990), rng.choice(OCCUPATIONS)) for _ in range(size.people)]
     organisations = []
     for _ in range(size.organisations):
         kind, suffix = rng.choice(_KINDS)
-        organisations.append(_Organisation(names.organisation(suffix), kind, rng.randint(1750, 1990),
-                                           rng.choice(people), rng.choice(places)))
+        organisations.append(
+            _Organisation(
+                names.organisation(suffix), kind, rng.randint(1750, 1990), rng.choice(people), rng.choice(places)
+            )
+        )
     for person in people:
         person.birthplace, person.employer = rng.choice(places), rng.choice(organisations)
-    docs = {id(p): _person_doc(p) for p in people} | {id(c): _place_doc(c) for c in places} | \
-        {id(o): _organisation_doc(o) for o in organisations}
+    docs = (
+        {id(p): _person_doc(p) for p in people}
+        | {id(c): _place_doc(c) for c in places}
+        | {id(o): _organisation_doc(o) for o in organisations}
+    )
     questions = _questions(people, places, organisations, docs)
     rng.shuffle(questions)
-    numbered = tuple(Question(f"{split}-{seed}-{i}", q.question, q.answer, q.hops, q.support)
-                     for i, q in enumerate(questions))
+    numbered = tuple(
+        Question(f"{split}-{seed}-{i}", q.question, q.answer, q.hops, q.support) for i, q in enumerate(questions)
+    )
     return Split(split, seed, tuple(docs.values()), numbered)
 
 
-def _questions(people: list[_Person], places: list[_Place], organisations: list[_Organisation],
-               docs: dict[int, Document]) -> list[Question]:
+def _questions(
+    people: list[_Person], places: list[_Place], organisations: list[_Organisation], docs: dict[int, Document]
+) -> list[Question]:
     """Every question the templates ask of these entities; 2-hop ones whose answer the first
     document already gives are dropped (they would take one retrieval, not two)."""
     out: list[Question] = []

@@ -25,9 +25,12 @@ if TYPE_CHECKING:
     from agentgrad.scenarios.sql.world import write_world as write_world
 
 _EXPORTS = {
-    "SQLScore": "agentgrad.scenarios.sql.reward", "execution_match": "agentgrad.scenarios.sql.reward",
-    "run_query": "agentgrad.scenarios.sql.reward", "WorldConfig": "agentgrad.scenarios.sql.world",
-    "generate_world": "agentgrad.scenarios.sql.world", "write_world": "agentgrad.scenarios.sql.world",
+    "SQLScore": "agentgrad.scenarios.sql.reward",
+    "execution_match": "agentgrad.scenarios.sql.reward",
+    "run_query": "agentgrad.scenarios.sql.reward",
+    "WorldConfig": "agentgrad.scenarios.sql.world",
+    "generate_world": "agentgrad.scenarios.sql.world",
+    "write_world": "agentgrad.scenarios.sql.world",
 }
 
 __all__ = list(_EXPORTS)

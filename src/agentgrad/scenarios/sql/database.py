@@ -64,8 +64,10 @@ class Database:
         customers.id, quantity)``. Short on purpose: small models have small contexts."""
         lines = []
         for bound in self.tables:
-            columns = ["id"] + [name + (f" -> {self.table(column.ref).sql}.id" if column.kind == "ref" else "")
-                                for column, name in zip(bound.table.columns, bound.column_sql, strict=True)]
+            columns = ["id"] + [
+                name + (f" -> {self.table(column.ref).sql}.id" if column.kind == "ref" else "")
+                for column, name in zip(bound.table.columns, bound.column_sql, strict=True)
+            ]
             lines.append(f"{bound.sql}({', '.join(columns)})")
         return "\n".join(lines)
 
@@ -100,13 +102,15 @@ def generate_database(schema: Schema, db_id: str, rng: random.Random) -> Databas
             for column in table.columns:
                 row.append(_value(column, index, labels, tables, rng))
             rows.append(tuple(row))
-        tables.append(BoundTable(table, rng.choice(table.names), tuple(rng.choice(c.names) for c in table.columns),
-                                 tuple(rows)))
+        tables.append(
+            BoundTable(table, rng.choice(table.names), tuple(rng.choice(c.names) for c in table.columns), tuple(rows))
+        )
     return Database(db_id, schema, tuple(tables))
 
 
-def _value(column: Column, index: int, labels: dict[Column, list[str]], parents: list[BoundTable],
-           rng: random.Random) -> Any:
+def _value(
+    column: Column, index: int, labels: dict[Column, list[str]], parents: list[BoundTable], rng: random.Random
+) -> Any:
     if column.kind == "label":
         return labels[column][index]
     if column.kind == "ref":

@@ -55,8 +55,9 @@ class SQLScore:
     message: str
 
 
-def run_query(db_path: str | Path, query: str, *, timeout: float = TIMEOUT_SECONDS,
-              max_rows: int = MAX_ROWS) -> Execution:
+def run_query(
+    db_path: str | Path, query: str, *, timeout: float = TIMEOUT_SECONDS, max_rows: int = MAX_ROWS
+) -> Execution:
     """``query``'s rows on the database at ``db_path``, read-only, within ``timeout`` seconds and
     ``max_rows`` rows; an :class:`Execution` with ``error`` set otherwise (never raises for a bad
     query)."""
@@ -145,8 +146,15 @@ def results_match(got: Sequence[tuple[Any, ...]], want: Sequence[tuple[Any, ...]
     return False
 
 
-def execution_match(query: str, gold: str, db_path: str | Path, *, ordered: bool | None = None,
-                    timeout: float = TIMEOUT_SECONDS, max_rows: int = MAX_ROWS) -> SQLScore:
+def execution_match(
+    query: str,
+    gold: str,
+    db_path: str | Path,
+    *,
+    ordered: bool | None = None,
+    timeout: float = TIMEOUT_SECONDS,
+    max_rows: int = MAX_ROWS,
+) -> SQLScore:
     """1.0 when ``query`` returns what ``gold`` returns on the database, else 0.0; with a message.
 
     ``ordered`` None: read from the gold query (:func:`order_matters`). The gold query runs under
@@ -163,6 +171,9 @@ def execution_match(query: str, gold: str, db_path: str | Path, *, ordered: bool
     if results_match(result.rows, expected.rows, ordered=ordered):
         return SQLScore(1.0, "match")
     same_rows = ordered and results_match(result.rows, expected.rows, ordered=False)
-    detail = "the rows are right but their order is not" if same_rows else \
-        f"different result: {len(result.rows)} row(s), expected {len(expected.rows)}"
+    detail = (
+        "the rows are right but their order is not"
+        if same_rows
+        else f"different result: {len(result.rows)} row(s), expected {len(expected.rows)}"
+    )
     return SQLScore(0.0, detail)

@@ -81,8 +81,9 @@ def generate_world(config: WorldConfig | None = None) -> World:
             db = generate_database(schema, db_id, rng)
             databases[split].append(db)
             for q, question in enumerate(generate_questions(db, config.questions_per_database, rng)):
-                tasks[split].append({"id": f"{db_id}/{q:02d}", "db_id": db_id, "schema": db.schema_text(),
-                                     **asdict(question)})
+                tasks[split].append(
+                    {"id": f"{db_id}/{q:02d}", "db_id": db_id, "schema": db.schema_text(), **asdict(question)}
+                )
     return World(config, databases, tasks)
 
 
@@ -104,8 +105,13 @@ def write_world(out: str | Path, config: WorldConfig | None = None, *, overwrite
             task["db_path"] = str(root / "databases" / f"{task['db_id']}.sqlite")
         with open(root / f"{split}.jsonl", "w", encoding="utf-8") as file:
             file.writelines(json.dumps(task) + "\n" for task in world.tasks[split])
-    summary = {"world": "sql", "config": asdict(world.config),
-               "splits": {split: {"databases": [db.db_id for db in world.databases[split]],
-                                  "tasks": len(world.tasks[split])} for split in SPLITS}}
+    summary = {
+        "world": "sql",
+        "config": asdict(world.config),
+        "splits": {
+            split: {"databases": [db.db_id for db in world.databases[split]], "tasks": len(world.tasks[split])}
+            for split in SPLITS
+        },
+    }
     (root / "world.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return world

@@ -79,8 +79,12 @@ class StoreAPI:
         if endpoint is not None:
             return endpoint
         allowed = ", ".join(sorted(methods))
-        return error_response(405, "method_not_allowed", f"{method} is not allowed on {path} (allowed: {allowed})",
-                              headers={"Allow": allowed})
+        return error_response(
+            405,
+            "method_not_allowed",
+            f"{method} is not allowed on {path} (allowed: {allowed})",
+            headers={"Allow": allowed},
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         found = self.route(scope["method"], scope["path"]) if scope["type"] == "http" else None
@@ -98,8 +102,9 @@ class StoreAPI:
                 response = _internal_error(scope["method"], scope["path"], exc)
         await response(scope, receive, send)
 
-    def answer_at_once(self, endpoint: Endpoint, query_string: bytes, headers: list[tuple[bytes, bytes]],
-                       body: bytes) -> Response | None:
+    def answer_at_once(
+        self, endpoint: Endpoint, query_string: bytes, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> Response | None:
         """The whole answer to a request whose body has arrived, computed on the spot, the store
         called in this thread (for ``inline`` stores only); None when it must be awaited instead
         (a long poll, a heavy read). The HTTP protocol calls this straight
@@ -176,8 +181,9 @@ def _input_error(exc: ValidationError | _Refused) -> Response:
     return validation_error(exc.errors(include_url=False, include_context=False), "request")
 
 
-def _parse_input(endpoint: Endpoint, query_string: bytes, headers: list[tuple[bytes, bytes]],
-                 body: bytes) -> BaseModel | None:
+def _parse_input(
+    endpoint: Endpoint, query_string: bytes, headers: list[tuple[bytes, bytes]], body: bytes
+) -> BaseModel | None:
     """The endpoint's input model from the query string or the JSON body (ValidationError when
     it does not fit)."""
     if endpoint.query is not None:

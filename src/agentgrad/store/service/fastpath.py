@@ -97,8 +97,13 @@ class StoreHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         parser = self.parser
-        if (self._direct is not None and (self.cycle is None or self.cycle.response_complete)
-                and not self.expect_100_continue and parser.should_keep_alive() and not parser.should_upgrade()):
+        if (
+            self._direct is not None
+            and (self.cycle is None or self.cycle.response_complete)
+            and not self.expect_100_continue
+            and parser.should_keep_alive()
+            and not parser.should_upgrade()
+        ):
             accepted = self._direct.accepts(parser.get_method(), self.url, self.headers)
             if accepted is not None:
                 self._collecting = _Collecting(accepted)

@@ -25,9 +25,14 @@ _Mode = Literal["validation", "serialization"]
 #: The error answers every store endpoint may give, all with an ErrorBody.
 ERROR_DOCS: dict[int | str, dict[str, Any]] = {
     code: {"description": why, "content": {"application/json": {"schema": {"$ref": _REF.format(model="ErrorBody")}}}}
-    for code, why in ((400, "refused input"), (401, "missing or wrong bearer token"), (404, "unknown id"),
-                      (409, "forbidden transition or id already taken"), (413, "body too large"),
-                      (422, "request does not match the schema"))
+    for code, why in (
+        (400, "refused input"),
+        (401, "missing or wrong bearer token"),
+        (404, "unknown id"),
+        (409, "forbidden transition or id already taken"),
+        (413, "body too large"),
+        (422, "request does not match the schema"),
+    )
 }
 
 
@@ -70,13 +75,19 @@ def _operation(endpoint: Endpoint, refs: dict[tuple[type[BaseModel], _Mode], Any
     if endpoint.query is not None:
         operation["parameters"] = _parameters(endpoint.query)
     if endpoint.body is not None:
-        operation["requestBody"] = {"required": True, "content": {
-            "application/json": {"schema": refs[(endpoint.body, "validation")]}}}
+        operation["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": refs[(endpoint.body, "validation")]}},
+        }
     if endpoint.response is None:
         ok = {"204": {"description": "Done"}}
     else:
-        ok = {"200": {"description": "Successful Response", "content": {
-            "application/json": {"schema": refs[(endpoint.response, "serialization")]}}}}
+        ok = {
+            "200": {
+                "description": "Successful Response",
+                "content": {"application/json": {"schema": refs[(endpoint.response, "serialization")]}},
+            }
+        }
     operation["responses"] = {**ok, **{str(code): doc for code, doc in ERROR_DOCS.items()}}
     return operation
 

@@ -173,4 +173,3 @@ def encode_response(rejected: int, message: str, content_type: str) -> bytes:
     if content_type == PROTOBUF:
         return response.SerializeToString()
     return json.dumps(json_format.MessageToDict(response)).encode()
-

@@ -27,8 +27,9 @@ def json_response(body: bytes | str, status: int = 200) -> Response:
     return Response(body, status, media_type=JSON)
 
 
-def error_response(status: int, kind: str, message: str, fields: dict[str, Any] | None = None,
-                   headers: dict[str, str] | None = None) -> Response:
+def error_response(
+    status: int, kind: str, message: str, fields: dict[str, Any] | None = None, headers: dict[str, str] | None = None
+) -> Response:
     body = wire.ErrorBody(error=kind, message=message, fields=fields or {})
     return Response(body.model_dump_json(), status, headers=headers, media_type=JSON)
 
@@ -51,8 +52,9 @@ def validation_error(errors: Sequence[Any], where: str) -> Response:
         message = plain_message(error)
         parts.append(f"{location}: {message}" if location else message)
     more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
-    return error_response(422, "validation_error", f"invalid {where}: " + "; ".join(parts) + more,
-                          {"errors": len(errors)})
+    return error_response(
+        422, "validation_error", f"invalid {where}: " + "; ".join(parts) + more, {"errors": len(errors)}
+    )
 
 
 def plain_message(error: Any) -> str:

@@ -77,8 +77,11 @@ def enqueue_rollouts(ctx: Context, body: wire.EnqueueBody) -> wire.RolloutList:
 def dequeue_rollouts(ctx: Context, body: wire.DequeueBody) -> wire.ClaimList:
     """Claim up to ``limit`` rollouts, long-polling up to ``timeout`` seconds for the first."""
     wait = ctx.wait_limit(body.timeout)
-    return wire.ClaimList(claimed=ctx.store.dequeue_rollouts(body.limit, worker_id=body.worker_id, timeout=wait,
-                                                             idempotency_key=ctx.idempotency_key))
+    return wire.ClaimList(
+        claimed=ctx.store.dequeue_rollouts(
+            body.limit, worker_id=body.worker_id, timeout=wait, idempotency_key=ctx.idempotency_key
+        )
+    )
 
 
 def get_rollout(ctx: Context, query: wire.RolloutQuery) -> Rollout:
@@ -108,7 +111,9 @@ def update_rollout_metadata(ctx: Context, body: wire.MetadataBody) -> Rollout:
 
 def wait_for_rollouts(ctx: Context, body: wire.WaitBody) -> wire.RolloutList:
     """The listed rollouts that are terminal, long-polling up to ``timeout`` seconds."""
-    return wire.RolloutList(rollouts=ctx.store.wait_for_rollouts(body.rollout_ids, timeout=ctx.wait_limit(body.timeout)))
+    return wire.RolloutList(
+        rollouts=ctx.store.wait_for_rollouts(body.rollout_ids, timeout=ctx.wait_limit(body.timeout))
+    )
 
 
 # ---- attempts -----------------------------------------------------------------------------------
@@ -152,8 +157,11 @@ def add_spans_receipt(ctx: Context, body: wire.SpanList) -> wire.SpanReceipt:
     """Store spans like ``POST /v1/spans``, answering with their sequence ids instead of whole
     spans (what ``StoreClient`` uses: the bulk path)."""
     stored = _store_spans(ctx, body)
-    differing = {index: copy for index, (sent, copy) in enumerate(zip(body.spans, stored))
-                 if copy.__dict__ != {**sent.__dict__, "sequence_id": copy.sequence_id}}
+    differing = {
+        index: copy
+        for index, (sent, copy) in enumerate(zip(body.spans, stored))
+        if copy.__dict__ != {**sent.__dict__, "sequence_id": copy.sequence_id}
+    }
     return wire.SpanReceipt(sequence_ids=[copy.sequence_id for copy in stored], stored=differing)
 
 
@@ -161,12 +169,15 @@ def query_spans(ctx: Context, query: wire.SpanQuery) -> wire.SpanPage:
     """One page of a rollout's spans (one attempt, or ``latest``), in sequence order: at most
     ``limit`` spans after ``after_sequence_id``; ``next_after_sequence_id`` says where the next
     page starts, null when this is the last."""
-    spans = ctx.store.query_spans(query.rollout_id, query.attempt_id, query.name, query.after_sequence_id,
-                                  query.limit + 1)  # one more than asked: whether a next page exists
+    spans = ctx.store.query_spans(
+        query.rollout_id, query.attempt_id, query.name, query.after_sequence_id, query.limit + 1
+    )  # one more than asked: whether a next page exists
     if len(spans) <= query.limit:
         return wire.SpanPage(spans=spans)
-    del spans[query.limit:]
-    return wire.SpanPage(spans=spans, next_after_sequence_id=spans[-1].sequence_id if spans else query.after_sequence_id)
+    del spans[query.limit :]
+    return wire.SpanPage(
+        spans=spans, next_after_sequence_id=spans[-1].sequence_id if spans else query.after_sequence_id
+    )
 
 
 # ---- resources ----------------------------------------------------------------------------------
@@ -216,37 +227,82 @@ def query_metrics(ctx: Context, query: wire.MetricQuery) -> wire.MetricList:
 
 
 ENDPOINTS: tuple[Endpoint, ...] = (
-    Endpoint("POST", "/v1/rollouts/enqueue", "rollouts", enqueue_rollouts, body=wire.EnqueueBody,
-             response=wire.RolloutList, replayable=True),
-    Endpoint("POST", "/v1/rollouts/dequeue", "rollouts", dequeue_rollouts, body=wire.DequeueBody,
-             response=wire.ClaimList, replayable=True, blocks=_long_polls),
+    Endpoint(
+        "POST",
+        "/v1/rollouts/enqueue",
+        "rollouts",
+        enqueue_rollouts,
+        body=wire.EnqueueBody,
+        response=wire.RolloutList,
+        replayable=True,
+    ),
+    Endpoint(
+        "POST",
+        "/v1/rollouts/dequeue",
+        "rollouts",
+        dequeue_rollouts,
+        body=wire.DequeueBody,
+        response=wire.ClaimList,
+        replayable=True,
+        blocks=_long_polls,
+    ),
     Endpoint("GET", "/v1/rollouts/get", "rollouts", get_rollout, query=wire.RolloutQuery, response=Rollout),
-    Endpoint("POST", "/v1/rollouts/query", "rollouts", query_rollouts, body=RolloutFilter, response=wire.RolloutList,
-             heavy=True),
-    Endpoint("POST", "/v1/rollouts/count", "rollouts", count_rollouts, body=RolloutFilter, response=wire.Count,
-             heavy=True),
-    Endpoint("POST", "/v1/rollouts/cancel", "rollouts", cancel_rollout, body=wire.RolloutRef, response=Rollout,
-             replayable=True),
-    Endpoint("POST", "/v1/rollouts/metadata", "rollouts", update_rollout_metadata, body=wire.MetadataBody,
-             response=Rollout),
-    Endpoint("POST", "/v1/rollouts/wait", "rollouts", wait_for_rollouts, body=wire.WaitBody,
-             response=wire.RolloutList, blocks=_long_polls),
+    Endpoint(
+        "POST",
+        "/v1/rollouts/query",
+        "rollouts",
+        query_rollouts,
+        body=RolloutFilter,
+        response=wire.RolloutList,
+        heavy=True,
+    ),
+    Endpoint(
+        "POST", "/v1/rollouts/count", "rollouts", count_rollouts, body=RolloutFilter, response=wire.Count, heavy=True
+    ),
+    Endpoint(
+        "POST",
+        "/v1/rollouts/cancel",
+        "rollouts",
+        cancel_rollout,
+        body=wire.RolloutRef,
+        response=Rollout,
+        replayable=True,
+    ),
+    Endpoint(
+        "POST", "/v1/rollouts/metadata", "rollouts", update_rollout_metadata, body=wire.MetadataBody, response=Rollout
+    ),
+    Endpoint(
+        "POST",
+        "/v1/rollouts/wait",
+        "rollouts",
+        wait_for_rollouts,
+        body=wire.WaitBody,
+        response=wire.RolloutList,
+        blocks=_long_polls,
+    ),
     Endpoint("GET", "/v1/attempts", "attempts", get_attempts, query=wire.RolloutQuery, response=wire.AttemptList),
-    Endpoint("POST", "/v1/attempts/update", "attempts", update_attempt, body=wire.AttemptUpdateBody,
-             response=Attempt),
+    Endpoint("POST", "/v1/attempts/update", "attempts", update_attempt, body=wire.AttemptUpdateBody, response=Attempt),
     Endpoint("POST", "/v1/attempts/heartbeat", "attempts", heartbeat, body=wire.AttemptRef, response=Attempt),
     Endpoint("POST", "/v1/watchdog/check", "attempts", check_watchdog, response=wire.AttemptList),
     Endpoint("POST", "/v1/spans", "spans", add_spans, body=wire.SpanList, response=wire.SpanList),
     Endpoint("POST", "/v1/spans/receipt", "spans", add_spans_receipt, body=wire.SpanList, response=wire.SpanReceipt),
     Endpoint("GET", "/v1/spans", "spans", query_spans, query=wire.SpanQuery, response=wire.SpanPage, heavy=True),
-    Endpoint("POST", "/v1/resources", "resources", add_resources, body=wire.ResourcesBody, response=Resources,
-             replayable=True),
+    Endpoint(
+        "POST",
+        "/v1/resources",
+        "resources",
+        add_resources,
+        body=wire.ResourcesBody,
+        response=Resources,
+        replayable=True,
+    ),
     Endpoint("GET", "/v1/resources", "resources", query_resources, response=wire.ResourcesList, heavy=True),
     Endpoint("GET", "/v1/resources/latest", "resources", get_latest_resources, response=wire.LatestResources),
     Endpoint("GET", "/v1/resources/get", "resources", get_resources, query=wire.ResourcesQuery, response=Resources),
     Endpoint("POST", "/v1/workers", "workers", update_worker, body=Worker, response=Worker),
     Endpoint("GET", "/v1/workers", "workers", query_workers, response=wire.WorkerList, heavy=True),
     Endpoint("POST", "/v1/metrics", "metrics", add_metrics, body=wire.MetricList, replayable=True),
-    Endpoint("GET", "/v1/metrics", "metrics", query_metrics, query=wire.MetricQuery, response=wire.MetricList,
-             heavy=True),
+    Endpoint(
+        "GET", "/v1/metrics", "metrics", query_metrics, query=wire.MetricQuery, response=wire.MetricList, heavy=True
+    ),
 )

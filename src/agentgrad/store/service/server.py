@@ -53,7 +53,6 @@ from agentgrad.types import RolloutStatus
 log = logging.getLogger(__name__)
 
 
-
 # ---- metrics ----------------------------------------------------------------------------------
 
 
@@ -148,11 +147,13 @@ class _Guard:
     store API is latency-bound. Content types are the store API's own check (422).
     """
 
-    def __init__(self, app: ASGIApp, *, token: str | None, max_body_bytes: int, metrics: _Metrics,
-                 hosts: HostCheck | None = None) -> None:
+    def __init__(
+        self, app: ASGIApp, *, token: str | None, max_body_bytes: int, metrics: _Metrics, hosts: HostCheck | None = None
+    ) -> None:
         self.app = app
-        self.gate = Guard(token=token, hosts=hosts, max_body_bytes=max_body_bytes, content_types=None,
-                          open_path=_self_guarded)
+        self.gate = Guard(
+            token=token, hosts=hosts, max_body_bytes=max_body_bytes, content_types=None, open_path=_self_guarded
+        )
         self.max_body = max_body_bytes
         self.metrics = metrics
 
@@ -243,8 +244,9 @@ class _DirectAnswers:
         endpoint, query, headers, fields = accepted
         response = self.guard.refusal(endpoint.path, fields) or self.api.answer_at_once(endpoint, query, headers, body)
         if response is not None:
-            self.guard.metrics.observe(endpoint.method, endpoint.path, response.status_code,
-                                       time.perf_counter() - started)
+            self.guard.metrics.observe(
+                endpoint.method, endpoint.path, response.status_code, time.perf_counter() - started
+            )
         return response
 
 
@@ -359,8 +361,7 @@ def create_app(
     app = _ServiceApp(
         title="AgentGrad store service",
         version=__version__,
-        description="The AgentGrad Store protocol over HTTP. Errors are JSON: "
-        "{error: kind, message, fields}.",
+        description="The AgentGrad Store protocol over HTTP. Errors are JSON: {error: kind, message, fields}.",
     )
     app.state.store = store
     app.state.token = token
@@ -426,8 +427,15 @@ class _ServiceApp(FastAPI):
 def _config(app: FastAPI, log_level: str, **kwargs: Any) -> uvicorn.Config:
     # One worker, one event loop: the store is shared state; speed comes from keep-alive, a lean
     # request path and one write per response, not from forking.
-    return uvicorn.Config(app, log_level=log_level, access_log=False, timeout_keep_alive=120,
-                          timeout_graceful_shutdown=5, http=_http_protocol(), **kwargs)
+    return uvicorn.Config(
+        app,
+        log_level=log_level,
+        access_log=False,
+        timeout_keep_alive=120,
+        timeout_graceful_shutdown=5,
+        http=_http_protocol(),
+        **kwargs,
+    )
 
 
 def _http_protocol() -> type[asyncio.Protocol] | str:
@@ -478,8 +486,7 @@ class StoreServer:
         sock = listening_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
         self._server = uvicorn.Server(_config(self.app, self._log_level))
-        self._thread = serve_in_thread(self._server, sock, name=f"agentgrad-store-server:{self.port}",
-                                       timeout=timeout)
+        self._thread = serve_in_thread(self._server, sock, name=f"agentgrad-store-server:{self.port}", timeout=timeout)
         self.url = http_url(self.host, self.port)
         return self.url
 
@@ -525,13 +532,23 @@ def serve(
     store = open_store(store_url, **(store_options or {}))
     try:
         routers = extra_routers(store) if extra_routers else ()
-        app = create_app(store, token=token, max_body_bytes=max_body_bytes, cors_origins=cors_origins,
-                         extra_routers=routers, allowed_hosts=HostCheck.for_bind(host, allowed_hosts))
+        app = create_app(
+            store,
+            token=token,
+            max_body_bytes=max_body_bytes,
+            cors_origins=cors_origins,
+            extra_routers=routers,
+            allowed_hosts=HostCheck.for_bind(host, allowed_hosts),
+        )
         warn_if_exposed("the store service", host, token, log)
         sock = listening_socket(host, port)
         server = uvicorn.Server(_config(app, log_level))
-        log.info("AgentGrad store service: %s listening on %s (auth %s)", store_url,
-                 http_url(host, sock.getsockname()[1]), "on" if token else "off")
+        log.info(
+            "AgentGrad store service: %s listening on %s (auth %s)",
+            store_url,
+            http_url(host, sock.getsockname()[1]),
+            "on" if token else "off",
+        )
         if threading.current_thread() is threading.main_thread():  # the process is ours
             # Every request allocates thousands of objects (a batch of spans), so collections
             # run often; frozen, the modules and objects of start-up are no longer traversed
