@@ -34,7 +34,7 @@ from agentgrad.algorithms.base import Algorithm, AlgorithmContext
 from agentgrad.algorithms.baseline import Evaluate, EvaluationReport
 from agentgrad.runner import Runner, RunnerDiedError, RunnerPool, check_not_bootstrapping
 from agentgrad.store import open_store
-from agentgrad.store.protocol import Store
+from agentgrad.store.protocol import Store, fill_wrapper
 from agentgrad.types import Rollout, RolloutConfig, RolloutMode
 
 if TYPE_CHECKING:
@@ -144,15 +144,22 @@ class Trainer:
         timeout: float | None = None,
         config: RolloutConfig | None = None,
         print_summary: bool = True,
+        run_id: str | None = None,
     ) -> EvaluationReport:
-        """Run every task once with ``resources`` and print a summary; returns the report."""
+        """Run every task once with ``resources`` and print a summary; returns the report. With
+        ``run_id`` it is recorded as an evaluation run (:class:`~agentgrad.algorithms.baseline.Evaluate`)
+        that the dashboard lists beside training runs."""
         check_not_bootstrapping("Trainer.dev()")
         _check_tasks("tasks", tasks)
         with self._policy_running():
             resources = self._resources(resources)
             published = self.store.add_resources(resources) if resources is not None else None
             evaluate = Evaluate(
-                mode=mode, timeout=timeout, config=config, resources_id=published.resources_id if published else None
+                mode=mode,
+                timeout=timeout,
+                config=config,
+                resources_id=published.resources_id if published else None,
+                run_id=run_id,
             )
             with self.running(agent) as store:
                 context = AlgorithmContext(
@@ -259,13 +266,13 @@ class Trainer:
             if proxy is not None and not isinstance(proxy, str):
                 options.setdefault("llm_proxy", proxy)  # in process: flush it directly
             with _thread_runner(agent, self.store, options) as runner:
-                yield _WatchedStore(self.store, runner.check)
+                yield _WatchedStore(self.store, runner.check)  # type: ignore[abstract]  # fill_wrapper below
             return
         with (
             self._shared_store_url() as url,
             RunnerPool(agent, url, n_runners=self.n_runners, store_token=self._store_token(), **options) as pool,
         ):
-            yield _WatchedStore(self.store, pool.check)
+            yield _WatchedStore(self.store, pool.check)  # type: ignore[abstract]  # fill_wrapper below
 
     def _announce_external_runners(self, agent: Agent, proxy_url: str | None) -> None:
         url = self.store.shared_url or "URL"
@@ -380,10 +387,7 @@ def _delegate(name: str) -> Callable[..., Any]:
     return method
 
 
-for _name, _member in list(vars(Store).items()):  # every store method, the backend's own version
-    if callable(_member) and not _name.startswith("_") and _name not in vars(_WatchedStore):
-        setattr(_WatchedStore, _name, _delegate(_name))
-_WatchedStore.__abstractmethods__ = frozenset()
+fill_wrapper(_WatchedStore, _delegate)  # type: ignore[type-abstract]  # every store method, the backend's own version
 
 
 def _unexpected_keywords(given: dict[str, Any]) -> str:

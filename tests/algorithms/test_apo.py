@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 import pytest
+from stand_in_llm import StandInChatServer
 
 from agentgrad import emit_message
 from agentgrad.agents import rollout
@@ -23,8 +24,6 @@ from agentgrad.store.protocol import RolloutFilter
 from agentgrad.store.sqlite import SqliteStore
 from agentgrad.trainer import Trainer
 from agentgrad.types import PromptTemplate
-
-from stand_in_llm import StandInChatServer
 
 INSTRUCTIONS = {
     "upper": "For upper tasks, answer in uppercase.",

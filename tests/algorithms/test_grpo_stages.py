@@ -14,8 +14,8 @@ from agentgrad import semconv
 from agentgrad.algorithms.grpo import GRPO, GRPOConfig
 from agentgrad.config import field_docs
 from agentgrad.store.memory import MemoryStore
+from agentgrad.training.backend import Published
 from agentgrad.training.policy import TrainConfig
-from agentgrad.training.publish import Published
 from agentgrad.types import LLM, AttemptStatus, RolloutStatus, Span, Transition
 
 # ---- configuration ------------------------------------------------------------------------------

@@ -270,6 +270,21 @@ def test_verl_refuses_keys_and_values_without_an_equivalent(change: dict[str, An
         agl.VERL({"trainer": {"total_epochs": 1}})
 
 
+@pytest.mark.parametrize(
+    ("algorithm", "estimator"),
+    [
+        ({"adv_estimator": "grpo"}, "grpo"),
+        ({"adv_estimator": "grpo", "norm_adv_by_std_in_grpo": False}, "dr_grpo"),
+        ({"norm_adv_by_std_in_grpo": False}, "dr_grpo"),
+        ({"adv_estimator": "rloo", "norm_adv_by_std_in_grpo": False}, "rloo"),  # VERL reads it for GRPO only
+        ({"adv_estimator": "reinforce_plus_plus_baseline"}, "reinforce++"),
+    ],
+)
+def test_verl_estimator_keys_choose_the_estimator(algorithm: dict[str, Any], estimator: str) -> None:
+    verl = agl.VERL({"actor_rollout_ref": {"model": {"path": "m"}}, "algorithm": algorithm})
+    assert verl.grpo_config(100, None).estimator == estimator
+
+
 def test_apo_maps_the_client_onto_critic_and_editor() -> None:
     class Client:
         base_url = "http://critic/v1/"

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from dashboard_data import Filled, fill_by_hand
 
 from agentgrad.store.memory import MemoryStore
-from dashboard_data import Filled, fill_by_hand
 
 
 @pytest.fixture

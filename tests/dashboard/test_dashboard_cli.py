@@ -16,8 +16,9 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from agentgrad.store import open_store  # noqa: E402
 from dashboard_data import fill_by_hand  # noqa: E402
+
+from agentgrad.store import open_store  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -32,7 +33,18 @@ def test_dashboard_command_serves_a_store_file_and_stops_on_sigterm(tmp_path: Pa
         "AGENTGRAD_TOKEN": "cli-token",
     }
     process = subprocess.Popen(
-        [sys.executable, "-m", "agentgrad", "dashboard", "--store", url, "--port", "0"],
+        [
+            sys.executable,
+            "-m",
+            "agentgrad",
+            "dashboard",
+            "--store",
+            url,
+            "--port",
+            "0",
+            "--tokenizer",
+            str(SRC / "agentgrad" / "demo" / "data" / "tiny-calc"),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -61,3 +73,16 @@ def test_dashboard_command_serves_a_store_file_and_stops_on_sigterm(tmp_path: Pa
         stdout, stderr = process.communicate(timeout=20)
     assert process.returncode == 0, stderr
     assert "Traceback" not in stderr
+
+
+def test_tokenizer_flags_map_models_to_paths() -> None:
+    from agentgrad.cli.dashboard import parse_tokenizers
+
+    assert parse_tokenizers([]) == {}
+    assert parse_tokenizers(["runs/best", "tiny-calc=/m/tok.json", "org/model=a=b"]) == {
+        "*": "runs/best",
+        "tiny-calc": "/m/tok.json",
+        "org/model": "a=b",
+    }
+    with pytest.raises(SystemExit, match="MODEL=PATH"):
+        parse_tokenizers(["=path"])

@@ -382,3 +382,34 @@ def test_framework_io_reads_genai_and_openinference_content_lists() -> None:
 )
 def test_bad_parameters_get_a_page_or_a_404_never_a_500(client: TestClient, path: str, status: int) -> None:
     assert client.get(path).status_code == status
+
+
+def _graded(task: float) -> float:
+    return task
+
+
+def test_an_evaluation_with_a_run_id_is_a_run_beside_the_training_runs(tmp_path: Path) -> None:
+    """``Trainer.dev(run_id=)`` (what ``agentgrad eval`` calls) records an evaluation run: its rollouts
+    belong to it, and the runs table lists it with its reward mean as the validation score."""
+    from agentgrad.agents import rollout
+    from agentgrad.dashboard.runs import run_of, summarize_runs
+    from agentgrad.trainer import Trainer
+
+    store = open_store(f"sqlite://{tmp_path / 'store.sqlite'}")
+    try:
+        report = Trainer(store, n_runners=1).dev(
+            rollout(_graded), [1.0, 0.0, 1.0, 1.0], run_id="e1", print_summary=False
+        )
+        assert report.reward_mean == 0.75
+        assert {run_of(r) for r in report.rollouts} == {"eval:e1"}
+        (summary,) = summarize_runs(store, store.query_metrics())
+        assert (summary.run_id, summary.algorithm, summary.validation_metric) == (
+            "eval:e1",
+            "evaluation",
+            "eval/reward_mean",
+        )
+        assert summary.best_validation == summary.last_validation == 0.75
+        page = TestClient(create_app(store)).get("/dashboard/runs").text
+        assert "eval:e1" in page and "evaluation" in page
+    finally:
+        store.close()

@@ -10,7 +10,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from capture_check import ENGINE_URL_ENV, MODEL_DIR_ENV, Capture
 
 pytestmark = pytest.mark.tiny_model  # runs last: see tests/conftest.py

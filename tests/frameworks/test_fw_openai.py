@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from capture_check import Capture, run_and_check
 from openai_agent import openai_agent, openai_streaming_agent
 

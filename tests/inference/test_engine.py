@@ -18,7 +18,7 @@ def _prompt(engine: Engine, text: str = "What is 2 + 3?") -> list[int]:
 def test_greedy_logprob_is_the_max_and_tokens_decode_to_text(engine: Engine) -> None:
     result = engine.generate(_prompt(engine), SamplingParams(max_tokens=12, temperature=0, logprobs=5, ignore_eos=True))
     assert len(result.token_ids) == len(result.logprobs) == 12 and result.finish_reason == "length"
-    for token, logprob, top in zip(result.token_ids, result.logprobs, result.top_logprobs):
+    for token, logprob, top in zip(result.token_ids, result.logprobs, result.top_logprobs, strict=True):
         assert top[0][0] == token and top[0][1] == pytest.approx(logprob)
         assert all(logprob >= alt for _, alt in top)
     assert engine.tokenizer.decode(result.token_ids, skip_special_tokens=True) == result.text

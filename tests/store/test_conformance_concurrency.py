@@ -81,7 +81,7 @@ def test_concurrent_add_spans_get_contiguous_sequence_ids(store, kit):
     returned, lock = [], threading.Lock()
 
     def writer(i):
-        for j in range(10):
+        for _ in range(10):
             spans = store.add_spans([kit.span(rid, aid, f"t{i}") for _ in range(3)])
             with lock:
                 returned.extend(s.sequence_id for s in spans)

@@ -14,7 +14,7 @@ import pytest
 from store_contents import store_contents
 
 from agentgrad import semconv
-from agentgrad.types import AttemptError, LLM, MetricRecord, PromptTemplate, RolloutConfig, Worker
+from agentgrad.types import LLM, AttemptError, MetricRecord, PromptTemplate, RolloutConfig, Worker
 
 SRC_DIR = Path(__file__).resolve().parents[2] / "src"
 

@@ -12,10 +12,10 @@ import pytest
 
 psycopg = pytest.importorskip("psycopg")
 
+from service_backends import skip_unless_ci  # noqa: E402
+
 from agentgrad.errors import StoreFileError  # noqa: E402
 from agentgrad.store.protocol import RolloutRequest  # noqa: E402
-
-from service_backends import skip_unless_ci  # noqa: E402
 
 PG_URL = os.environ.get("AGENTGRAD_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 N_ROLLOUTS = 1000

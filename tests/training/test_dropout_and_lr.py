@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+from itertools import pairwise
 
 import pytest
 
@@ -60,12 +61,12 @@ def test_first_ppo_step_is_on_policy_with_dropout_in_the_config(model_zoo, monke
     model_dir = model_zoo["gpt2"]  # resid/embd/attn dropout 0.1
     metrics, seen, old = _first_step(PolicyTrainer(model_dir, TrainConfig(lr=1e-3)), monkeypatch)
     assert metrics.clip_fraction == 0.0 and metrics.ratio_mean == pytest.approx(1.0, abs=1e-6)
-    for a, b in zip(seen, old):
+    for a, b in zip(seen, old, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)  # every token's ratio is 1
     # asked for, dropout is back: the same step's logprobs then differ from the no-grad forward's
     monkeypatch.undo()
     metrics, seen, old = _first_step(PolicyTrainer(model_dir, TrainConfig(lr=1e-3, dropout=True)), monkeypatch)
-    assert max(float((a - b).abs().max()) for a, b in zip(seen, old)) > 0.05
+    assert max(float((a - b).abs().max()) for a, b in zip(seen, old, strict=True)) > 0.05
 
 
 def test_gradients_flow_with_dropout_off(model_zoo):
@@ -89,7 +90,7 @@ def test_default_lr_rule():
     assert default_lr(500_000_000, lora=True) == 1.9e-5
     assert default_lr(870_000, lora=True) == policy.LORA_LR_MAX
     sizes = [10**k for k in range(5, 11)]
-    assert all(default_lr(a) >= default_lr(b) for a, b in zip(sizes, sizes[1:]))
+    assert all(default_lr(a) >= default_lr(b) for a, b in pairwise(sizes))
 
 
 def test_lr_none_is_picked_from_the_model_and_logged(tiny_model_dir, caplog):

@@ -106,7 +106,7 @@ def test_exported_model_answers_like_the_checkpoint(tiny_model_dir, tmp_path, lo
     exported = _greedy(AutoModelForCausalLM.from_pretrained(str(out)), prompts)
     assert exported == expected
     base = _greedy(AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)), prompts)
-    assert sum(a != b for a, b in zip(expected, base)) >= 15  # the training is in the export
+    assert sum(a != b for a, b in zip(expected, base, strict=True)) >= 15  # the training is in the export
     # the live trainer exports the same model (for LoRA through a merged copy: its adapter stays)
     live = export_model(trained, tmp_path / "live")
     assert _greedy(AutoModelForCausalLM.from_pretrained(str(live)), prompts) == expected

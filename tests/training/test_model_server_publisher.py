@@ -12,16 +12,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from agentgrad.http.transport import request_json
-from agentgrad.inference import Engine, ModelServer
-from agentgrad.training import (
+from agentgrad.http.transport import request_json  # noqa: E402
+from agentgrad.inference import Engine, ModelServer  # noqa: E402
+from agentgrad.training import (  # noqa: E402
     ModelServerPublisher,
     PolicyTrainer,
     Published,
     Sample,
     TrainConfig,
 )
-from agentgrad.training.policy import _layout, token_logprobs
+from agentgrad.training.policy import _layout, token_logprobs  # noqa: E402
 
 
 @pytest.fixture

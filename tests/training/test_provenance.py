@@ -77,7 +77,7 @@ def test_the_same_model_moved_still_resumes(tiny_model_dir, tmp_path, copy_model
         state = moved.load_checkpoint(tmp_path / "ckpt")
     assert state is not None and state["cursor"] == 4 and moved.step == 1
     assert "the same model (moved or copied)" in caplog.text
-    for (name, a), (_, b) in zip(trainer.model.named_parameters(), moved.model.named_parameters()):
+    for (name, a), (_, b) in zip(trainer.model.named_parameters(), moved.model.named_parameters(), strict=True):
         assert torch.equal(a, b), name
 
 

@@ -49,10 +49,10 @@ def _server_loss(samples: list[Sample], current: list[list[float]], reduction: s
     service sums."""
     scales = advantage_scales(samples, 5.0, reduction)  # type: ignore[arg-type]
     total = 0.0
-    for sample, row, scale in zip(samples, current, scales):
+    for sample, row, scale in zip(samples, current, scales, strict=True):
         _, fields = datum_fields(sample, scale=scale)
         per_token = []
-        for w, lp, old, adv in zip(fields["weights"], row, fields["logprobs"], fields["advantages"]):
+        for w, lp, old, adv in zip(fields["weights"], row, fields["logprobs"], fields["advantages"], strict=True):
             r = math.exp(lp - old)
             per_token.append(-w * min(r * adv, min(max(r, CLIP_LOW), CLIP_HIGH) * adv))
         total += sum(per_token) / sum(fields["weights"]) if reduction == "sequence_mean" else sum(per_token)
@@ -151,3 +151,38 @@ def test_datums_are_tinker_objects():
     assert [d.model_input.to_ints() for d in data] == [[10, 11, 20, 21], [10, 30, 31]]
     assert data[0].loss_fn_inputs["advantages"].tolist() == pytest.approx([0.0, 1.2, 1.2, 1.2])
     assert data[1].loss_fn_inputs["target_tokens"].tolist() == [30, 31, 32]
+
+
+def test_a_steps_updates_are_cut_once_for_every_trainer():
+    """Both trainers take a step's updates and rate from ``update_parts`` and ``step_lr``: every
+    epoch covers each sample once, the cut depends only on (seed, step), one part keeps the order."""
+    from agentgrad.training.policy import step_lr, update_parts
+
+    samples = [Sample([1], [i], [1], [-1.0], advantage=float(i)) for i in range(7)]
+    updates = update_parts(samples, mini_batches=3, epochs=2, seed=5, step=4)
+    assert [len(u) for u in updates] == [3, 2, 2, 3, 2, 2]
+    for epoch in (updates[:3], updates[3:]):
+        assert sorted(s.response_ids[0] for u in epoch for s in u) == list(range(7))
+    assert update_parts(samples, mini_batches=3, epochs=2, seed=5, step=4) == updates
+    assert update_parts(samples, mini_batches=3, epochs=2, seed=5, step=5) != updates
+    assert update_parts(samples, mini_batches=1, epochs=1, seed=5, step=4) == [samples]
+    assert len(update_parts(samples[:2], mini_batches=4, epochs=1, seed=0, step=0)) == 2  # at most one part per sample
+    with pytest.raises(ValueError, match="mini_batches and epochs"):
+        update_parts(samples, mini_batches=0, epochs=1, seed=0, step=0)
+
+    assert step_lr(TrainConfig(lr=1e-3), 3, None) == 1e-3
+    assert step_lr(TrainConfig(lr=1e-3, lr_decay="linear", lr_final=0.5), 4, 5) == pytest.approx(5e-4)
+    with pytest.raises(ValueError, match="run's length"):
+        step_lr(TrainConfig(lr=1e-3, lr_decay="cosine"), 0, None)
+
+
+def test_samples_without_trained_tokens_or_longer_than_the_context_are_refused():
+    from agentgrad.errors import InvalidInputError
+    from agentgrad.training.policy import trainable_samples
+
+    untrained = Sample([1], [2], [0], [-1.0])
+    assert trainable_samples([S1, untrained], context=8, model="m") == [S1]
+    with pytest.raises(ValueError, match="no trainable tokens"):
+        trainable_samples([untrained], context=None, model="m")
+    with pytest.raises(InvalidInputError, match=r"5 tokens, longer than the context of model m \(4 tokens"):
+        trainable_samples([S1], context=4, model="m")

@@ -107,8 +107,8 @@ def test_ppo_steps_raise_rewarded_completions_likelihood(tiny_model_dir):
     for _ in range(4):
         metrics = trainer.ppo_step(good + bad)
     after_good, after_bad = trainer.sequence_logprob(good), trainer.sequence_logprob(bad)
-    assert all(a > b + 0.5 for a, b in zip(after_good, before_good))
-    assert all(a < b - 0.5 for a, b in zip(after_bad, before_bad))
+    assert all(a > b + 0.5 for a, b in zip(after_good, before_good, strict=True))
+    assert all(a < b - 0.5 for a, b in zip(after_bad, before_bad, strict=True))
     assert metrics.tokens == 18 and 0.0 <= metrics.clip_fraction <= 1.0 and metrics.entropy > 0
     assert trainer.step == 4
 

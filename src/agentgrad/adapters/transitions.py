@@ -113,7 +113,7 @@ class TransitionAdapter:
         if len(rewards) != len(calls):
             raise ValueError(f"credit rule {self.credit.name!r} returned {len(rewards)} rewards for {len(calls)} calls")
         chosen: list[tuple[LLMCall, float]] = []
-        for call, reward in zip(calls, rewards):
+        for call, reward in zip(calls, rewards, strict=True):
             if not matches_agent(call, self.agent_match):
                 stats.calls_other_agents += 1
                 stats.other_agents.add(call.agent_name or "(no name)")

@@ -55,7 +55,7 @@ from agentgrad.algorithms.runlog import RunLog
 from agentgrad.algorithms.templates import TemplateError, validate_template
 from agentgrad.errors import AgentGradError, AlreadyExistsError
 from agentgrad.store.protocol import RolloutFilter, RolloutRequest, Store
-from agentgrad.types import JsonResource, PromptTemplate, Rollout, RolloutConfig, RolloutStatus
+from agentgrad.types import JsonResource, PromptTemplate, Rollout, RolloutConfig, RolloutMode, RolloutStatus
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +245,9 @@ def render_trace(store: Store, rollout: Rollout, max_chars: int) -> str:
         attrs = span.attributes
         if span.span_id in calls:
             call = calls[span.span_id]
-            last_user = next((m for m in reversed(call.request_messages) if m.get("role") in ("user", "tool")), {})
+            last_user: dict[str, Any] = next(
+                (m for m in reversed(call.request_messages) if m.get("role") in ("user", "tool")), {}
+            )
             lines.append(f"[llm] {last_user.get('role', 'user')}: {last_user.get('content', '')}")
             tools = "; ".join(json.dumps(t.get("function", t)) for t in call.tool_calls)
             lines.append(f"[llm] assistant: {call.assistant_text}" + (f" (tool calls: {tools})" if tools else ""))
@@ -459,7 +461,7 @@ class APO(Algorithm):
             pass
 
     # ---- rollouts ---------------------------------------------------------------------------------
-    def _batch(self, store: Store, groups: dict[str, tuple[str, str, list[Any]]]) -> dict[str, list[Rollout]]:
+    def _batch(self, store: Store, groups: dict[str, tuple[str, RolloutMode, list[Any]]]) -> dict[str, list[Rollout]]:
         """Finished rollouts per group, enqueuing the groups not in the store yet.
 
         ``groups`` maps group id → (resources id, mode, tasks). A group is enqueued atomically,
@@ -495,7 +497,9 @@ class APO(Algorithm):
     def _evaluate(self, store: Store, candidates: list[Candidate], val_batch: list[Any]) -> None:
         """Score candidates on the validation batch (all candidates' rollouts run together)."""
         pending = [c for c in candidates if c.score is None]
-        groups = {val_group(self.run_id, c.resources_id): (c.resources_id, "val", val_batch) for c in pending}
+        groups: dict[str, tuple[str, RolloutMode, list[Any]]] = {
+            val_group(self.run_id, c.resources_id): (c.resources_id, "val", val_batch) for c in pending
+        }
         results = self._batch(store, groups)
         for candidate in pending:
             candidate.score = score_of(results[val_group(self.run_id, candidate.resources_id)])
@@ -519,7 +523,7 @@ class APO(Algorithm):
     ) -> tuple[list[Candidate], int]:
         """Critique every beam prompt on its own rollouts and publish the editor's proposals."""
         assert self.state is not None
-        groups = {
+        groups: dict[str, tuple[str, RolloutMode, list[Any]]] = {
             critique_group(self.run_id, round_, p.resources_id): (p.resources_id, "train", train_batch) for p in beam
         }
         batches = self._batch(store, groups)
@@ -533,14 +537,14 @@ class APO(Algorithm):
             )
             jobs = [
                 (parent, critique)
-                for parent, critique in zip(beam, critiques)
+                for parent, critique in zip(beam, critiques, strict=True)
                 if critique is not None
                 for _ in range(self.branch_factor - len(self.state.children(parent.resources_id, round_)))
             ]
             replies = list(pool.map(lambda job: self._edit(*job), jobs))
         children: list[Candidate] = []
         rejected: dict[str, list[dict[str, str]]] = {}
-        for (parent, critique), reply in zip(jobs, replies):
+        for (parent, critique), reply in zip(jobs, replies, strict=True):
             outcome = self._adopt(store, reply, parent, critique, round_)
             if isinstance(outcome, Candidate):
                 children.append(outcome)

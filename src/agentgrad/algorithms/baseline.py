@@ -19,7 +19,7 @@ from agentgrad import semconv
 from agentgrad.algorithms.base import Algorithm, AlgorithmContext
 from agentgrad.algorithms.batch import run_batch
 from agentgrad.store.protocol import RolloutRequest, Store
-from agentgrad.types import Rollout, RolloutConfig, RolloutMode, RolloutStatus
+from agentgrad.types import MetricRecord, Rollout, RolloutConfig, RolloutMode, RolloutStatus
 
 
 @dataclass
@@ -99,7 +99,9 @@ def _mean(values: Sequence[int]) -> float | None:
 
 def summarize(store: Store, rollouts: Sequence[Rollout], timed_out: int = 0) -> EvaluationReport:
     """Read back spans and attempts of finished rollouts into a report."""
-    spans, calls, reasons = [], [], collections.Counter()
+    spans: list[int] = []  # span count per rollout
+    calls: list[int] = []  # LLM-call count per rollout
+    reasons: collections.Counter[str] = collections.Counter()
     for rollout in rollouts:
         latest = store.query_spans(rollout.rollout_id, "latest")
         spans.append(len(latest))
@@ -112,7 +114,12 @@ def summarize(store: Store, rollouts: Sequence[Rollout], timed_out: int = 0) -> 
 
 
 class Evaluate(Algorithm):
-    """Run each task once (in ``mode``) and report; with ``timeout`` unfinished ones are cancelled."""
+    """Run each task once (in ``mode``) and report; with ``timeout`` unfinished ones are cancelled.
+
+    With ``run_id`` the evaluation is a run of its own, comparable with training runs: its rollouts
+    carry ``eval_run`` in their metadata and its scores are logged as metrics under
+    ``eval:<run_id>`` (``eval/reward_mean``, ``eval/succeeded``), so the dashboard lists it.
+    """
 
     def __init__(
         self,
@@ -121,17 +128,24 @@ class Evaluate(Algorithm):
         timeout: float | None = None,
         config: RolloutConfig | None = None,
         resources_id: str | None = None,
+        run_id: str | None = None,
     ) -> None:
         self.mode, self.timeout, self.config, self.resources_id = mode, timeout, config, resources_id
+        self.run_id = run_id
 
     def run(self, context: AlgorithmContext) -> EvaluationReport:
         store = context.store
         tasks = list(context.val_tasks if self.mode != "train" and context.val_tasks else context.train_tasks)
         if not tasks:
             raise ValueError("nothing to evaluate: no tasks were given")
+        metadata = {"eval_run": self.run_id} if self.run_id else {}
         requests = [
             RolloutRequest(
-                input=task, mode=self.mode, config=self.config or RolloutConfig(), resources_id=self.resources_id
+                input=task,
+                mode=self.mode,
+                config=self.config or RolloutConfig(),
+                resources_id=self.resources_id,
+                metadata=metadata,
             )
             for task in tasks
         ]
@@ -140,4 +154,10 @@ class Evaluate(Algorithm):
             batch = run_batch(
                 store, requests, timeout=self.timeout, on_straggler="cancel", label=f"evaluation ({self.mode})"
             )
-        return summarize(store, batch.rollouts, batch.cancelled)
+        report = summarize(store, batch.rollouts, batch.cancelled)
+        if self.run_id:
+            values = {"eval/succeeded": report.succeeded / report.total, "eval/rollouts": float(report.total)}
+            if report.reward_mean is not None:
+                values["eval/reward_mean"] = report.reward_mean
+            store.add_metrics([MetricRecord(run_id=f"eval:{self.run_id}", step=0, values=values)])
+        return report

@@ -56,8 +56,7 @@ from agentgrad.types import LLM, Resources, Rollout, RolloutConfig, RolloutStatu
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
-    from agentgrad.training.backend import TrainBackend
-    from agentgrad.training.publish import Publisher
+    from agentgrad.training.backend import Publisher, TrainBackend
 
 
 # ---------------------------------------------------------------------------------------------

@@ -50,7 +50,8 @@ from agentgrad.types import (
 )
 
 if TYPE_CHECKING:
-    from agentgrad.training import PolicyTrainer, Published, Publisher, StepMetrics
+    from agentgrad.training import Published, Publisher, StepMetrics
+    from agentgrad.training.backend import TrainBackend
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +213,9 @@ def select_chat_samples(store: Store, criteria: SelectionCriteria) -> tuple[list
         matched += len(mine)
         conversation = [s for s in (_chat_sample(c, rollout) for c in mine) if s is not None]
         samples.extend(
-            s for s, nxt in zip(conversation, conversation[1:] + [None]) if nxt is None or not _continues(nxt, s)
+            s
+            for s, nxt in zip(conversation, [*conversation[1:], None][: len(conversation)], strict=True)
+            if nxt is None or not _continues(nxt, s)
         )
     funnel.add("captured LLM calls", calls_total)
     funnel.add(f"agent matches {criteria.agent_match!r}", matched)
@@ -270,11 +273,11 @@ class SaveToDirectory:
     def __init__(self, output_dir: str | Path) -> None:
         self.output_dir = Path(output_dir)
 
-    def publish(self, trainer: PolicyTrainer) -> Published:
+    def publish(self, trainer: TrainBackend) -> Published:
         from agentgrad.training import Published
-        from agentgrad.training.export import export_model
+        from agentgrad.training.backend import export_policy
 
-        return Published(version=str(export_model(trainer, self.output_dir / f"step-{trainer.step:06d}")))
+        return Published(version=str(export_policy(trainer, self.output_dir / f"step-{trainer.step:06d}")))
 
 
 @dataclass
@@ -452,7 +455,7 @@ class SFT(Algorithm):
         return greedy.resources_id if greedy is not None else None
 
     def _validate(
-        self, context: AlgorithmContext, iteration: int, trainer: PolicyTrainer, resources_id: str | None
+        self, context: AlgorithmContext, iteration: int, trainer: TrainBackend, resources_id: str | None
     ) -> None:
         assert self.best is not None
         self.best.validate(

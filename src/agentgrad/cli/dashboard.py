@@ -20,6 +20,20 @@ def _token(args: argparse.Namespace) -> str | None:
     return token_of(args, LEGACY_TOKEN_ENV, TOKEN_ENV)
 
 
+def parse_tokenizers(values: list[str]) -> dict[str, str]:
+    """``--tokenizer`` values as ``create_router``'s ``tokenizers``: ``MODEL=PATH`` for one model
+    (as LLM-call spans name it), a bare ``PATH`` for any model (``"*"``)."""
+    tokenizers: dict[str, str] = {}
+    for value in values:
+        model, sep, path = value.partition("=")  # a model name has no "=", a path may
+        if not sep:
+            model, path = "*", value
+        if not model or not path:
+            raise SystemExit(f"--tokenizer {value!r}: expected MODEL=PATH or PATH")
+        tokenizers[model] = path
+    return tokenizers
+
+
 def _cmd_dashboard(args: argparse.Namespace) -> int:
     from agentgrad.dashboard.app import serve  # lazy: FastAPI/Jinja2 only when serving
 
@@ -30,6 +44,7 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
         _token(args),
         log_level="info" if args.verbose else "warning",
         allowed_hosts=args.allowed_hosts,
+        tokenizers=parse_tokenizers(args.tokenizer),
     )
     return 0
 
@@ -45,6 +60,14 @@ def add_commands(subparsers: Any) -> None:
     parser.add_argument("--store", required=True, help="store URL (sqlite:///path/to/file.db, postgresql://…)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8766, help="port to listen on (0 picks a free one)")
+    parser.add_argument(
+        "--tokenizer",
+        action="append",
+        default=[],
+        metavar="[MODEL=]PATH",
+        help="show completion tokens as text: a tokenizer.json or a model directory holding one, for MODEL "
+        "(as LLM calls name it) or, without MODEL=, for any model; repeatable",
+    )
     add_guard_arguments(
         parser,
         TOKEN_ENV,

@@ -26,6 +26,7 @@ import argparse
 import dataclasses
 import json
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,8 +61,8 @@ def add_commands(commands: Any) -> None:
         choices=_ALGORITHMS,
         default="grpo",
         help="grpo (default); sft: rejection-sampling fine-tuning (SFTConfig's settings: the "
-        "shared ones and those of the SFT group); evaluate: `agentgrad eval` on --tasks with the local model (no settings); "
-        "apo: see `agentgrad apo`",
+        "shared ones and those of the SFT group); evaluate: `agentgrad eval` on --tasks with the local "
+        "model (no settings); apo: see `agentgrad apo`",
     )
     train.add_argument(
         "--val",
@@ -147,6 +148,12 @@ def add_commands(commands: Any) -> None:
     evaluate.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
     evaluate.add_argument("--timeout", type=float, default=None, help="give up waiting after this many seconds")
     evaluate.add_argument("--json", action="store_true", help="also print the report as JSON")
+    evaluate.add_argument(
+        "--run-id",
+        default=None,
+        help="record the evaluation as this run in --store (metrics under eval:RUN_ID; the dashboard lists it "
+        "beside training runs); default eval-<date>-<time>",
+    )
     evaluate.set_defaults(func=_cmd_eval)
 
 
@@ -240,9 +247,11 @@ def _prepare(args: argparse.Namespace) -> _Run:
     from agentgrad.tasks import read_tasks
     from agentgrad.training.policy import check_model
 
+    used: type[GRPOConfig | SFTConfig]
+    other: type[GRPOConfig | SFTConfig]
     used, other = (SFTConfig, GRPOConfig) if args.algorithm == "sft" else (GRPOConfig, SFTConfig)
     _refuse_foreign_flags(args, used, other)
-    config = resolve(used, args.config, args)
+    config: GRPOConfig | SFTConfig = resolve(used, args.config, args)
     agent = load_cli_agent(args.agent)
     args.llm_resource = llm_resource_name(args.llm_resource, agent)
     trained = getattr(agent, "trained_agents", None)  # an agentlightning LitAgent's own agent_match
@@ -481,6 +490,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     agent = load_cli_agent(args.agent)
     args.llm_resource = llm_resource_name(args.llm_resource, agent)
     tasks = read_tasks(args.tasks)
+    run_id = getattr(args, "run_id", None) or time.strftime("eval-%Y%m%d-%H%M%S")
     with tempfile.TemporaryDirectory(prefix="agentgrad-eval-") as work:
         store = open_store(args.store or f"sqlite://{Path(work) / 'store.sqlite'}")
         try:
@@ -492,10 +502,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
                     sampling={"temperature": args.temperature},
                 )
                 report = Trainer(store, n_runners=args.runners, concurrency=args.concurrency).dev(
-                    agent, tasks, {args.llm_resource: llm}, timeout=args.timeout
+                    agent, tasks, {args.llm_resource: llm}, timeout=args.timeout, run_id=run_id
                 )
             else:
-                report = _eval_local(args, agent, tasks, store, Path(work))
+                report = _eval_local(args, agent, tasks, store, Path(work), run_id)
         finally:
             store.close()
     if args.json:
@@ -503,7 +513,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0 if report.succeeded else 1
 
 
-def _eval_local(args: argparse.Namespace, agent: Any, tasks: list[Any], store: Any, work: Path) -> Any:
+def _eval_local(args: argparse.Namespace, agent: Any, tasks: list[Any], store: Any, work: Path, run_id: str) -> Any:
     from agentgrad.trainer import Trainer
     from agentgrad.training.local import LocalPolicy
 
@@ -517,5 +527,9 @@ def _eval_local(args: argparse.Namespace, agent: Any, tasks: list[Any], store: A
             store, policy=policy, n_runners=args.runners, concurrency=args.concurrency, llm_resource=args.llm_resource
         )
         return trainer.dev(
-            agent, tasks, {args.llm_resource: policy.llm(temperature=args.temperature)}, timeout=args.timeout
+            agent,
+            tasks,
+            {args.llm_resource: policy.llm(temperature=args.temperature)},
+            timeout=args.timeout,
+            run_id=run_id,
         )

@@ -132,18 +132,36 @@ def _lora_rank(value: Any, _: Mapping[str, Any]) -> dict[str, Any]:
 
 
 #: VERL keys with an AgentGrad equivalent: dotted key → translator.
+#: VERL's group estimators that AgentGrad has (``GRPOConfig.estimator``); its
+#: ``reinforce_plus_plus_baseline`` is REINFORCE++ with the group mean as baseline, as ours.
+_VERL_ESTIMATORS = {"grpo": "grpo", "rloo": "rloo", "reinforce_plus_plus_baseline": "reinforce++"}
+
+
+def _estimator(config: Mapping[str, Any]) -> str:
+    """The estimator that ``algorithm.adv_estimator`` and ``algorithm.norm_adv_by_std_in_grpo``
+    name together (both keys translate to this one value, so their order does not matter):
+    GRPO without the division by σ is Dr. GRPO's advantage (VERL reads the flag for GRPO only)."""
+    name = config.get("algorithm.adv_estimator", "grpo")
+    if name not in _VERL_ESTIMATORS:
+        raise UnsupportedError(
+            f"algorithm.adv_estimator={name!r} is not supported: AgentGrad implements the group estimators "
+            f"(GRPO and its kin) {sorted(_VERL_ESTIMATORS)}"
+        )
+    by_std = config.get("algorithm.norm_adv_by_std_in_grpo", True)
+    if by_std not in (True, False):
+        raise UnsupportedError(f"algorithm.norm_adv_by_std_in_grpo={by_std!r} must be true or false")
+    estimator = _VERL_ESTIMATORS[name]
+    return "dr_grpo" if estimator == "grpo" and by_std is False else estimator
+
+
 VERL_SETTINGS: dict[str, Translate] = {
-    "algorithm.adv_estimator": _only(
-        "grpo", "algorithm.adv_estimator: AgentGrad implements GRPO (group-relative advantages), use 'grpo'"
-    ),
+    "algorithm.adv_estimator": lambda _, config: {"estimator": _estimator(config)},
     "algorithm.use_kl_in_reward": _only(
         False,
         "algorithm.use_kl_in_reward: AgentGrad puts the KL penalty in the "
         "loss, not the reward: set actor.use_kl_loss and kl_loss_coef",
     ),
-    "algorithm.norm_adv_by_std_in_grpo": _choice(
-        "algorithm.norm_adv_by_std_in_grpo", "normalize", {True: "std", False: "mean"}
-    ),
+    "algorithm.norm_adv_by_std_in_grpo": lambda _, config: {"estimator": _estimator(config)},
     "data.train_batch_size": _to("batch_size", int),
     "data.max_response_length": _to("sampling.max_tokens", int),
     "actor_rollout_ref.rollout.n": _to("group_size", int),

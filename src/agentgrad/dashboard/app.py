@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import APIRouter, FastAPI
@@ -51,17 +51,20 @@ def serve(
     *,
     log_level: str = "warning",
     allowed_hosts: Sequence[str] = (),
+    tokenizers: Mapping[str, str] | None = None,
 ) -> None:
     """Open the store at ``store_url`` read-only and serve the dashboard until SIGTERM/SIGINT, to
     requests naming it in their ``Host`` (loopback, ``host``, ``allowed_hosts``; see
-    :mod:`agentgrad.http.guard`)."""
+    :mod:`agentgrad.http.guard`). ``tokenizers``: as :func:`create_router`'s."""
     import uvicorn
 
     from agentgrad.store import open_store
 
     store = open_store(store_url, watchdog=False)
     try:
-        app = GuardMiddleware(create_app(store, token=token), Guard(hosts=HostCheck.for_bind(host, allowed_hosts)))
+        app = GuardMiddleware(
+            create_app(store, token=token, tokenizers=tokenizers), Guard(hosts=HostCheck.for_bind(host, allowed_hosts))
+        )
         warn_if_exposed("the dashboard", host, token, log)
         sock = listening_socket(host, port)  # bound here so that --port 0 reports the port it got
         url = http_url(host, sock.getsockname()[1]) + "/dashboard/"

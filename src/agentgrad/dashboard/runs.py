@@ -2,8 +2,9 @@
 
 A run is a ``run_id`` of the metric records (:class:`~agentgrad.algorithms.runlog.RunLog`);
 its rollouts are recognised by the metadata each algorithm puts on them (GRPO's group ids,
-APO's ``apo_run``, SFT's ``sft_run``), so no store query beyond the Store protocol is needed.
-Rollouts no algorithm tagged (``Trainer.dev``, ``Evaluate``) belong to no run. Every read here
+APO's ``apo_run``, SFT's ``sft_run``, an evaluation's ``eval_run``), so no store query beyond
+the Store protocol is needed. Rollouts no algorithm tagged (``Trainer.dev`` without a run id)
+belong to no run. Every read here
 is bounded: the runs page answers as fast over 10,000 rollouts as over ten.
 """
 
@@ -29,7 +30,7 @@ _APO_ROUND = re.compile(r"^apo:.+?:r(?P<round>\d+):critique:")
 #: ``adapter/rollouts_without_reward`` is not mistaken for a reward).
 KEY_METRICS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("reward", ("reward/mean", "reward", "reward_mean")),
-    ("validation", ("val/reward_mean", "val/success", "val_score", "best_score")),
+    ("validation", ("val/reward_mean", "val/success", "val_score", "best_score", "eval/reward_mean")),
     ("success", ("success", "success_rate")),
     ("loss", ("loss",)),
     ("entropy", ("entropy",)),
@@ -38,7 +39,7 @@ KEY_METRICS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 _KEY_ORDER = {name: rank for rank, (_, names) in enumerate(KEY_METRICS) for name in names}
 #: Metrics that score validation, best first: what the runs table calls "validation".
-VALIDATION_METRICS = ("val/reward_mean", "val/success", "val_score", "best_score")
+VALIDATION_METRICS = ("val/reward_mean", "val/success", "val_score", "best_score", "eval/reward_mean")
 
 
 def metric_order(names: Iterable[str]) -> tuple[list[str], list[str]]:
@@ -50,11 +51,13 @@ def metric_order(names: Iterable[str]) -> tuple[list[str], list[str]]:
 
 
 def algorithm_of(run_id: str, metric_names: Iterable[str]) -> str:
-    """Which algorithm wrote a run, from its id (``apo:``, ``sft:``) or its metrics."""
+    """Which algorithm wrote a run, from its id (``apo:``, ``sft:``, ``eval:``) or its metrics."""
     if run_id.startswith("apo:"):
         return "APO"
     if run_id.startswith("sft:"):
         return "SFT"
+    if run_id.startswith("eval:"):
+        return "evaluation"
     names = set(metric_names)
     if any(n.startswith("grpo/") for n in names) or {"entropy", "kl"} <= names:
         return "GRPO"
@@ -68,6 +71,8 @@ def run_of(rollout: Rollout) -> str | None:
         return f"apo:{meta['apo_run']}"
     if isinstance(meta.get("sft_run"), str):
         return f"sft:{meta['sft_run']}"
+    if isinstance(meta.get("eval_run"), str):
+        return f"eval:{meta['eval_run']}"
     group = meta.get("group_id")
     if isinstance(group, str) and (match := _GRPO_GROUP.match(group)):
         return match["run"]
@@ -144,7 +149,7 @@ def _models(store: Store, by_run: dict[str, list[MetricRecord]]) -> dict[str, st
         if run is not None and found.get(run) is None:
             found[run] = _model(store, rollout.resources_id, cache)
     for run, records in by_run.items():
-        if found.get(run) is None and not run.startswith(("apo:", "sft:")):
+        if found.get(run) is None and not run.startswith(("apo:", "sft:", "eval:")):
             for step in sorted({r.step for r in records if r.step > 0})[:3]:
                 probe = store.query_rollouts(RolloutFilter(group_id=f"{run}-s{step}-t0-r0", limit=1))
                 if probe and (model := _model(store, probe[0].resources_id, cache)):

@@ -8,9 +8,10 @@ and captures the calls through its proxy; the function returns the reward.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from openai import OpenAI
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 import agentgrad
 from agentgrad.demo.calc import CALCULATOR_TOOL, SYSTEM_PROMPT, check_answer, generate_problems, run_calculator
@@ -28,7 +29,7 @@ def _client(llm: LLM) -> OpenAI:
 def calc_agent(task: dict[str, Any], llm: LLM) -> float:
     """Solve one arithmetic question with the calculator tool; 1.0 if the answer is right."""
     client = _client(llm)
-    messages: list[dict[str, Any]] = [
+    messages: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": task["question"]},
     ]
@@ -36,12 +37,13 @@ def calc_agent(task: dict[str, Any], llm: LLM) -> float:
         response = client.chat.completions.create(
             model=llm.model,
             messages=messages,
-            tools=[CALCULATOR_TOOL],
+            tools=[cast(ChatCompletionToolParam, CALCULATOR_TOOL)],
             temperature=llm.sampling.get("temperature", 1.0),
             max_tokens=llm.sampling.get("max_tokens", MAX_TOKENS),
         )
         message = response.choices[0].message
-        if not message.tool_calls:
+        calls = [c for c in message.tool_calls or [] if c.type == "function"]
+        if not calls:
             return 1.0 if check_answer(message.content or "", task["answer"]) else 0.0
         messages.append(
             {
@@ -53,11 +55,11 @@ def calc_agent(task: dict[str, Any], llm: LLM) -> float:
                         "type": "function",
                         "function": {"name": c.function.name, "arguments": c.function.arguments},
                     }
-                    for c in message.tool_calls
+                    for c in calls
                 ],
             }
         )
-        for call in message.tool_calls:
+        for call in calls:
             try:
                 expression = json.loads(call.function.arguments).get("expression", "")
             except (ValueError, AttributeError):

@@ -20,8 +20,9 @@ import json
 import operator
 import random
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 SYSTEM_PROMPT = "You are a careful assistant. Use the calculator tool for arithmetic, then state the answer."
 
@@ -74,7 +75,7 @@ def _sample(rng: random.Random) -> tuple[str, str]:
     numbers = [rng.randint(2, MAX_OPERAND) for _ in range(N_OPERANDS)]
     expression = str(numbers[0])
     spoken = str(numbers[0])
-    for op, number in zip(ops, numbers[1:]):
+    for op, number in zip(ops, numbers[1:], strict=True):
         expression += f" {op} {number}"
         spoken += f" {_WORDS[op]} {number}"
     if rng.random() < 0.5:
@@ -105,15 +106,20 @@ def generate_problems(n: int, seed: int, split: str = "train") -> list[dict[str,
     return problems
 
 
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
-_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+_BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+}
+_UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 
 
 def _eval(node: ast.AST) -> int | float:
     if isinstance(node, ast.Expression):
         return _eval(node.body)
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return node.value
+        return cast(int | float, node.value)
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
         left, right = _eval(node.left), _eval(node.right)
         if isinstance(node.op, ast.Mult) and abs(left) * abs(right) > 1e15:

@@ -25,8 +25,10 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -200,7 +202,7 @@ def _bytes_to_unicode() -> dict[int, str]:
             printable.append(b)
             chars.append(256 + extra)
             extra += 1
-    return dict(zip(printable, map(chr, chars)))
+    return dict(zip(printable, map(chr, chars), strict=True))
 
 
 class _Server:
@@ -235,7 +237,7 @@ class _Server:
         self, token_ids: list[int], logprobs: list[float], tops: list[list[tuple[int, float]]] | None
     ) -> dict[str, Any]:
         content = []
-        for j, (tid, lp) in enumerate(zip(token_ids, logprobs)):
+        for j, (tid, lp) in enumerate(zip(token_ids, logprobs, strict=True)):
             text, raw = self.token_info(tid)
             alternatives = []
             for alt_id, alt_lp in tops[j] if tops else []:
@@ -429,10 +431,11 @@ class _Server:
             def on_token(event: TokenEvent, i: int = i) -> None:
                 loop.call_soon_threadsafe(q.put_nowait, (i, event))
 
+            def on_done(future: Future[GenerationResult], i: int = i) -> None:
+                loop.call_soon_threadsafe(q.put_nowait, (i, future.exception() or future.result()))
+
             future = self.engine.submit(prompt, p, lora=lora, on_token=on_token)
-            future.add_done_callback(
-                lambda f, i=i: loop.call_soon_threadsafe(q.put_nowait, (i, f.exception() or f.result()))
-            )
+            future.add_done_callback(on_done)
             futures.append(future)
         return self._stream_events(q, n, params, hold_tools)
 
@@ -510,7 +513,7 @@ class _Server:
         choices, usage = [], {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
         runs = [self._run_n(p, params, req.n, lora) for p in prompts]
         version = self.engine.model_version
-        for p_index, (prompt, results) in enumerate(zip(prompts, await asyncio.gather(*runs))):
+        for p_index, (prompt, results) in enumerate(zip(prompts, await asyncio.gather(*runs), strict=True)):
             for i, r in enumerate(results):
                 version = r.model_version
                 choice: dict[str, Any] = {
@@ -559,7 +562,7 @@ class _Server:
     ) -> AsyncIterator[str]:
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         model_name = req.model or self.name
-        for p_index, (prompt, stream) in enumerate(zip(prompts, streams)):
+        for p_index, (prompt, stream) in enumerate(zip(prompts, streams, strict=True)):
             first = True
             async for index, events, result, delta in stream:
                 choice: dict[str, Any] = {

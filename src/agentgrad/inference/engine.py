@@ -25,10 +25,11 @@ import itertools
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -120,7 +121,7 @@ class _Control:
 
 
 #: A probe tool: a chat template "renders tools" when this name shows up in its output.
-_PROBE_TOOL = {
+_PROBE_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "agentgrad_probe_tool",
@@ -204,7 +205,7 @@ class Engine:
                 raise ValueError("tokenizer is required when passing a loaded model")
         self.tokenizer = tokenizer
         self._renders_tools: bool | None = None
-        self._base = model.to(self.device).eval()
+        self._base = model.to(self.device).eval()  # type: ignore[arg-type]  # transformers' own stubs for .to
         self._model = self._base
         self._loras: dict[str, str] = {}
         self.max_batch_size = max_batch_size
@@ -547,7 +548,7 @@ class _Batch:
         assert self.mask is not None
         old_len, new_len = self.mask.shape[1], mask.shape[1]
         width = max(old_len, new_len)
-        for mine, theirs in zip(self.cache.layers, cache.layers):
+        for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
             mine.keys = torch.cat(
                 [F.pad(mine.keys, (0, 0, width - old_len, 0)), F.pad(theirs.keys, (0, 0, width - new_len, 0))]
             )
@@ -593,7 +594,7 @@ class _Batch:
             top = None
             if p.logprobs:
                 values, indices = torch.topk(logprobs_all[row], p.logprobs)
-                top = [(int(i), float(v)) for i, v in zip(indices, values)]
+                top = [(int(i), float(v)) for i, v in zip(indices, values, strict=True)]
                 seq.top.append(top)
             elif p.logprobs == 0:
                 seq.top.append([])

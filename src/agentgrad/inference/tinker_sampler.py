@@ -48,7 +48,7 @@ class TinkerSamplerEngine:
         from transformers import AutoTokenizer
 
         self.model_dir: Path | None = Path(model_dir)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(str(model_dir))
         config = json.loads((Path(model_dir) / "config.json").read_text())
         self.max_model_len = int(config.get("max_position_embeddings") or 2048)
         self.vocab_size = int(config.get("vocab_size") or len(self.tokenizer))
@@ -174,7 +174,7 @@ class TinkerSamplerEngine:
             if s in text:
                 text = text[: text.find(s)]
         if on_token is not None:
-            for i, (token, logprob) in enumerate(zip(tokens, logprobs)):
+            for i, (token, logprob) in enumerate(zip(tokens, logprobs, strict=False)):
                 on_token(TokenEvent(token, logprob, None, i == len(tokens) - 1))
         return GenerationResult(
             prompt_token_ids=prompt_ids,

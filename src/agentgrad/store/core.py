@@ -640,7 +640,7 @@ class TransactionalStore(Store):
                 targets.append((rollout, attempts, indexes))
             for rollout, attempts, indexes in targets:
                 results = tx.insert_spans(rollout.rollout_id, [parsed[i] for i in indexes])
-                for index, (span, _) in zip(indexes, results):
+                for index, (span, _) in zip(indexes, results, strict=True):
                     stored[index] = span
                 wake |= self._absorb_spans(tx, rollout, attempts, [span for span, is_new in results if is_new])
         if wake:

@@ -1,10 +1,11 @@
 """MemoryStore: the fastest backend, for tests, notebooks and single-process runs.
 
-Nothing survives the process (idempotency records neither: they are as durable as the data). Callers can never mutate stored state by accident: rollouts,
-attempts and the other few, often updated records are deep-copied in and out; spans, the bulk of
-the data and never changed once stored, are kept as their JSON text, as the SQL backends keep
-them. Text is compact and invisible to the cyclic garbage collector, whose sweeps over hundreds
-of thousands of live span objects would otherwise cost more than the store's own work.
+Nothing survives the process (idempotency records neither: they are as durable as the data).
+Callers can never mutate stored state by accident: rollouts, attempts and the other few, often
+updated records are deep-copied in and out; spans, the bulk of the data and never changed once
+stored, are kept as their JSON text, as the SQL backends keep them. Text is compact and invisible
+to the cyclic garbage collector, whose sweeps over hundreds of thousands of live span objects
+would otherwise cost more than the store's own work.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import types
 import typing
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel
 
@@ -113,7 +114,7 @@ def _copy(value: Any) -> Any:
     if kind in _SHARED:
         return value
     if BaseModel in kind.__mro__:
-        return _model_copier(kind)(value)
+        return _model_copier(cast(type[BaseModel], kind))(value)
     return copy.deepcopy(value)  # anything else a plain ``Any`` field may hold
 
 

@@ -16,7 +16,6 @@ the client sends every other write with an ``Idempotency-Key``.
 
 from __future__ import annotations
 
-import abc
 import logging
 import random
 import threading
@@ -24,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from agentgrad.store.protocol import Store
+from agentgrad.store.protocol import Store, fill_wrapper
 
 log = logging.getLogger(__name__)
 
@@ -177,9 +176,4 @@ def _patient(name: str) -> Callable[..., Any]:
     return method
 
 
-# Every public method of the protocol, abstract or not (a backend may override the convenience
-# ones, e.g. add_span, with a faster path): one rule, not thirty hand-written twins.
-for _name, _value in vars(Store).items():
-    if callable(_value) and not _name.startswith("_") and _name not in vars(PatientStore):
-        setattr(PatientStore, _name, _patient(_name))
-abc.update_abstractmethods(PatientStore)
+fill_wrapper(PatientStore, _patient)  # type: ignore[type-abstract]  # concrete from here on

@@ -38,7 +38,7 @@ Semantics shared by all backends
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -263,7 +263,7 @@ class Store(abc.ABC):
         of :class:`~agentgrad.store.client.StoreClient`)."""
         return None
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a no-op default: a backend holding nothing need not override it
         """Release connections and stop background threads."""
 
     def __enter__(self) -> Store:
@@ -271,3 +271,17 @@ class Store(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def fill_wrapper(wrapper: type[Store], method_for: Callable[[str], Callable[..., Any]]) -> None:
+    """Give ``wrapper`` (a :class:`Store` that wraps another store) every public method of the
+    protocol it does not define itself, each made by ``method_for(name)``, and make it concrete.
+
+    Every method, abstract or not: a backend may override the convenience ones (``add_span``) with
+    a faster path, which the wrapper must reach. One rule instead of thirty hand-written twins, and
+    a method added to the protocol is wrapped without anyone remembering to.
+    """
+    for name, member in list(vars(Store).items()):
+        if callable(member) and not name.startswith("_") and name not in vars(wrapper):
+            setattr(wrapper, name, method_for(name))
+    abc.update_abstractmethods(wrapper)

@@ -421,7 +421,8 @@ class SqlTx(StoreTx):
     # ---- workers and metrics
     def save_worker(self, worker: Worker) -> None:
         self._exec(
-            "INSERT INTO workers (worker_id, data) VALUES (?, ?) ON CONFLICT (worker_id) DO UPDATE SET data = excluded.data",
+            "INSERT INTO workers (worker_id, data) VALUES (?, ?)"
+            " ON CONFLICT (worker_id) DO UPDATE SET data = excluded.data",
             (worker.worker_id, _text(worker)),
         )
 

@@ -86,7 +86,8 @@ class StubUpstream:
     def stop(self) -> None:
         if self._server is not None:
             self._server.should_exit = True
-            self._thread.join(10)
+            if self._thread is not None:
+                self._thread.join(10)
             self._server = None
 
     def __enter__(self) -> StubUpstream:

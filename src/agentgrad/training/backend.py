@@ -18,13 +18,13 @@ so the local trainer satisfies it as it is.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from agentgrad.training.policy import Sample, StepMetrics, TrainConfig
-    from agentgrad.training.publish import Publisher
 
 
 @runtime_checkable
@@ -73,6 +73,24 @@ class TrainBackend(Protocol):
         ...
 
 
+@dataclass
+class Published:
+    """What agents must use from now on."""
+
+    version: str
+    #: The model name to request (the adapter's name for vLLM LoRA); None: keep the current one.
+    model: str | None = None
+
+
+class Publisher(Protocol):
+    """How a trainer's new weights reach the server its rollouts sample from (implementations:
+    :mod:`agentgrad.training.publish`, :class:`~agentgrad.training.tinker.TinkerPublisher`)."""
+
+    def publish(self, trainer: TrainBackend) -> Published:
+        """Make the trainer's current weights served; return the new version."""
+        ...
+
+
 class TrainablePolicy(Protocol):
     """A served policy that can also hand out its trainer (what ``Trainer(policy=...)`` takes)."""
 
@@ -87,13 +105,15 @@ class TrainablePolicy(Protocol):
         ...
 
 
-def trainer_for(policy: Any, model_dir: str | Path, config: TrainConfig) -> TrainBackend:
+def trainer_for(policy: Any, model_dir: str | Path, config: TrainConfig | None) -> TrainBackend:
     """The trainer an algorithm trains with: the policy's own when it hands one out (a
     :class:`TrainablePolicy`: the Tinker backend), else a local
-    :class:`~agentgrad.training.policy.PolicyTrainer` over ``model_dir``."""
+    :class:`~agentgrad.training.policy.PolicyTrainer` over ``model_dir``. No ``config``: the
+    defaults of :class:`~agentgrad.training.policy.TrainConfig`."""
+    from agentgrad.training.policy import PolicyTrainer, TrainConfig
+
     if policy is not None and hasattr(policy, "trainer"):
-        return policy.trainer(config)
-    from agentgrad.training.policy import PolicyTrainer
+        return policy.trainer(config or TrainConfig())
 
     return PolicyTrainer(model_dir, config)
 
@@ -108,3 +128,40 @@ def export_policy(trainer: TrainBackend, out_dir: str | Path) -> Path:
     if isinstance(trainer, PolicyTrainer) or not hasattr(trainer, "export"):  # a trainer, or a checkpoint path
         return export_model(trainer, out_dir)  # type: ignore[arg-type]
     return trainer.export(out_dir)
+
+
+def fit_sequences(
+    trainer: TrainBackend,
+    samples: Sequence[Sample],
+    *,
+    steps: int,
+    batch_size: int = 16,
+    checkpoint_dir: str | Path | None = None,
+    checkpoint_every: int = 1,
+    on_step: Callable[[int, StepMetrics], None] | None = None,
+) -> list[StepMetrics]:
+    """Supervised fine-tuning on ``samples`` for ``steps`` optimizer steps (NLL on masked tokens).
+
+    With ``checkpoint_dir``, the run resumes from its latest checkpoint (model, optimizer, step
+    and the data cursor) and checkpoints every ``checkpoint_every`` steps, so a killed run
+    continues where it stopped and sees the same data order.
+    """
+    from agentgrad.training.policy import cursor_batches
+
+    if not samples:
+        raise ValueError("fit_sequences needs at least one sample")
+    cursor = 0
+    if checkpoint_dir is not None:
+        state = trainer.load_checkpoint(checkpoint_dir)
+        cursor = int(state["cursor"]) if state else 0
+    history: list[StepMetrics] = []
+    batches = cursor_batches(len(samples), batch_size, cursor, trainer.config.seed)
+    while trainer.step < steps:
+        indices, cursor = next(batches)
+        metrics = trainer.nll_step([samples[i] for i in indices])
+        history.append(metrics)
+        if checkpoint_dir is not None and (trainer.step % checkpoint_every == 0 or trainer.step == steps):
+            trainer.save_checkpoint(checkpoint_dir, cursor=cursor)
+        if on_step is not None:
+            on_step(trainer.step, metrics)
+    return history

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from agentgrad.inference.server import ModelServer
     from agentgrad.proxy.server import LLMProxy
     from agentgrad.store.protocol import Store
-    from agentgrad.training.publish import Publisher
+    from agentgrad.training.backend import Publisher
 
 
 class LocalPolicy:

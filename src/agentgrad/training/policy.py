@@ -2,8 +2,11 @@
 
 Read top to bottom: config → samples → model loading (the learning-rate rule, the model's
 fingerprint, ``check_model``) → micro-batching → forward (per-token logprobs) → losses (PPO-clip,
-NLL) → one optimizer step → checkpoints → ``fit_sequences`` (the SFT loop). GRPO
-(``algorithms/grpo.py``) and SFT (``algorithms/sft.py``) both drive a :class:`PolicyTrainer`;
+NLL) and the step's learning rate → a step's samples and updates → one optimizer step →
+checkpoints (the SFT loop over any trainer, ``fit_sequences``, is in ``backend.py``). GRPO
+(``algorithms/grpo.py``) and SFT (``algorithms/sft.py``) both drive a :class:`PolicyTrainer`, or the Tinker trainer
+(:mod:`agentgrad.training.tinker`), which takes its learning rate (:func:`step_lr`), sample
+checks (:func:`trainable_samples`) and cut into updates (:func:`update_parts`) from here;
 weight publishing lives in :mod:`agentgrad.training.publish`, export to a Hugging Face directory
 in :mod:`agentgrad.training.export`.
 
@@ -164,6 +167,11 @@ class Sample:
             list(t.response_logprobs) if t.response_logprobs is not None else None,
             float(t.advantage),
         )
+
+
+def trained_tokens(samples: Sequence[Sample]) -> int:
+    """The response tokens ``samples`` train (the ones in their masks): an update's loss normaliser."""
+    return sum(sum(s.mask or ()) for s in samples)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -420,7 +428,7 @@ def _layout(batch: Sequence[Sample], device: Any, share_prefix: bool = True) -> 
     mask = torch.zeros(size)
     old = torch.full(size, float("nan"))
     adv = torch.zeros(size)
-    for b, (sample, row) in enumerate(zip(batch, rows)):
+    for b, (sample, row) in enumerate(zip(batch, rows, strict=True)):
         suffix = row[prefix:]
         input_ids[b, : len(suffix)] = torch.tensor(suffix)
         attention[b, : prefix + len(suffix)] = 1
@@ -531,6 +539,63 @@ def decayed_lr(lr: float, step: int, total: int, *, decay: str, final: float) ->
     return lr * (final + (1.0 - final) * shape)
 
 
+def step_lr(config: TrainConfig, step: int, total_steps: int | None) -> float:
+    """The learning rate of the step after ``step`` steps done: ``config.lr``, decayed over
+    ``total_steps`` as ``config.lr_decay`` says (:func:`decayed_lr`). Every trainer (local, Tinker)
+    asks here, so a schedule means the same thing on each backend."""
+    if config.lr_decay == "none":
+        return float(config.lr)  # type: ignore[arg-type]
+    if not total_steps:
+        raise ValueError(
+            f"TrainConfig.lr_decay={config.lr_decay!r} needs the run's length: set the trainer's "
+            "total_steps (GRPO sets it to its steps)"
+        )
+    return decayed_lr(float(config.lr), step, total_steps, decay=config.lr_decay, final=config.lr_final)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------
+# a step's samples and updates (shared by every trainer: the local one and the Tinker one)
+# ---------------------------------------------------------------------------------------------
+
+
+def trainable_samples(samples: Sequence[Sample], *, context: int | None, model: str) -> list[Sample]:
+    """The samples with at least one trained token, checked against the model's ``context``
+    (``max_position_embeddings``; None: unchecked) before any compute is spent on them; raise
+    when none is left or one is too long (``model`` names the model in the message)."""
+    from agentgrad.errors import InvalidInputError
+
+    kept = [s for s in samples if any(s.mask)]  # type: ignore[arg-type]
+    if not kept:
+        raise ValueError("no trainable tokens: every sample's mask is all zeros")
+    longest = max(s.length for s in kept)
+    if context is not None and longest > context:
+        raise InvalidInputError(
+            f"a training sequence has {longest} tokens, longer than the context of model {model} "
+            f"({context} tokens, max_position_embeddings): use a model with a longer context, or shorter "
+            "prompts and completions (max_tokens)"
+        )
+    return kept
+
+
+def update_parts(
+    samples: Sequence[Sample], *, mini_batches: int, epochs: int, seed: int, step: int
+) -> list[list[Sample]]:
+    """A training step's optimizer updates, in order: ``epochs`` passes over ``samples``, each cut
+    into ``mini_batches`` parts (at most one per sample) after a shuffle seeded by ``seed`` and the
+    ``step`` number, so a resumed run — and a run on another backend — makes the same updates."""
+    if mini_batches < 1 or epochs < 1:
+        raise ValueError(f"mini_batches and epochs must be >= 1, got {mini_batches} and {epochs}")
+    rng = random.Random(f"{seed}:{step}")
+    parts = min(mini_batches, len(samples))
+    updates: list[list[Sample]] = []
+    for _epoch in range(epochs):
+        order = list(samples)
+        if parts > 1:
+            rng.shuffle(order)
+        updates.extend(order[part::parts] for part in range(parts))
+    return updates
+
+
 # ---------------------------------------------------------------------------------------------
 # the trainer
 # ---------------------------------------------------------------------------------------------
@@ -599,6 +664,7 @@ class PolicyTrainer:
                 config.lora.dropout,
             )
         params = [p for p in self.model.parameters() if p.requires_grad]
+        assert config.lr is not None  # chosen above
         self.optimizer = torch.optim.AdamW(
             params, lr=config.lr, weight_decay=config.weight_decay, betas=config.betas, eps=config.adam_eps
         )
@@ -674,9 +740,7 @@ class PolicyTrainer:
         ``tokens_per_sample`` the constant ``len(samples) × tokens_per_sample`` (Dr. GRPO)."""
         import torch
 
-        total = (
-            float(len(samples)) * tokens_per_sample if tokens_per_sample else float(sum(sum(s.mask) for s in samples))
-        )  # type: ignore[arg-type]
+        total = float(len(samples)) * tokens_per_sample if tokens_per_sample else float(trained_tokens(samples))
         loss_total = 0.0
         batches = batches or micro_batches(samples, self.config.micro_batch_tokens)
         for chunk in batches:
@@ -711,40 +775,29 @@ class PolicyTrainer:
         shuffled parts with one optimizer update per part. ``step`` advances by one.
         ``batching`` cuts an update's samples into micro-batches instead of :func:`micro_batches`
         (a loss over several rows, like DPO's pairs, needs them in one micro-batch)."""
-        samples = [s for s in samples if any(s.mask)]  # type: ignore[arg-type]
-        if not samples:
-            raise ValueError("no trainable tokens: every sample's mask is all zeros")
-        if mini_batches < 1 or epochs < 1:
-            raise ValueError(f"mini_batches and epochs must be >= 1, got {mini_batches} and {epochs}")
-        self._check_lengths(samples)
+        samples = trainable_samples(samples, context=self.context_length, model=str(self.model_dir))
+        updates = update_parts(samples, mini_batches=mini_batches, epochs=epochs, seed=self.config.seed, step=self.step)
         started = time.perf_counter()
         # Train mode only switches dropout on (nothing here depends on it otherwise: no gradient
         # checkpointing, no batch norm); gradients flow in eval mode too. Without dropout the
         # recomputed logprobs of an on-policy update equal the engine's (ratio 1).
         self.model.train(self.config.dropout)
         lr = self._schedule_lr()
-        rng = random.Random(f"{self.config.seed}:{self.step}")
-        parts = min(mini_batches, len(samples))
         sums: dict[str, float] = {}
         losses, norms, chunks = [], [], 0
-        for _epoch in range(epochs):
-            order = list(samples)
-            if parts > 1:
-                rng.shuffle(order)
-            for part in range(parts):
-                update = order[part::parts]
-                loss, norm, n = self._update(
-                    update,
-                    loss_fn,
-                    sums,
-                    tokens_per_sample=tokens_per_sample,
-                    batches=batching(update) if batching else None,
-                )
-                losses.append(loss)
-                norms.append(norm)
-                chunks += n
+        for update in updates:
+            loss, norm, n = self._update(
+                update,
+                loss_fn,
+                sums,
+                tokens_per_sample=tokens_per_sample,
+                batches=batching(update) if batching else None,
+            )
+            losses.append(loss)
+            norms.append(norm)
+            chunks += n
         self.step += 1
-        tokens = sums.get("tokens", float(sum(sum(s.mask) for s in samples)))  # type: ignore[arg-type]
+        tokens = sums.get("tokens", float(trained_tokens(samples)))
         per_token = lambda k: sums[k] / max(tokens, 1.0) if k in sums else float("nan")  # noqa: E731
         return StepMetrics(
             loss=statistics.fmean(losses),
@@ -762,37 +815,11 @@ class PolicyTrainer:
         )
 
     def _schedule_lr(self) -> float:
-        """Set this step's learning rate (``TrainConfig.lr_decay`` over ``total_steps``); return it."""
-        config = self.config
-        if config.lr_decay == "none":
-            return float(config.lr)  # type: ignore[arg-type]
-        if not self.total_steps:
-            raise ValueError(
-                f"TrainConfig.lr_decay={config.lr_decay!r} needs the run's length: set "
-                "PolicyTrainer.total_steps (GRPO sets it to its steps)"
-            )
-        lr = decayed_lr(
-            float(config.lr),
-            self.step,
-            self.total_steps,  # type: ignore[arg-type]
-            decay=config.lr_decay,
-            final=config.lr_final,
-        )
+        """Set this step's learning rate (:func:`step_lr`) on the optimizer; return it."""
+        lr = step_lr(self.config, self.step, self.total_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         return lr
-
-    def _check_lengths(self, samples: Sequence[Sample]) -> None:
-        from agentgrad.errors import InvalidInputError
-
-        context = self.context_length
-        longest = max(s.length for s in samples)
-        if context is not None and longest > context:
-            raise InvalidInputError(
-                f"a training sequence has {longest} tokens, longer than the context of model {self.model_dir} "
-                f"({context} tokens, max_position_embeddings): use a model with a longer context, or shorter "
-                "prompts and completions (max_tokens)"
-            )
 
     def ppo_step(
         self,
@@ -826,6 +853,7 @@ class PolicyTrainer:
             )
             if config.entropy_coef:
                 loss = loss - config.entropy_coef * (entropy * batch.mask).sum() / total
+            assert entropy is not None  # with_entropy=True
             diag["entropy"] = (entropy.detach() * batch.mask).sum()
             return loss, diag
 
@@ -878,7 +906,7 @@ class PolicyTrainer:
                 merged = weight.to(torch.float32, copy=True)  # W + ΔW in float32, rounded once (as peft)
                 for adapter in module.active_adapters:
                     if adapter in module.scaling:
-                        merged += module.get_delta_weight(adapter).float()
+                        merged += module.get_delta_weight(adapter).float()  # type: ignore[attr-defined]  # on each layer type
                 state[key] = merged.to(weight.dtype)
         return state
 
@@ -1061,41 +1089,6 @@ def cursor_batches(n: int, batch_size: int, cursor: int, seed: int) -> Iterator[
         yield take, cursor
 
 
-def fit_sequences(
-    trainer: PolicyTrainer,
-    samples: Sequence[Sample],
-    *,
-    steps: int,
-    batch_size: int = 16,
-    checkpoint_dir: str | Path | None = None,
-    checkpoint_every: int = 1,
-    on_step: Callable[[int, StepMetrics], None] | None = None,
-) -> list[StepMetrics]:
-    """Supervised fine-tuning on ``samples`` for ``steps`` optimizer steps (NLL on masked tokens).
-
-    With ``checkpoint_dir``, the run resumes from its latest checkpoint (model, optimizer, step
-    and the data cursor) and checkpoints every ``checkpoint_every`` steps, so a killed run
-    continues where it stopped and sees the same data order.
-    """
-    if not samples:
-        raise ValueError("fit_sequences needs at least one sample")
-    cursor = 0
-    if checkpoint_dir is not None:
-        state = trainer.load_checkpoint(checkpoint_dir)
-        cursor = int(state["cursor"]) if state else 0
-    history: list[StepMetrics] = []
-    batches = cursor_batches(len(samples), batch_size, cursor, trainer.config.seed)
-    while trainer.step < steps:
-        indices, cursor = next(batches)
-        metrics = trainer.nll_step([samples[i] for i in indices])
-        history.append(metrics)
-        if checkpoint_dir is not None and (trainer.step % checkpoint_every == 0 or trainer.step == steps):
-            trainer.save_checkpoint(checkpoint_dir, cursor=cursor)
-        if on_step is not None:
-            on_step(trainer.step, metrics)
-    return history
-
-
 __all__ = [
     "LoraSettings",
     "PolicyTrainer",
@@ -1106,12 +1099,15 @@ __all__ = [
     "cursor_batches",
     "decayed_lr",
     "default_lr",
-    "fit_sequences",
     "load_policy",
     "micro_batches",
     "model_fingerprint",
     "nll_loss",
     "ppo_clip_loss",
+    "step_lr",
     "token_logprobs",
+    "trainable_samples",
+    "trained_tokens",
+    "update_parts",
     "weights_digest",
 ]

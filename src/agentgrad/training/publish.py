@@ -19,21 +19,12 @@ Three publishers:
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, cast
 
 from agentgrad.http.guard import MODEL_TOKEN_ENV, env_token
+from agentgrad.training.backend import Published, TrainBackend
 from agentgrad.training.policy import PolicyTrainer
-
-
-@dataclass
-class Published:
-    """What agents must use from now on."""
-
-    version: str
-    #: The model name to request (the adapter's name for vLLM LoRA); None: keep the current one.
-    model: str | None = None
 
 
 def _bearer(api_key: str | None) -> dict[str, str]:
@@ -42,10 +33,16 @@ def _bearer(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-class Publisher(Protocol):
-    def publish(self, trainer: PolicyTrainer) -> Published:
-        """Make the trainer's current weights served; return the new version."""
-        ...
+def local_trainer(trainer: TrainBackend) -> PolicyTrainer:
+    """``trainer`` as the in-process trainer the publishers below read weights from (anything with
+    ``engine_state_dict``); a trainer whose weights live elsewhere (a Tinker server) is refused
+    with what to use instead."""
+    if not hasattr(trainer, "engine_state_dict"):
+        raise TypeError(
+            f"{type(trainer).__name__} keeps its weights outside this process: publish them with its "
+            "policy's own publisher (policy.publisher()), not a local one"
+        )
+    return cast(PolicyTrainer, trainer)
 
 
 class LocalEnginePublisher:
@@ -54,7 +51,8 @@ class LocalEnginePublisher:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
 
-    def publish(self, trainer: PolicyTrainer) -> Published:
+    def publish(self, trainer: TrainBackend) -> Published:
+        trainer = local_trainer(trainer)
         version = self.engine.update_weights(trainer.engine_state_dict(), version=f"v{trainer.step}")
         return Published(version=str(version))
 
@@ -89,9 +87,9 @@ class ModelServerPublisher:
         self.headers = _bearer(api_key)
         self._written: list[Path] = []
 
-    def publish(self, trainer: PolicyTrainer) -> Published:
+    def publish(self, trainer: TrainBackend) -> Published:
         version = f"v{trainer.step}"
-        directory = self._write(trainer, version)
+        directory = self._write(local_trainer(trainer), version)
         payload = {"path": str(directory), "version": version}
         try:
             served = self._post(payload, directory)
@@ -172,9 +170,10 @@ class VLLMLoRAPublisher:
         self.timeout = timeout
         self._current: str | None = None
 
-    def publish(self, trainer: PolicyTrainer) -> Published:
+    def publish(self, trainer: TrainBackend) -> Published:
         from agentgrad.http.transport import request_json
 
+        trainer = local_trainer(trainer)
         if not trainer.is_lora:
             raise ValueError("VLLMLoRAPublisher needs a LoRA policy (TrainConfig(lora=LoraSettings()))")
         name = f"{self.prefix}-{trainer.step}"

@@ -33,21 +33,30 @@ from __future__ import annotations
 import json
 import logging
 import math
-import random
 import shutil
 import statistics
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from agentgrad.errors import AgentGradError
+from agentgrad.training.backend import Published
 from agentgrad.training.checkpoints import commit_checkpoint, latest_checkpoint
 from agentgrad.training.local import LocalPolicy
-from agentgrad.training.policy import LoraSettings, Sample, StepMetrics, TrainConfig, decayed_lr, default_lr
-from agentgrad.training.publish import Published
+from agentgrad.training.policy import (
+    LoraSettings,
+    Sample,
+    StepMetrics,
+    TrainConfig,
+    default_lr,
+    step_lr,
+    trainable_samples,
+    trained_tokens,
+    update_parts,
+)
 
 if TYPE_CHECKING:
     from agentgrad.inference.tinker_sampler import TinkerSamplerEngine
@@ -129,12 +138,12 @@ def datum_fields(sample: Sample, *, scale: float = 1.0, ppo: bool = True) -> tup
     inputs: dict[str, list[Any]] = {"target_tokens": tokens[1:], "weights": [0.0] * pad + [float(m) for m in mask]}
     if ppo:
         old = sample.old_logprobs
-        if old is None or any(m and (v is None or math.isnan(v)) for m, v in zip(mask, old)):
+        if old is None or any(m and (v is None or math.isnan(v)) for m, v in zip(mask, old, strict=True)):
             raise TinkerError(
                 "a training sample has no sampled logprobs for its trained tokens: the Tinker "
                 "backend needs them (the capture proxy records them when the server returns them)"
             )
-        inputs["logprobs"] = [0.0] * pad + [float(v) if m else 0.0 for m, v in zip(mask, old)]
+        inputs["logprobs"] = [0.0] * pad + [float(v) if m else 0.0 for m, v in zip(mask, old, strict=True)]
         inputs["advantages"] = [0.0] * pad + [sample.advantage * scale if m else 0.0 for m in mask]
     return tokens[:-1], inputs
 
@@ -143,7 +152,7 @@ def to_datums(samples: Sequence[Sample], *, normalizer: float, reduction: Reduct
     """The samples as Tinker ``Datum`` objects (see :func:`datum_fields`, :func:`advantage_scales`)."""
     types = import_tinker().types
     out = []
-    for sample, scale in zip(samples, advantage_scales(samples, normalizer, reduction)):
+    for sample, scale in zip(samples, advantage_scales(samples, normalizer, reduction), strict=True):
         model_input, inputs = datum_fields(sample, scale=scale, ppo=ppo)
         out.append(types.Datum(model_input=types.ModelInput.from_ints(model_input), loss_fn_inputs=inputs))
     return out
@@ -172,9 +181,9 @@ def ppo_stats(
     server computed before the update (``loss_fn_outputs[i]["logprobs"]``)."""
     stats = _UpdateStats()
     ratios: list[float] = []
-    for sample, row in zip(samples, logprobs):
+    for sample, row in zip(samples, logprobs, strict=True):
         pad = len(sample.prompt_ids) - 1
-        for j, (m, old) in enumerate(zip(sample.mask, sample.old_logprobs)):  # type: ignore[arg-type]
+        for j, (m, old) in enumerate(zip(sample.mask, sample.old_logprobs, strict=True)):  # type: ignore[arg-type]
             if not m:
                 continue
             r = math.exp(max(-20.0, min(20.0, float(row[pad + j]) - old)))
@@ -303,11 +312,14 @@ class TinkerTrainer:
         )
         high = 1.0 + config.clip_eps_high if self.settings.loss_fn == "ppo" else math.inf
         low = 1.0 - config.clip_eps_low if self.settings.loss_fn == "ppo" else 0.0
-        started, lr = time.perf_counter(), self._lr()
+        updates = update_parts(
+            self._trainable(samples), mini_batches=mini_batches, epochs=epochs, seed=config.seed, step=self.step
+        )
+        started, lr = time.perf_counter(), step_lr(config, self.step, self.total_steps)
         totals = _UpdateStats(ratio_max=float("-inf"))
         losses, norms = [], []
-        for part in self._updates(samples, mini_batches, epochs):
-            normalizer = len(part) * tokens_per_sample if tokens_per_sample else float(sum(sum(s.mask) for s in part))  # type: ignore[arg-type]
+        for part in updates:
+            normalizer = len(part) * tokens_per_sample if tokens_per_sample else float(trained_tokens(part))
             data = to_datums(part, normalizer=normalizer, reduction=self.settings.reduction)
             out = self._call(
                 self.client.forward_backward(data, loss_fn=self.settings.loss_fn, loss_fn_config=loss_config)
@@ -339,13 +351,13 @@ class TinkerTrainer:
     def nll_step(self, samples: Sequence[Sample]) -> StepMetrics:
         """One supervised step (``cross_entropy``); under ``sequence_mean`` sequences weigh
         equally (see the module doc)."""
-        started, lr = time.perf_counter(), self._lr()
         part = self._trainable(samples)
-        tokens = float(sum(sum(s.mask) for s in part))  # type: ignore[arg-type]
+        started, lr = time.perf_counter(), step_lr(self.config, self.step, self.total_steps)
+        tokens = float(trained_tokens(part))
         data = to_datums(part, normalizer=tokens, reduction=self.settings.reduction, ppo=False)
         out = self._call(self.client.forward_backward(data, loss_fn="cross_entropy"))
         loss = 0.0
-        for sample, o in zip(part, out.loss_fn_outputs):
+        for sample, o in zip(part, out.loss_fn_outputs, strict=True):
             row, pad = o["logprobs"].tolist(), len(sample.prompt_ids) - 1
             loss -= sum(row[pad + j] for j, m in enumerate(sample.mask) if m) / tokens  # type: ignore[arg-type]
         norm = self._optim_step(lr)
@@ -355,47 +367,7 @@ class TinkerTrainer:
         )
 
     def _trainable(self, samples: Sequence[Sample]) -> list[Sample]:
-        kept = [s for s in samples if any(s.mask)]  # type: ignore[arg-type]
-        if not kept:
-            raise ValueError("no trainable tokens: every sample's mask is all zeros")
-        context = self.context_length
-        longest = max(s.length for s in kept)
-        if context is not None and longest > context:
-            from agentgrad.errors import InvalidInputError
-
-            raise InvalidInputError(
-                f"a training sequence has {longest} tokens, longer than the context of "
-                f"{self.base_model} ({context} tokens)"
-            )
-        return kept
-
-    def _updates(self, samples: Sequence[Sample], mini_batches: int, epochs: int) -> Iterator[list[Sample]]:
-        """The parts of a step, in the local trainer's order (same seeds, same shuffles)."""
-        if mini_batches < 1 or epochs < 1:
-            raise ValueError(f"mini_batches and epochs must be >= 1, got {mini_batches} and {epochs}")
-        kept = self._trainable(samples)
-        rng = random.Random(f"{self.config.seed}:{self.step}")
-        parts = min(mini_batches, len(kept))
-        for _epoch in range(epochs):
-            order = list(kept)
-            if parts > 1:
-                rng.shuffle(order)
-            for part in range(parts):
-                yield order[part::parts]
-
-    def _lr(self) -> float:
-        config = self.config
-        if config.lr_decay == "none":
-            return float(config.lr)  # type: ignore[arg-type]
-        if not self.total_steps:
-            raise ValueError(f"TrainConfig.lr_decay={config.lr_decay!r} needs the run's length (total_steps)")
-        return decayed_lr(
-            float(config.lr),
-            self.step,
-            self.total_steps,  # type: ignore[arg-type]
-            decay=config.lr_decay,
-            final=config.lr_final,
-        )
+        return trainable_samples(samples, context=self.context_length, model=self.base_model)
 
     def _optim_step(self, lr: float) -> float:
         config = self.config

@@ -130,10 +130,10 @@ class StoreHttpProtocol(HttpToolsProtocol):
             response = error_response(500, "internal_error", f"{type(exc).__name__}: {exc}")
         if response is None:  # declined: the ordinary path, as if the request had just arrived
             super().on_headers_complete()
-            self.cycle.body = body
+            self.cycle.body = body  # type: ignore[assignment]  # uvicorn reads bytes as it reads bytearray
             super().on_message_complete()
             return
-        head = [STATUS_LINE[response.status_code]]
+        head: list[bytes | memoryview] = [STATUS_LINE[response.status_code]]
         for name, value in (*self.server_state.default_headers, *response.raw_headers):
             head += (name, b": ", value, b"\r\n")
         head += (b"\r\n", response.body)

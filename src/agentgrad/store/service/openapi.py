@@ -9,7 +9,7 @@ schema.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from fastapi import FastAPI
@@ -64,7 +64,7 @@ def _models(endpoints: Sequence[Endpoint]) -> list[tuple[type[BaseModel], _Mode]
     return list(wanted)
 
 
-def _operation(endpoint: Endpoint, refs: dict[tuple[type[BaseModel], _Mode], Any]) -> dict[str, Any]:
+def _operation(endpoint: Endpoint, refs: Mapping[tuple[Any, _Mode], Any]) -> dict[str, Any]:
     doc = inspect.getdoc(endpoint.call) or ""
     operation: dict[str, Any] = {
         "tags": [endpoint.tag],
@@ -79,6 +79,7 @@ def _operation(endpoint: Endpoint, refs: dict[tuple[type[BaseModel], _Mode], Any
             "required": True,
             "content": {"application/json": {"schema": refs[(endpoint.body, "validation")]}},
         }
+    ok: dict[str, dict[str, Any]]
     if endpoint.response is None:
         ok = {"204": {"description": "Done"}}
     else:

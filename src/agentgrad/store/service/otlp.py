@@ -13,7 +13,7 @@ import gzip
 import json
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
@@ -33,7 +33,7 @@ from agentgrad.types import Span, SpanEvent, SpanStatus
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
-_STATUS = {0: "UNSET", 1: "OK", 2: "ERROR"}
+_STATUS: dict[int, Literal["UNSET", "OK", "ERROR"]] = {0: "UNSET", 1: "OK", 2: "ERROR"}
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId")
 
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel
 
 from agentgrad.store import wire
 from agentgrad.store.protocol import RolloutFilter, Store
-from agentgrad.types import Attempt, Resources, Rollout, Span, Worker
+from agentgrad.types import Attempt, AttemptStatus, Resources, Rollout, Span, Worker
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,9 @@ def get_attempts(ctx: Context, query: wire.RolloutQuery) -> wire.AttemptList:
 
 def update_attempt(ctx: Context, body: wire.AttemptUpdateBody) -> Attempt:
     """Move an attempt to a new status."""
-    return ctx.store.update_attempt(body.rollout_id, body.attempt_id, body.status, body.error)
+    return ctx.store.update_attempt(
+        body.rollout_id, body.attempt_id, cast(AttemptStatus, body.status), body.error
+    )  # the store checks it
 
 
 def heartbeat(ctx: Context, body: wire.AttemptRef) -> Attempt:
@@ -159,10 +161,11 @@ def add_spans_receipt(ctx: Context, body: wire.SpanList) -> wire.SpanReceipt:
     stored = _store_spans(ctx, body)
     differing = {
         index: copy
-        for index, (sent, copy) in enumerate(zip(body.spans, stored))
+        for index, (sent, copy) in enumerate(zip(body.spans, stored, strict=True))
         if copy.__dict__ != {**sent.__dict__, "sequence_id": copy.sequence_id}
     }
-    return wire.SpanReceipt(sequence_ids=[copy.sequence_id for copy in stored], stored=differing)
+    # A stored span always carries its sequence id.
+    return wire.SpanReceipt(sequence_ids=cast(list[int], [copy.sequence_id for copy in stored]), stored=differing)
 
 
 def query_spans(ctx: Context, query: wire.SpanQuery) -> wire.SpanPage:
@@ -173,7 +176,7 @@ def query_spans(ctx: Context, query: wire.SpanQuery) -> wire.SpanPage:
         query.rollout_id, query.attempt_id, query.name, query.after_sequence_id, query.limit + 1
     )  # one more than asked: whether a next page exists
     if len(spans) <= query.limit:
-        return wire.SpanPage(spans=spans)
+        return wire.SpanPage(spans=spans, next_after_sequence_id=None)
     del spans[query.limit :]
     return wire.SpanPage(
         spans=spans, next_after_sequence_id=spans[-1].sequence_id if spans else query.after_sequence_id

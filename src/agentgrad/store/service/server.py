@@ -100,8 +100,8 @@ class _Metrics:
         ]
         for (method, route), series in sorted(self.latency.items()):
             labels = f'method="{method}",route="{route}"'
-            for bound, n in zip(self.BUCKETS, series, strict=False):
-                lines.append(f'agentgrad_http_request_duration_seconds_bucket{{{labels},le="{bound}"}} {int(n)}')
+            for bound, count in zip(self.BUCKETS, series, strict=False):
+                lines.append(f'agentgrad_http_request_duration_seconds_bucket{{{labels},le="{bound}"}} {int(count)}')
             lines.append(f'agentgrad_http_request_duration_seconds_bucket{{{labels},le="+Inf"}} {int(series[-1])}')
             lines.append(f"agentgrad_http_request_duration_seconds_sum{{{labels}}} {series[-2]:.6f}")
             lines.append(f"agentgrad_http_request_duration_seconds_count{{{labels}}} {int(series[-1])}")
