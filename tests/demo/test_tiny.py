@@ -66,7 +66,7 @@ def test_training_samples_are_prefix_stable(tmp_path: Path) -> None:
     for problem in calc.generate_problems(20, 0):
         ids, mask = tiny.encode_sample(tokenizer, problem)
         assert len(ids) == len(mask) and 0 < sum(mask) < len(ids)
-        assert str(problem["answer"]) in tokenizer.decode([t for t, m in zip(ids, mask) if m])
+        assert str(problem["answer"]) in tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m])
 
 
 def test_direct_answer_samples_skip_the_tool(tmp_path: Path) -> None:
@@ -76,7 +76,7 @@ def test_direct_answer_samples_skip_the_tool(tmp_path: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny.random_tiny_model(tmp_path / "m"))
     problem = calc.generate_problems(1, 0)[0]
     ids, mask = tiny.encode_sample(tokenizer, problem, direct=True)
-    trained = tokenizer.decode([t for t, m in zip(ids, mask) if m])
+    trained = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m])
     assert trained == calc.final_answer_text(problem["answer"]) + "<|im_end|>"
     assert mask == [0] * (len(ids) - sum(mask)) + [1] * sum(mask)  # one trained turn, at the end
     with_tool, _ = tiny.encode_sample(tokenizer, problem)
@@ -92,7 +92,7 @@ def test_batch_encoding_matches_one_by_one(tmp_path: Path) -> None:
     problems = calc.generate_problems(12, 3)
     direct = [i % 3 == 1 for i in range(len(problems))]
     batch = tiny.encode_samples(tokenizer, problems, direct)
-    assert batch == [tiny.encode_sample(tokenizer, p, d) for p, d in zip(problems, direct)]
+    assert batch == [tiny.encode_sample(tokenizer, p, d) for p, d in zip(problems, direct, strict=True)]
     assert len({len(ids) for ids, _ in batch}) > 1
 
 

@@ -14,7 +14,12 @@ def add_commands(subparsers: Any) -> None:
     models_sub = models.add_subparsers(dest="models_command", required=True)
     build = models_sub.add_parser("build-tiny", help="build the tiny calculator model (≈ 5–11 min on 2 cores)")
     build.add_argument("--output", default=None, help="directory (default: the user cache dir)")
-    build.add_argument("--steps", type=int, default=None, help="warm-up SFT steps (default 1100)")
+    build.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="warm-up SFT steps (default: the recipe's, agentgrad.demo.tiny.DEFAULT_WARMUP_STEPS)",
+    )
     build.add_argument("--seed", type=int, default=0)
     build.add_argument(
         "--threads",

@@ -11,7 +11,14 @@ to use the tool competently but, greedy, skips it for questions in words and gue
 38–48% greedy success overall (it varies with library versions), far better with the tool.
 Learning from rewards removes exactly this kind of mistake (see docs/models.md).
 
-The package ships one build of this recipe (``demo/data/tiny-calc``, 3.4 MB): the first use copies
+The habit must not hang on how an agent framework writes the tool: LangChain, the OpenAI Agents
+SDK and AutoGen each send the same calculator as different JSON (key order, titles, ``strict``,
+parameter descriptions) under their own system prompts, and a model warmed up on one rendering
+ignored the tool under the others. So each warm-up conversation draws its tool schema, system
+prompt and description from the renderings those frameworks really send
+(``demo/renderings.py``), and the model calls the tool as often under each of them.
+
+The package ships one build of this recipe (``demo/data/tiny-calc``, 3.5 MB): the first use copies
 it into the cache in a second instead of building for minutes, and every machine starts from the
 same weights. ``agentgrad models build-tiny`` still builds one from the recipe.
 
@@ -26,10 +33,21 @@ import json
 import random
 import shutil
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from agentgrad.demo import calc
+from agentgrad.demo.renderings import (
+    DESCRIPTIONS,
+    FRAMEWORKS,
+    PLAIN,
+    SYSTEM_PROMPTS,
+    TOOL_SCHEMAS,
+    Rendering,
+    with_description,
+)
 from agentgrad.demo.template import CHAT_TEMPLATE
 from agentgrad.demo.threads import AdaptiveThreads
 from agentgrad.models.cache import install_lock, models_cache_dir, staged_dir
@@ -57,13 +75,15 @@ MODEL_CONFIG: dict[str, Any] = {
 QWEN2_PRETOKENIZE_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-BUILD_FORMAT = 6  # bump when the recipe changes, so cached models are rebuilt
-DEFAULT_WARMUP_STEPS = 1100
+BUILD_FORMAT = 9  # bump when the recipe changes, so cached models are rebuilt
+DEFAULT_WARMUP_STEPS = 1300
 #: The warm-up's last steps, where the learning rate decays and direct answers are mixed in.
 #: Before them the model sees only tool-using conversations at a constant rate: copying numbers
 #: into the call and back is an abrupt, fragile skill for a model this small (it appears around
-#: step 450–750), and mixing direct answers in from the start delayed it past 1,000 steps.
-DEFAULT_HABIT_STEPS = 400
+#: step 450–1,450), and mixing direct answers in from the start delayed it past 1,000 steps.
+#: 600 steps, not 400: with the framework renderings the skill formed late (step 1,450) and after
+#: 400 habit steps the model still called the tool for a third of the spelled-out questions.
+DEFAULT_HABIT_STEPS = 600
 #: The tool-only phase goes on past ``warmup_steps - habit_steps`` until greedy calls on the
 #: validation problems succeed this often (probed every ``SKILL_PROBE_EVERY`` steps), at most
 #: ``MAX_EXTRA_TOOL_STEPS`` more: when the skill appears varies with library versions' numerics
@@ -76,6 +96,12 @@ MAX_EXTRA_TOOL_STEPS = 800
 #: Share of warm-up conversations that answer without the calculator (the habit RL removes),
 #: for questions that spell the operator out and for those that write it as a symbol.
 DIRECT_ANSWER_RATE = {"words": 0.75, "symbols": 0.25}
+#: Share of warm-up conversations in the plain demo's rendering (its tool schema and system
+#: prompt); the rest draw a framework's tool schema, a system prompt and a description
+#: (:func:`warmup_mix`), so that the model calls its tool however an agent framework writes it.
+PLAIN_SHARE = 0.3
+#: Share of conversations whose answer turn carries no tools (AutoGen's reflection call).
+REFLECTION_SHARE = 0.05
 
 
 #: The tiny model's architecture: Qwen2 (the default), or its Qwen3 twin for engines without Qwen2.
@@ -132,21 +158,31 @@ def _is_current(path: Path) -> bool:
 
 
 def _corpus(n: int, seed: int) -> list[str]:
-    """Rendered conversations (and variants without tools) to train the tokenizer on."""
+    """Rendered conversations (in the warm-up's renderings, and one without tools) to train the
+    tokenizer on."""
     problems = calc.generate_problems(n, seed, "train")
+    renderings = [r for r, _ in warmup_mix()]
     texts = []
-    for p in problems:
-        expression = calc.expression_of(p["question"])
-        texts.append(_render(_conversation(p, expression), tools=True))
-    texts.append(_render([{"role": "user", "content": "Hello! How are you today?"}], tools=False))
+    for i, p in enumerate(problems):
+        rendering = PLAIN if i % 2 else renderings[i // 2 % len(renderings)]
+        texts.append(
+            _render(
+                _conversation(p, calc.expression_of(p["question"]), system=rendering.system), tools=[rendering.tool]
+            )
+        )
+    texts.append(_render([{"role": "user", "content": "Hello! How are you today?"}], tools=None))
     return texts
 
 
-def _conversation(problem: dict[str, Any], expression: str, direct: bool = False) -> list[dict[str, Any]]:
-    """The messages an openai-client agent sends in the calculator loop, final answer included
-    (``direct``: the model answers at once, without the tool)."""
+def _conversation(
+    problem: dict[str, Any], expression: str, direct: bool = False, system: str | None = calc.SYSTEM_PROMPT
+) -> list[dict[str, Any]]:
+    """The messages an agent sends in the calculator loop, final answer included (``direct``: the
+    model answers at once, without the tool; ``system`` None: no system message)."""
     arguments = json.dumps({"expression": expression})
-    question = [{"role": "system", "content": calc.SYSTEM_PROMPT}, {"role": "user", "content": problem["question"]}]
+    question = [{"role": "user", "content": problem["question"]}]
+    if system is not None:
+        question.insert(0, {"role": "system", "content": system})
     if direct:
         return [*question, {"role": "assistant", "content": calc.final_answer_text(problem["answer"])}]
     return [
@@ -167,24 +203,32 @@ def _conversation(problem: dict[str, Any], expression: str, direct: bool = False
     ]
 
 
-def _render(messages: list[dict[str, Any]], *, tools: bool, add_generation_prompt: bool = False) -> str:
+def _render(
+    messages: list[dict[str, Any]], *, tools: list[dict[Any, Any]] | None, add_generation_prompt: bool = False
+) -> str:
     """Render with the chat template through the same jinja environment transformers uses."""
     return _render_many([messages], tools=tools, add_generation_prompt=add_generation_prompt)[0]
 
 
 def _render_many(
-    conversations: list[list[dict[str, Any]]], *, tools: bool, add_generation_prompt: bool = False
+    conversations: list[list[dict[str, Any]]],
+    *,
+    tools: list[dict[Any, Any]] | None,
+    add_generation_prompt: bool = False,
 ) -> list[str]:
     """``_render`` for many conversations in one call (the tool schema is prepared once)."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    rendered, _ = render_jinja_template(
+    schemas: list[dict[Any, Any] | Callable[..., Any]] | None = None if tools is None else [*tools]
+    # transformers' annotation says str; it returns one rendering per conversation (and the
+    # generation indices).
+    rendered, _ = render_jinja_template(  # type: ignore[str-unpack]
         conversations=conversations,
-        tools=[calc.CALCULATOR_TOOL] if tools else None,
+        tools=schemas,
         chat_template=CHAT_TEMPLATE,
         add_generation_prompt=add_generation_prompt,
     )
-    return rendered
+    return rendered  # type: ignore[return-value]
 
 
 def build_tokenizer(output_dir: str | Path, *, seed: int = 0) -> Any:
@@ -270,60 +314,137 @@ def random_tiny_model(output_dir: str | Path, *, seed: int = 0, architecture: Ar
     return out
 
 
-def encode_sample(tokenizer: Any, problem: dict[str, Any], direct: bool = False) -> tuple[list[int], list[int]]:
-    """(token ids, loss mask) of one calculator conversation, rendered by the chat template.
+def encode_sample(
+    tokenizer: Any, problem: dict[str, Any], direct: bool = False, rendering: Rendering = PLAIN
+) -> tuple[list[int], list[int]]:
+    """(token ids, loss mask) of one calculator conversation, rendered by the chat template with
+    ``rendering``'s tool and system prompt.
 
     The sequence is built turn by turn — prompt as the server tokenizes it, then the completion
     the model would generate, ending in ``<|im_end|>`` — so the warm-up teaches exactly the
-    token sequences an openai-client agent meets through the server.
+    token sequences an agent meets through the server.
     """
-    return encode_samples(tokenizer, [problem], [direct])[0]
+    return encode_samples(tokenizer, [problem], [direct], rendering)[0]
 
 
 def encode_samples(
-    tokenizer: Any, problems: list[dict[str, Any]], direct: list[bool]
+    tokenizer: Any, problems: list[dict[str, Any]], direct: list[bool], rendering: Rendering = PLAIN
 ) -> list[tuple[list[int], list[int]]]:
     """``encode_sample`` for many conversations: every text is rendered first and tokenized in one
     batch call (parallel in the tokenizers library): 1.45 instead of 2.3 ms a conversation with
     the second core busy, and the build encodes ≈ 30k of them."""
     expressions = [calc.expression_of(p["question"]) for p in problems]
-    conversations = [_conversation(p, e, d) for p, e, d in zip(problems, expressions, direct, strict=True)]
-    turns = [(i, turn) for i, messages in enumerate(conversations) for turn in range(2, len(messages), 2)]
-    prompts = _render_many([conversations[i][:turn] for i, turn in turns], tools=True, add_generation_prompt=True)
+    conversations = [
+        _conversation(p, e, d, rendering.system) for p, e, d in zip(problems, expressions, direct, strict=True)
+    ]
+    turns = [
+        (i, turn)
+        for i, messages in enumerate(conversations)
+        for turn, message in enumerate(messages)
+        if message["role"] == "assistant"
+    ]
+    # AutoGen's reflection call sends no tools: the whole conversation is rendered without them and
+    # only its answer turn is trained (the tool call it holds was made with tools, in another prompt)
+    tools = [rendering.tool] if rendering.answer_tools else None
+    prompts = _render_many([conversations[i][:turn] for i, turn in turns], tools=tools, add_generation_prompt=True)
     completions = [conversations[i][turn]["content"] or calc.tool_call_text(expressions[i]) for i, turn in turns]
     prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
     completion_ids = tokenizer(completions, add_special_tokens=False)["input_ids"]
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     samples: list[tuple[list[int], list[int]]] = [([], []) for _ in problems]
-    for (i, _), prompt, completion in zip(turns, prompt_ids, completion_ids, strict=True):
+    for (i, turn), prompt, completion in zip(turns, prompt_ids, completion_ids, strict=True):
         ids, mask = samples[i]
         if prompt[: len(ids)] != ids:
             raise AssertionError("chat template re-tokenization is not prefix-stable")
         completion = completion + [im_end]
         new_prompt = prompt[len(ids) :]
-        samples[i] = (ids + new_prompt + completion, mask + [0] * len(new_prompt) + [1] * len(completion))
+        trained = int(rendering.answer_tools or turn == len(conversations[i]) - 1)
+        samples[i] = (ids + new_prompt + completion, mask + [0] * len(new_prompt) + [trained] * len(completion))
     return samples
 
 
-def _suffixes(
-    tokenizer: Any, problems: list[dict[str, Any]], prefix: list[int], direct: list[bool]
-) -> list[tuple[list[int], list[int]]]:
-    """Training samples without the shared system turn (run once per batch instead)."""
-    samples = encode_samples(tokenizer, problems, direct)
-    if any(ids[: len(prefix)] != prefix for ids, _ in samples):
-        raise AssertionError("conversations must start with the shared system turn")
-    return [(ids[len(prefix) :], mask[len(prefix) :]) for ids, mask in samples]
+def _system_turn(tokenizer: Any, rendering: Rendering) -> list[int]:
+    """The token ids every conversation of ``rendering`` starts with: its system turn (tools
+    included when the whole conversation carries them)."""
+    messages = [{"role": "user", "content": ""}]
+    if rendering.system is not None:
+        messages.insert(0, {"role": "system", "content": rendering.system})
+    text = _render(messages, tools=[rendering.tool] if rendering.answer_tools else None)
+    return tokenizer.encode(text[: text.index("<|im_end|>\n") + len("<|im_end|>\n")], add_special_tokens=False)
+
+
+@dataclass
+class _Pool:
+    """One warm-up rendering's conversations, without the system turn they share (``prefix``):
+    a step trains on one pool, runs the prefix once and shares its KV cache across the batch
+    (≈ 3× faster than padding full sequences)."""
+
+    prefix: list[int]
+    #: every conversation using the tool (the tool-only phase)
+    with_tool: list[tuple[list[int], list[int]]]
+    #: the same problems, some answered without the tool (the habit phase)
+    mixed: list[tuple[list[int], list[int]]]
+    order: list[int] = field(default_factory=list)
+
+    def batch(self, habit: bool, size: int, rng: random.Random) -> list[tuple[list[int], list[int]]]:
+        samples = self.mixed if habit else self.with_tool
+        if len(self.order) < size:
+            self.order = [i % len(samples) for i in range(max(size, len(samples)))]
+            rng.shuffle(self.order)
+        return [samples[self.order.pop()] for _ in range(size)]
+
+
+def _pool(tokenizer: Any, problems: list[dict[str, Any]], direct: list[bool], rendering: Rendering) -> _Pool:
+    """Encode ``problems`` with ``rendering`` (``direct``: answered without the tool in the habit
+    phase; never for a rendering whose answer turn has no tools, which trains only that turn)."""
+    prefix = _system_turn(tokenizer, rendering)
+    direct = [d and rendering.answer_tools for d in direct]
+
+    def suffixes(subset: list[dict[str, Any]], answer_directly: bool) -> list[tuple[list[int], list[int]]]:
+        if not subset:
+            return []
+        samples = encode_samples(tokenizer, subset, [answer_directly] * len(subset), rendering)
+        if any(ids[: len(prefix)] != prefix for ids, _ in samples):
+            raise AssertionError("conversations must start with the shared system turn")
+        return [(ids[len(prefix) :], mask[len(prefix) :]) for ids, mask in samples]
+
+    with_tool = suffixes(problems, False)
+    answers = iter(suffixes([p for p, d in zip(problems, direct, strict=True) if d], True))
+    mixed = [next(answers) if d else sample for d, sample in zip(direct, with_tool, strict=True)]
+    return _Pool(prefix, with_tool, mixed)
+
+
+def warmup_mix() -> list[tuple[Rendering, float]]:
+    """The renderings the warm-up draws its conversations from, with their shares: the plain
+    demo's (``PLAIN_SHARE``), every combination of a captured framework tool schema, system prompt
+    and description (``demo/renderings.py``), and AutoGen's tool-less answer turn under each
+    system prompt (``REFLECTION_SHARE``)."""
+    combos = [
+        Rendering(with_description(tool, description), system)
+        for tool in TOOL_SCHEMAS.values()
+        for system in SYSTEM_PROMPTS
+        for description in DESCRIPTIONS
+    ]
+    reflections = [Rendering(PLAIN.tool, system, answer_tools=False) for system in SYSTEM_PROMPTS]
+    rest = 1.0 - PLAIN_SHARE - REFLECTION_SHARE
+    return [
+        (PLAIN, PLAIN_SHARE),
+        *((r, rest / len(combos)) for r in combos),
+        *((r, REFLECTION_SHARE / len(reflections)) for r in reflections),
+    ]
 
 
 def evaluate_greedy(
-    model: Any, tokenizer: Any, problems: list[dict[str, Any]], batch_size: int = 64
+    model: Any, tokenizer: Any, problems: list[dict[str, Any]], batch_size: int = 64, rendering: Rendering = PLAIN
 ) -> dict[str, float]:
     """Greedy behaviour of the calculator loop, run in-process with ``generate``: ``success``
     (task success), ``tool_use`` (share of problems where the model called the calculator) and
     ``tool_success`` (success among those).
 
     Mirrors what an agent does through the server (same template, same calculator), so the
-    build can report what RL will start from without starting a server.
+    build can report what RL will start from without starting a server. ``rendering``: how the
+    agent presents the tool (``demo/renderings.py``: each framework's tool schema and system
+    prompt; AutoGen's answer turn without tools, or its tool result as the answer).
     """
     import torch
 
@@ -334,41 +455,36 @@ def evaluate_greedy(
     model.eval()
     for start in range(0, len(problems), batch_size):
         batch = problems[start : start + batch_size]
-        convs = [
-            [{"role": "system", "content": calc.SYSTEM_PROMPT}, {"role": "user", "content": p["question"]}]
-            for p in batch
-        ]
+        convs = [_conversation(p, "", system=rendering.system)[:-3] for p in batch]
         finals: list[str | None] = [None] * len(batch)
-        for _turn in range(2):
+        for turn in range(2):
             live = [i for i, f in enumerate(finals) if f is None and convs[i][-1]["role"] != "assistant"]
             if not live:
                 break
-            texts = [_render(convs[i], tools=True, add_generation_prompt=True) for i in live]
+            tools = [rendering.tool] if turn == 0 or rendering.answer_tools else None
+            texts = _render_many([convs[i] for i in live], tools=tools, add_generation_prompt=True)
             enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
             with torch.no_grad():
                 out = model.generate(**enc, max_new_tokens=48, do_sample=False, pad_token_id=tokenizer.pad_token_id)
             for row, i in enumerate(live):
                 text = tokenizer.decode(out[row, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-                content, calls = parse_tool_calls(text)
+                content, calls = parse_tool_calls(text) if tools else (text, [])
                 if calls:
                     args = calls[0]["function"]["arguments"]
                     try:
                         expression = json.loads(args).get("expression", "")
                     except (ValueError, AttributeError):
                         expression = ""
+                    result = calc.run_calculator(str(expression))
                     convs[i].append({"role": "assistant", "content": content, "tool_calls": calls})
-                    convs[i].append(
-                        {
-                            "role": "tool",
-                            "tool_call_id": calls[0]["id"],
-                            "content": calc.run_calculator(str(expression)),
-                        }
-                    )
+                    convs[i].append({"role": "tool", "tool_call_id": calls[0]["id"], "content": result})
+                    if rendering.answer_is_tool_result:
+                        finals[i] = result
                 else:
                     finals[i] = text
-        for conv, final, problem in zip(convs, finals, batch):
+        for conv, final, problem in zip(convs, finals, batch, strict=True):
             ok = calc.check_answer(final or "", problem["answer"])
-            used_tool = len(conv) > 2
+            used_tool = conv[-1]["role"] == "tool"
             successes += ok
             tool_uses += used_tool
             tool_successes += ok and used_tool
@@ -430,6 +546,11 @@ def build_tiny_model(
     lets a build share a small machine with other work. ``architecture="qwen3"`` builds the same
     recipe into the Qwen3 twin (SkyRL's Tinker server has no Qwen2: ``make test-scale``). Written
     atomically: a half-built model never sits in the cache.
+
+    Each step trains on one rendering of the task (:func:`warmup_mix`: the plain demo's, or a
+    framework's tool schema, system prompt and description), drawn in proportion to its share, so
+    the batch shares one system turn. The manifest also records greedy validation behaviour under
+    each framework's rendering (``val_greedy_by_framework``).
     """
     import math
 
@@ -441,9 +562,9 @@ def build_tiny_model(
     torch.manual_seed(seed)
     previous_threads = torch.get_num_threads()
     adaptive = AdaptiveThreads() if threads is None else None
-    if adaptive is None:
+    if threads is not None:
         torch.set_num_threads(threads)
-    else:
+    elif adaptive is not None:
         adaptive.decide()
     try:
         with staged_dir(out, label="build") as tmp:
@@ -453,21 +574,17 @@ def build_tiny_model(
             train = calc.generate_problems(20_000, seed, "train")
             val = calc.generate_problems(128, seed, "val")
             rng = random.Random(seed)
-            # Every conversation starts with the same system + tools turn: run it once per step and
-            # share its KV cache across the batch (≈ 3× faster than padding full sequences).
-            prefix = tokenizer.encode(
-                _render([{"role": "system", "content": calc.SYSTEM_PROMPT}], tools=True), add_special_tokens=False
-            )
             answers_directly = [
                 rng.random() < DIRECT_ANSWER_RATE["words" if calc.in_words(p["question"]) else "symbols"] for p in train
             ]
-            with_tool = _suffixes(tokenizer, train, prefix, [False] * len(train))
-            direct = iter(
-                _suffixes(
-                    tokenizer, [p for p, d in zip(train, answers_directly) if d], prefix, [True] * sum(answers_directly)
-                )
-            )
-            mixed = [next(direct) if d else tool_sample for d, tool_sample in zip(answers_directly, with_tool)]
+            mix = warmup_mix()
+            drawn = rng.choices(range(len(mix)), weights=[w for _, w in mix], k=len(train))
+            pools = []
+            for index, (rendering, _) in enumerate(mix):
+                members = [i for i, d in enumerate(drawn) if d == index]
+                if members:
+                    subset, direct = [train[i] for i in members], [answers_directly[i] for i in members]
+                    pools.append((len(members), _pool(tokenizer, subset, direct, rendering)))
             optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01, betas=(0.9, 0.98))
             warmup, tool_steps = 50, max(0, warmup_steps - habit_steps)
             decay_from: int | None = None  # the step the habit phase starts at, once it is decided
@@ -479,8 +596,6 @@ def build_tiny_model(
             schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
             step = 0
             report: dict[str, float] = {}
-            order: list[int] = []
-            prefix_ids = torch.tensor([prefix])
             while decay_from is None or step < decay_from + habit_steps:
                 step += 1
                 if decay_from is None and step > tool_steps:
@@ -494,11 +609,10 @@ def build_tiny_model(
                         report if (step - 1) % eval_every == 0 else None,
                     )
                 model.train()
-                suffixes = with_tool if decay_from is None else mixed
-                if len(order) < batch_size:
-                    order = list(range(len(suffixes)))
-                    rng.shuffle(order)
-                batch = [suffixes[order.pop()] for _ in range(batch_size)]
+                # one rendering a step, drawn in proportion to its share of the problems
+                pool = rng.choices([p for _, p in pools], weights=[n for n, _ in pools])[0]
+                batch = pool.batch(decay_from is not None, batch_size, rng)
+                prefix = pool.prefix
                 width = max(len(ids) for ids, _ in batch)
                 input_ids = torch.full((batch_size, width), pad)
                 labels = torch.full((batch_size, width), -100)
@@ -507,8 +621,8 @@ def build_tiny_model(
                 for row, (ids, mask) in enumerate(batch):
                     input_ids[row, : len(ids)] = torch.tensor(ids)
                     attention[row, len(prefix) : len(prefix) + len(ids)] = 1
-                    labels[row, : len(ids)] = torch.tensor([t if m else -100 for t, m in zip(ids, mask)])
-                cache = model(input_ids=prefix_ids, use_cache=True).past_key_values
+                    labels[row, : len(ids)] = torch.tensor([t if m else -100 for t, m in zip(ids, mask, strict=True)])
+                cache = model(input_ids=torch.tensor([prefix]), use_cache=True).past_key_values
                 cache.batch_repeat_interleave(batch_size)
                 loss = model(input_ids=input_ids, attention_mask=attention, past_key_values=cache, labels=labels).loss
                 loss.backward()
@@ -529,6 +643,10 @@ def build_tiny_model(
                     print(f"step {step:4d}  loss {loss.item():.3f}  ({time.monotonic() - started:.0f}s)", flush=True)
                 if adaptive is not None and step % ADAPT_THREADS_EVERY == 0:
                     adaptive.decide()
+            by_framework = {
+                name: {k: round(v, 3) for k, v in evaluate_greedy(model, tokenizer, val, rendering=r).items()}
+                for name, r in FRAMEWORKS.items()
+            }
             model.save_pretrained(str(tmp))
             tokenizer.save_pretrained(str(tmp))
             (tmp / "agentgrad_build.json").write_text(
@@ -542,7 +660,11 @@ def build_tiny_model(
                         "tool_steps": decay_from,
                         "habit_steps": habit_steps,
                         "direct_answer_rate": DIRECT_ANSWER_RATE,
+                        "plain_share": PLAIN_SHARE,
+                        "reflection_share": REFLECTION_SHARE,
+                        "renderings": len(mix),
                         **{f"val_greedy_{k}": v for k, v in report.items()},
+                        "val_greedy_by_framework": by_framework,
                         "build_seconds": round(time.monotonic() - started, 1),
                     },
                     indent=2,
