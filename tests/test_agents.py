@@ -61,6 +61,31 @@ def test_agent_subclass_sync_and_async(memory_store):
     assert [r.reward for r in run_tasks(memory_store, AsyncAgent(), [1])] == [1.5]
 
 
+class TwoArgAgent(Agent):
+    def rollout(self, task, resources):
+        return task * 3
+
+
+class TwoArgAsyncAgent(Agent):
+    async def rollout_async(self, task, resources):
+        return task - 1
+
+
+def test_agent_subclass_may_leave_out_the_rollout_argument(memory_store):
+    assert [r.reward for r in run_tasks(memory_store, TwoArgAgent(), [1, 2])] == [3.0, 6.0]
+    assert [r.reward for r in run_tasks(memory_store, TwoArgAsyncAgent(), [5])] == [4.0]
+    rollout_obj = Rollout(rollout_id="ro-1", input=2)
+    assert asyncio.run(TwoArgAgent().rollout_async(2, Resources(resources_id="r", version=1), rollout_obj)) == 6
+
+
+def test_agent_subclass_with_another_rollout_shape_is_refused_when_defined():
+    with pytest.raises(TypeError, match=r"must take \(self, task, resources\) or \(self, task, resources, rollout\)"):
+
+        class OneArg(Agent):
+            def rollout(self, task):
+                return 0.0
+
+
 def test_rollout_async_default_calls_rollout():
     rollout_obj = Rollout(rollout_id="ro-1", input=3)
     result = asyncio.run(SyncAgent().rollout_async(3, Resources(resources_id="r", version=1), rollout_obj))

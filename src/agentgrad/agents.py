@@ -43,11 +43,24 @@ class Agent:
     #: ``runner``) use it when ``--llm-resource`` is not given; None: ``llm``.
     llm_resource: str | None = None
 
+    #: Whether this class's ``rollout`` / ``rollout_async`` take the ``rollout`` argument: both
+    #: ``(self, task, resources)`` and ``(self, task, resources, rollout)`` are accepted, read once
+    #: when the subclass is defined (:meth:`__init_subclass__`).
+    _rollout_takes_rollout: bool = True
+    _async_takes_rollout: bool = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "rollout" in cls.__dict__:
+            cls._rollout_takes_rollout = _takes_rollout(cls, "rollout")
+        if "rollout_async" in cls.__dict__:
+            cls._async_takes_rollout = _takes_rollout(cls, "rollout_async")
+
     def rollout(self, task: Any, resources: Resources, rollout: Rollout) -> RolloutResult:
         raise NotImplementedError(f"{type(self).__name__} must implement rollout() or rollout_async()")
 
     async def rollout_async(self, task: Any, resources: Resources, rollout: Rollout) -> RolloutResult:
-        return await asyncio.to_thread(self.rollout, task, resources, rollout)
+        return await asyncio.to_thread(self._call_rollout, task, resources, rollout)
 
     def training_rollout(self, task: Any, resources: Resources, rollout: Rollout) -> Any:
         return self._dispatch(task, resources, rollout)
@@ -58,13 +71,40 @@ class Agent:
     def _dispatch(self, task: Any, resources: Resources, rollout: Rollout) -> Any:
         # Prefer whichever of the two the subclass implemented; async agents return a coroutine.
         if type(self).rollout_async is not Agent.rollout_async:
-            return self.rollout_async(task, resources, rollout)
-        return self.rollout(task, resources, rollout)
+            if self._async_takes_rollout:
+                return self.rollout_async(task, resources, rollout)
+            return self.rollout_async(task, resources)  # type: ignore[call-arg]  # (task, resources) form
+        return self._call_rollout(task, resources, rollout)
+
+    def _call_rollout(self, task: Any, resources: Resources, rollout: Rollout) -> RolloutResult:
+        if self._rollout_takes_rollout:
+            return self.rollout(task, resources, rollout)
+        return self.rollout(task, resources)  # type: ignore[call-arg]  # the (task, resources) form
 
     def run_for(self, rollout: Rollout, resources: Resources) -> Any:
         """Call the method for the rollout's mode; may return a coroutine (async agents)."""
         method = self.training_rollout if rollout.mode == "train" else self.validation_rollout
         return method(rollout.input, resources, rollout)
+
+
+def _takes_rollout(cls: type, name: str) -> bool:
+    """Whether ``cls.<name>`` takes ``(self, task, resources, rollout)`` (True) or
+    ``(self, task, resources)`` (False); any other shape is refused when the class is defined."""
+    try:
+        params = list(inspect.signature(cls.__dict__[name]).parameters.values())[1:]  # without self
+    except (TypeError, ValueError):  # no signature to read: pass everything
+        return True
+    kinds = {p.kind for p in params}
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    if inspect.Parameter.VAR_POSITIONAL in kinds or len(positional) >= 3:
+        return True
+    if len(positional) == 2 and len(required) <= 2:
+        return False
+    raise TypeError(
+        f"{cls.__qualname__}.{name} must take (self, task, resources) or (self, task, resources, rollout); "
+        f"it takes {['self', *(p.name for p in params)]}"
+    )
 
 
 _RESOURCE_PARAMS: dict[str, type | None] = {"llm": LLM, "prompt_template": PromptTemplate, "resources": None}

@@ -44,6 +44,12 @@ def test_a_model_dir_that_does_not_exist_is_named(tmp_path):
         LocalPolicy(tmp_path / "empty")
 
 
+def test_the_command_lines_tiny_name_gets_the_python_way(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"ensure_tiny_model\(\)"):
+        LocalPolicy("tiny")
+
+
 def test_start_serve_close_in_order_and_idempotent(tiny_model_dir):
     store = MemoryStore(watchdog_interval=None)
     policy = LocalPolicy(tiny_model_dir, served_model_name="tiny", max_batch_size=4)

@@ -60,9 +60,15 @@ class LocalPolicy:
         path = Path(model_dir).expanduser()
         if not path.is_dir():
             what = "is not a directory" if path.exists() else "does not exist"
+            hint = (
+                "; `tiny` is the command line's name for the project's tiny model: in Python pass its "
+                "directory, agentgrad.demo.tiny.ensure_tiny_model()"
+                if str(model_dir) == "tiny"
+                else ""
+            )
             raise FileNotFoundError(
                 f"LocalPolicy: the model directory {path} {what} "
-                "(a local Hugging Face model directory, with config.json and the weights)"
+                f"(a local Hugging Face model directory, with config.json and the weights){hint}"
             )
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"LocalPolicy: {path} has no config.json: it is not a Hugging Face model directory")
