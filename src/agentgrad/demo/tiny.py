@@ -561,11 +561,12 @@ def build_tiny_model(
     random.seed(seed)
     torch.manual_seed(seed)
     previous_threads = torch.get_num_threads()
-    adaptive = AdaptiveThreads() if threads is None else None
-    if threads is not None:
-        torch.set_num_threads(threads)
-    elif adaptive is not None:
+    adaptive: AdaptiveThreads | None = None
+    if threads is None:
+        adaptive = AdaptiveThreads()
         adaptive.decide()
+    else:
+        torch.set_num_threads(threads)
     try:
         with staged_dir(out, label="build") as tmp:
             tokenizer = build_tokenizer(tmp, seed=seed)

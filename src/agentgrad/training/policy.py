@@ -840,6 +840,7 @@ class PolicyTrainer:
         def loss_fn(batch: _Batch, total: float) -> tuple[Any, dict[str, Any]]:
             ref = self._reference_logprobs(batch)
             logprobs, entropy = token_logprobs(self.model, batch, with_entropy=True)
+            assert entropy is not None  # with_entropy=True
             loss, diag = ppo_clip_loss(
                 logprobs,
                 batch.old_logprobs,
@@ -853,7 +854,6 @@ class PolicyTrainer:
             )
             if config.entropy_coef:
                 loss = loss - config.entropy_coef * (entropy * batch.mask).sum() / total
-            assert entropy is not None  # with_entropy=True
             diag["entropy"] = (entropy.detach() * batch.mask).sum()
             return loss, diag
 
