@@ -13,7 +13,10 @@ Configurations (``--configs``; default: all):
   ``Trainer(n_runners=1)`` runs one; the sync agent, concurrency 1;
 * ``pool-R``: a :class:`~agentgrad.runner.RunnerPool` of R runner processes (spawned, opening the
   store by URL), as ``Trainer(n_runners=R)`` starts them; the sync agent, concurrency 1;
-* ``async-C``: one in-process runner with C concurrent slots (C = 1, 4, 8) and an async agent.
+* ``async-C``: one in-process runner with C concurrent slots (C = 1, 4, 8) and an async agent;
+* ``async-proc-C``: the same runner in a process of its own (a ``RunnerPool`` of one), as
+  ``Trainer(n_runners=1, concurrency=C)`` starts it: the agent and the runner on one GIL, the
+  proxy and the store on the trainer's.
 
 Per configuration:
 
@@ -56,7 +59,20 @@ if not os.environ.get("PYTHONPATH"):
     sys.path.insert(0, str(REPO / "src"))
 
 CALLS_PER_ROLLOUT = 3
-CONFIGS = ("inproc-1", "inproc-2", "inproc-4", "pool-1", "pool-2", "pool-4", "async-1", "async-4", "async-8")
+CONFIGS = (
+    "inproc-1",
+    "inproc-2",
+    "inproc-4",
+    "pool-1",
+    "pool-2",
+    "pool-4",
+    "async-1",
+    "async-4",
+    "async-8",
+    "async-proc-1",
+    "async-proc-4",
+    "async-proc-8",
+)
 _BODY = {"model": "stub-model", "max_tokens": 8, "temperature": 0}
 _SERVE_STUB = """
 import signal
@@ -148,8 +164,8 @@ def _cpu(who: int) -> float:
 
 
 def _parse(config: str) -> tuple[str, int]:
-    kind, _, count = config.partition("-")
-    if kind not in ("inproc", "pool", "async") or not count.isdigit() or int(count) < 1:
+    kind, _, count = config.rpartition("-")
+    if kind not in ("inproc", "pool", "async", "async-proc") or not count.isdigit() or int(count) < 1:
         raise SystemExit(f"unknown configuration {config!r} (e.g. {', '.join(CONFIGS)})")
     return kind, int(count)
 
@@ -165,8 +181,9 @@ def run_config(config: str, n: int, upstream: str, stub_pid: int, timeout: float
     from agentgrad.types import LLM
 
     kind, count = _parse(config)
-    runners, concurrency = (1, count) if kind == "async" else (count, 1)
-    agent = rollout(async_agent if kind == "async" else sync_agent)
+    is_async, in_processes = kind.startswith("async"), kind in ("pool", "async-proc")
+    runners, concurrency = (1, count) if is_async else (count, 1)
+    agent = rollout(async_agent if is_async else sync_agent)
     with tempfile.TemporaryDirectory(prefix="bench-rollouts-") as tmp:
         os.environ["BENCH_ROLLOUTS_DIR"] = tmp
         store = SqliteStore(Path(tmp) / "store.db")
@@ -180,7 +197,7 @@ def run_config(config: str, n: int, upstream: str, stub_pid: int, timeout: float
             options: dict[str, Any] = {"concurrency": concurrency, "llm_proxy_url": proxy.url}
             cpu_self, cpu_stub = _cpu(resource.RUSAGE_SELF), _cpu_of(stub_pid)
             began = time.time()
-            if kind == "pool":
+            if in_processes:
                 pool = RunnerPool(agent, store.shared_url, n_runners=runners, **options).start()
                 threads: list[Any] = []
             else:
@@ -190,7 +207,7 @@ def run_config(config: str, n: int, upstream: str, stub_pid: int, timeout: float
                     thread.start()
             done = store.wait_for_rollouts(ids, timeout)
             wall = time.time() - began
-            if kind == "pool":
+            if in_processes:
                 # Read before they exit (a fork server's children are not ours to wait for).
                 cpu_runners = [_cpu_of(process.pid) for process in pool.processes]
                 pool.stop()
@@ -221,7 +238,7 @@ def run_config(config: str, n: int, upstream: str, stub_pid: int, timeout: float
         "config": config,
         "runners": runners,
         "concurrency": concurrency,
-        "process_pool": kind == "pool",
+        "process_pool": in_processes,
         "n": n,
         "valid": succeeded == n and captured >= CALLS_PER_ROLLOUT * n and len(done) == n,
         "succeeded": succeeded,
@@ -235,7 +252,7 @@ def run_config(config: str, n: int, upstream: str, stub_pid: int, timeout: float
         "cpu_ms_per_rollout": {
             "this_process": ms(cpu_self),
             "stub": ms(cpu_stub),
-            **({"runner_process": ms(statistics.mean(cpu_runners))} if kind == "pool" else {}),
+            **({"runner_process": ms(statistics.mean(cpu_runners))} if in_processes else {}),
         },
         "startup_s": {"max": round(max(firsts), 3), "median": round(statistics.median(firsts), 3)} if firsts else None,
     }

@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import collections
 import json
-import random
-import threading
 
 import pytest
 
 pytest.importorskip("torch")
+
+from grpo_agents import GOOD, PROMPT, RecordingPublisher, coin_agent  # noqa: E402
 
 from agentgrad import semconv  # noqa: E402
 from agentgrad.agents import rollout  # noqa: E402
@@ -18,55 +17,8 @@ from agentgrad.algorithms.grpo import GRPO  # noqa: E402
 from agentgrad.context import require_context  # noqa: E402
 from agentgrad.store.memory import MemoryStore  # noqa: E402
 from agentgrad.trainer import Trainer  # noqa: E402
-from agentgrad.training import PolicyTrainer, Published, Sample, TrainConfig  # noqa: E402
+from agentgrad.training import PolicyTrainer, Sample, TrainConfig  # noqa: E402
 from agentgrad.types import LLM, Span  # noqa: E402
-
-PROMPT = list(range(3, 30))
-GOOD, BAD = [100, 101, 102], [200, 201, 202]
-
-
-class RecordingPublisher:
-    def __init__(self) -> None:
-        self.versions: list[str] = []
-
-    def publish(self, trainer: PolicyTrainer) -> Published:
-        self.versions.append(f"v{trainer.step}")
-        return Published(version=self.versions[-1])
-
-
-_coin_lock = threading.Lock()
-_coin_draws: collections.Counter[tuple[str, int]] = collections.Counter()
-
-
-def _coin(mode: str, k: int) -> bool:
-    """A fair coin seeded by mode, task and draw number: every group of a task's rollouts gets the
-    same outcomes on every run, whatever order the runner's threads draw in."""
-    with _coin_lock:
-        draw = _coin_draws[mode, k]
-        _coin_draws[mode, k] += 1
-    return random.Random(f"coin/{mode}/{k}/{draw}").random() < 0.5
-
-
-@rollout
-def coin_agent(task, resources):
-    """Pretends to call an LLM: records a call span with token ids, rewards the GOOD completion."""
-    context = require_context("coin_agent")
-    good = _coin(context.rollout.mode, task["k"])
-    version = resources.items["agentgrad_policy"].value["model_version"]
-    context.store.add_span(
-        Span(
-            rollout_id=context.rollout_id,
-            attempt_id=context.attempt_id,
-            name=semconv.SPAN_LLM_CALL,
-            attributes={
-                semconv.LLM_PROMPT_TOKEN_IDS: PROMPT + [task["k"]],
-                semconv.LLM_COMPLETION_TOKEN_IDS: GOOD if good else BAD,
-                semconv.LLM_LOGPROBS: [-6.0, -6.0, -6.0],
-                semconv.MODEL_VERSION: version,
-            },
-        )
-    )
-    return 1.0 if good else 0.0
 
 
 @rollout

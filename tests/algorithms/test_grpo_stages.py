@@ -6,6 +6,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+import time
 import types
 
 import pytest
@@ -71,15 +72,43 @@ def test_importing_grpo_loads_no_torch():
 # ---- 1. sample ----------------------------------------------------------------------------------
 
 
-def test_sample_enqueues_a_group_per_task_and_cancels_stragglers(tmp_path):
-    store = MemoryStore()
-    grpo = GRPO(tmp_path, group_size=3, batch_timeout=0.05, run_id="r")
-    rollouts = grpo.sample(store, [(4, {"q": "a"}), (9, {"q": "b"})], step=2, resources_id=None, attempt=1)
+def _sampling_grpo(tmp_path, **settings):
+    """A GRPO with what ``submit`` reads set up by hand (a run's start does it)."""
+    grpo = GRPO(tmp_path, run_id="r", **settings)
+    grpo.store = MemoryStore()
+    grpo.tasks = [{"q": str(i)} for i in range(10)]
+    grpo.train_resources = grpo.store.add_resources({"llm": LLM(endpoint="http://unused/v1", model="m")})
+    return grpo
+
+
+def test_submit_enqueues_a_group_per_task_and_collect_cancels_stragglers(tmp_path):
+    grpo = _sampling_grpo(tmp_path, group_size=3, batch_timeout=0.05)
+    pending = grpo.submit([4, 9], step=2, attempt=1)
+    rollouts = grpo.collect(pending)
     assert len(rollouts) == 6 and all(r.status == RolloutStatus.CANCELLED for r in rollouts)  # no runner
     groups = [r.metadata["group_id"] for r in rollouts]
     assert groups == ["r-s2-t4-r1"] * 3 + ["r-s2-t9-r1"] * 3
-    assert [r.input for r in rollouts] == [{"q": "a"}] * 3 + [{"q": "b"}] * 3
+    assert [r.input for r in rollouts] == [{"q": "4"}] * 3 + [{"q": "9"}] * 3
     assert all(r.metadata["step"] == 2 and r.mode == "train" for r in rollouts)
+    assert all(r.resources_id == grpo.train_resources.resources_id for r in rollouts)
+
+
+def test_cancel_gives_up_a_batch_under_way(tmp_path):
+    grpo = _sampling_grpo(tmp_path, group_size=2)
+    grpo.console = types.SimpleNamespace(print=lambda *a, **k: None)
+    pending = grpo.submit([1], step=5)
+    grpo.cancel(pending)
+    assert [grpo.store.get_rollout(i).status for i in pending.rollout_ids] == [RolloutStatus.CANCELLED] * 2
+
+
+def test_the_runners_idle_from_a_batchs_last_rollout_to_the_next_submission(tmp_path):
+    grpo = _sampling_grpo(tmp_path, group_size=2, batch_timeout=0.01)
+    grpo.collect(grpo.submit([1], step=1))  # cancelled at once: its end time is now
+    assert grpo._take_runner_idle() == 0.0  # nothing has waited yet
+    time.sleep(0.05)  # the trainer at work: no batch queued
+    grpo.submit([2], step=2)
+    assert 0.05 <= grpo._take_runner_idle() < 5.0
+    assert grpo._take_runner_idle() == 0.0  # taken: the next step starts from zero
 
 
 # ---- 2. transitions -----------------------------------------------------------------------------

@@ -197,6 +197,18 @@ def test_tool_calls_become_openai_tool_calls(scripted, stream: bool) -> None:
     assert name == "calculator" and json.loads(args) == {"expression": "2 + 3"}
 
 
+@pytest.mark.parametrize(("script", "content"), [("\n" + CALL, ""), ("  Sure.\n\n", "  Sure.\n\n")])
+def test_streamed_content_matches_the_unstreamed_message(scripted, script: str, content: str) -> None:
+    """Whitespace before a tool call is not content (the message strips it), so a stream holds it
+    back until the next visible text settles it; a plain answer keeps its whitespace."""
+    engine, url = scripted
+    payload = {"messages": MESSAGES, "tools": [calc.CALCULATOR_TOOL], "stream": True}
+    engine.script[:] = [script]
+    response = httpx.post(f"{url}/chat/completions", json=payload, timeout=30)
+    events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")]
+    assert "".join(c["delta"].get("content") or "" for e in events for c in e["choices"]) == content
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_malformed_tool_call_json_is_kept_as_text(scripted, stream: bool) -> None:
     engine, url = scripted

@@ -83,8 +83,9 @@ def test_weight_update_mid_flight_finishes_on_old_weights(tiny_model_dir: Path) 
         prompt = _prompt(engine)
         greedy = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
         before = engine.generate(prompt, greedy)
+        started = engine.forward_steps  # ``before`` took steps too: wait for these requests' own
         in_flight = [engine.submit(prompt, greedy) for _ in range(4)]
-        while engine.forward_steps < 3:
+        while engine.forward_steps < started + 3:
             time.sleep(0.001)
         new_state = {k: v + 0.05 * torch.randn_like(v) for k, v in engine._base.state_dict().items()}
         version = engine.update_weights(new_state)

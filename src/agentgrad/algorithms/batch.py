@@ -88,16 +88,20 @@ def wait_batch(
     return _cancel_stragglers(store, ids, {r.rollout_id for r in finished}, timeout, label)
 
 
-def _cancel_stragglers(store: Store, ids: list[str], done: set[str], timeout: float, label: str) -> Batch:
+def cancel_unfinished(store: Store, rollout_ids: Sequence[str]) -> int:
+    """Cancel those of ``rollout_ids`` that have not finished (queued or running); return how many."""
     cancelled = 0
-    for rollout_id in ids:
-        if rollout_id in done:
-            continue
+    for rollout_id in rollout_ids:
         try:
             store.cancel_rollout(rollout_id)
             cancelled += 1
-        except InvalidTransitionError:  # it finished between the wait and the cancel
+        except InvalidTransitionError:  # finished already, or between the wait and the cancel
             pass
+    return cancelled
+
+
+def _cancel_stragglers(store: Store, ids: list[str], done: set[str], timeout: float, label: str) -> Batch:
+    cancelled = cancel_unfinished(store, [rollout_id for rollout_id in ids if rollout_id not in done])
     if cancelled:
         log.warning(
             "%s: cancelled %d of %d rollout(s) still running after %g s (they count as failed)",

@@ -46,7 +46,7 @@ from agentgrad.adapters import (
     preference_pairs,
 )
 from agentgrad.algorithms.base import Algorithm, AlgorithmContext
-from agentgrad.algorithms.batch import run_batch
+from agentgrad.algorithms.batch import cancel_unfinished, wait_batch
 from agentgrad.algorithms.runlog import RunLog, Tracker
 from agentgrad.algorithms.validation import BestModel, with_sampling
 from agentgrad.store.protocol import RolloutRequest, Store
@@ -104,6 +104,12 @@ class GRPOConfig:
     signal makes a smaller update."""
     max_staleness: int = 0
     """Drop transitions sampled more than this many published versions ago (0: only the current one)."""
+    overlap: bool = False
+    """Sample the next step's batch while the trainer updates on this one, with the weights the
+    engine serves meanwhile (published one step before; the engine switches to the new ones as
+    they are published, mid-rollout). Runners and trainer then rarely wait for each other, at the
+    price of samples one version old: needs ``max_staleness`` ≥ 1, and ``train.tis_cap`` corrects
+    for the older sampler (docs/algorithms.md, "Overlap")."""
     credit: str | CreditRule = "final"
     """How a rollout's reward is assigned to its LLM calls: ``final``, ``discounted`` (``discounted:0.8``),
     ``emitted``, ``air`` (see docs/credit-assignment.md), or a CreditRule object."""
@@ -172,6 +178,11 @@ class GRPOConfig:
             raise ValueError(f"GRPOConfig.dpo_beta must be > 0, got {self.dpo_beta!r}")
         if self.agreeing_groups not in ("drop", "regularize"):
             raise ValueError(f"GRPOConfig.agreeing_groups must be 'drop' or 'regularize', got {self.agreeing_groups!r}")
+        if self.overlap and self.max_staleness < 1:
+            raise ValueError(
+                "GRPOConfig.overlap samples with the weights of the step before: it needs max_staleness ≥ 1 "
+                f"(got {self.max_staleness}), or its samples would all be dropped as stale"
+            )
         if self.agreeing_groups == "regularize" and not (self.train.kl_coef > 0 or self.train.entropy_coef > 0):
             raise ValueError(
                 "GRPOConfig.agreeing_groups='regularize' needs a regulariser to act on those groups: "
@@ -226,6 +237,16 @@ class GRPOResult:
     #: The step and validation score of the best model (exported to ``output_dir/best``).
     best_step: int | None = None
     best_score: float | None = None
+
+
+@dataclass
+class PendingBatch:
+    """A step's rollouts, enqueued and not yet collected."""
+
+    rollout_ids: list[str]
+    #: ``time.monotonic()`` at the submission
+    submitted: float
+    step: int
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,6 +308,9 @@ class GRPO(Algorithm):
         #: What the adapter did with the last batch (an empty batch names what agent_match left out).
         self.adapt_stats = AdaptStats()
         self.progress: tuple[Progress, TaskID] | None = None
+        #: Runner idle time not yet logged, and since when (wall clock) no training batch has run.
+        self._runner_idle = 0.0
+        self._runners_idle_since: float | None = None
 
     # ---- the loop ----------------------------------------------------------------------------------
     def run(self, context: AlgorithmContext) -> GRPOResult:
@@ -297,59 +321,81 @@ class GRPO(Algorithm):
         batches = cursor_batches(len(self.tasks), cfg.batch_size, self.cursor, cfg.seed)
         indices, next_cursor = next(batches)
         started, last_step_seconds, empty_retries = time.monotonic(), 0.0, 0
+        pending: PendingBatch | None = None  # a batch under way: enqueued, not yet collected
         with RunLog(self.output_dir, store, cfg.run_id, self.trackers) as self.run_log, self._progress():
-            if trainer.step == 0 and (validation := self.evaluate(0)):
-                self.run_log.log(0, validation)
-            while trainer.step < cfg.steps and not self._out_of_time(started, last_step_seconds):
-                step, step_started = trainer.step + 1, time.monotonic()
-                # ---- sample: group_size rollouts of each task of the batch, with the current policy
-                rollouts = self.sample(
-                    store,
-                    [(i, self.tasks[i]) for i in indices],
-                    step,
-                    resources_id=self.train_resources.resources_id,
-                    attempt=empty_retries,
-                )
-                values = rollout_metrics(rollouts, time.monotonic() - step_started)
-                # ---- transitions: spans → token sequences with credit; too-stale ones dropped
-                transitions, adapted = self.transitions(store, rollouts)
-                values.update(adapted)
-                if not transitions:  # nothing usable: logged and retried with the same tasks, never trained on
-                    empty_retries = self._empty_batch(step, values, empty_retries)
-                    continue
-                empty_retries = 0
-                # ---- advantages: rewards normalized within each group; groups that all agree drop out
-                kept, grouped = self.advantages(transitions)
-                values.update(grouped)
-                train_started = time.monotonic()
-                if kept:
-                    # ---- update: one PPO-clip step (epochs × mini_batches optimizer updates)
-                    values.update(self.update(kept))
-                    # ---- publish: the new weights to the engine, then resources naming them
-                    self.publish()
-                else:  # every group had identical rewards: nothing to learn from, move on
-                    trainer.skip_step()
-                    self.console.print(
-                        f"[yellow]step {step}: all {int(values['grpo/groups'])} groups had zero "
-                        "reward variance — skipped[/]"
-                    )
-                values["train_seconds"] = time.monotonic() - train_started
-                self.cursor = next_cursor
-                indices, next_cursor = next(batches)
-                if trainer.step % cfg.checkpoint_every == 0 or trainer.step >= cfg.steps:
+            try:
+                if trainer.step == 0 and (validation := self.evaluate(0)):
+                    self.run_log.log(0, validation)
+                while trainer.step < cfg.steps and not self._out_of_time(started, last_step_seconds):
+                    step, step_started = trainer.step + 1, time.monotonic()
+                    # ---- sample: group_size rollouts of each task of the batch (under way already
+                    # when the previous step overlapped), with the policy the engine serves
+                    if pending is None:
+                        pending = self.submit(indices, step, attempt=empty_retries)
+                    rollouts = self.collect(pending)
+                    values = rollout_metrics(rollouts, time.monotonic() - pending.submitted)
+                    values["trainer_wait_seconds"] = time.monotonic() - step_started
+                    pending = None
+                    # ---- transitions: spans → token sequences with credit; too-stale ones dropped
+                    transitions, adapted = self.transitions(store, rollouts)
+                    values.update(adapted)
+                    if not transitions:  # nothing usable: logged and retried with the same tasks, never trained on
+                        empty_retries = self._empty_batch(step, values, empty_retries)
+                        continue
+                    empty_retries = 0
+                    # ---- advantages: rewards normalized within each group; groups that all agree drop out
+                    kept, grouped = self.advantages(transitions)
+                    values.update(grouped)
+                    self.cursor = next_cursor
+                    indices, next_cursor = next(batches)
+                    # ---- overlap: the next batch samples while this one trains
+                    if self._overlaps(step):
+                        pending = self.submit(indices, step + 1)
+                    last_step_seconds = self._train_step(step, kept, values, step_started)
+                if trainer.step > 0 and trainer.step % cfg.checkpoint_every != 0:
                     self.checkpoint()
-                values.update(step_timing(values, time.monotonic() - step_started))
-                last_step_seconds = values["step_seconds"]
-                # ---- evaluate: greedy validation every val_every steps (the last step's comes after the loop)
-                if cfg.val_every and trainer.step % cfg.val_every == 0 and trainer.step < cfg.steps:
-                    values.update(self.evaluate(trainer.step))
-                # ---- log: metrics.jsonl, the store, trackers, the progress bar, on_step
-                self.log(trainer.step, values)
-            if trainer.step > 0 and trainer.step % cfg.checkpoint_every != 0:
-                self.checkpoint()
-            if validation := self.evaluate(trainer.step):
-                self.run_log.log(trainer.step, validation)
+                if validation := self.evaluate(trainer.step):
+                    self.run_log.log(trainer.step, validation)
+            finally:
+                if pending is not None:  # out of time, or an error: nobody will train on it
+                    self.cancel(pending)
         return self._finish()
+
+    def _train_step(self, step: int, kept: list[Transition], values: dict[str, float], step_started: float) -> float:
+        """Update, publish, checkpoint, validate when due, and log one step; return its seconds."""
+        cfg, trainer = self.config, self.trainer
+        train_started = time.monotonic()
+        if kept:
+            # ---- update: one PPO-clip step (epochs × mini_batches optimizer updates)
+            values.update(self.update(kept))
+            # ---- publish: the new weights to the engine, then resources naming them
+            self.publish()
+        else:  # every group had identical rewards: nothing to learn from, move on
+            trainer.skip_step()
+            self.console.print(
+                f"[yellow]step {step}: all {int(values['grpo/groups'])} groups had zero reward variance — skipped[/]"
+            )
+        values["train_seconds"] = time.monotonic() - train_started
+        if trainer.step % cfg.checkpoint_every == 0 or trainer.step >= cfg.steps:
+            self.checkpoint()
+        # ---- evaluate: greedy validation every val_every steps (the last step's comes after the loop)
+        if self._validates_after(trainer.step):
+            values.update(self.evaluate(trainer.step))
+        values.update(step_timing(values, time.monotonic() - step_started, self._take_runner_idle()))
+        # ---- log: metrics.jsonl, the store, trackers, the progress bar, on_step
+        self.log(trainer.step, values)
+        return values["step_seconds"]
+
+    def _validates_after(self, step: int) -> bool:
+        """Whether greedy validation runs after ``step`` inside the loop (the last one's comes after it)."""
+        return bool(self.config.val_every) and step % self.config.val_every == 0 and step < self.config.steps
+
+    def _overlaps(self, step: int) -> bool:
+        """Whether the next batch starts now, while ``step`` trains: with ``overlap``, when there
+        is a next step. A validation after ``step`` still sees only its weights: the engine gets
+        newer ones only once the trainer, which waits for the validation, has trained on the
+        next batch."""
+        return self.config.overlap and step < self.config.steps
 
     # ---- setup and the end -------------------------------------------------------------------------
     def _start(self, context: AlgorithmContext) -> GRPOConfig:
@@ -367,6 +413,11 @@ class GRPO(Algorithm):
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.trainer = trainer_for(context.policy, self.model_dir, cfg.train)
         self.trainer.total_steps = cfg.steps  # the horizon of train.lr_decay
+        if cfg.train.tis_cap is not None and not hasattr(self.trainer, "with_proximal_logprobs"):
+            raise ValueError(
+                f"train.tis_cap needs the trainer's own logprobs before each step; {type(self.trainer).__name__} "
+                "does not compute them (use the local PolicyTrainer, or leave tis_cap unset)"
+            )
         state = self.trainer.load_checkpoint(self.checkpoint_dir) if cfg.resume else None
         self.cursor = int(state["cursor"]) if state else 0
         self.versions, self.model_name = [], None
@@ -407,29 +458,53 @@ class GRPO(Algorithm):
         )
 
     # ---- 1. sample ---------------------------------------------------------------------------------
-    def sample(
-        self, store: Store, tasks: Sequence[tuple[int, Any]], step: int, *, resources_id: str | None, attempt: int = 0
-    ) -> list[Rollout]:
-        """Run ``group_size`` rollouts of each ``(index, task)`` with the resources
-        ``resources_id`` and wait for them; a group's rollouts share a ``group_id`` (step, task
-        index and ``attempt``: a retried step's groups are new ones). A step cannot wait forever
-        for one stuck agent: rollouts still running after ``batch_timeout`` are cancelled and
-        count as failed."""
+    def submit(self, indices: Sequence[int], step: int, *, attempt: int = 0) -> PendingBatch:
+        """Enqueue ``group_size`` rollouts of each task of ``indices`` with the current training
+        resources; a group's rollouts share a ``group_id`` (step, task index and ``attempt``: a
+        retried step's groups are new ones). Runners start on them at once."""
         cfg = self.config
         requests = [
             RolloutRequest(
-                input=task,
+                input=self.tasks[i],
                 mode="train",
-                resources_id=resources_id,
+                resources_id=self.train_resources.resources_id,
                 config=self.rollout_config,
                 metadata={"group_id": f"{cfg.run_id}-s{step}-t{i}-r{attempt}", "step": step},
             )
-            for i, task in tasks
+            for i in indices
             for _ in range(cfg.group_size)
         ]
-        return run_batch(
-            store, requests, timeout=cfg.batch_timeout, on_straggler="cancel", label=f"GRPO step {step}"
+        ids = [r.rollout_id for r in self.store.enqueue_rollouts(requests)]
+        if self._runners_idle_since is not None:
+            self._runner_idle += max(0.0, time.time() - self._runners_idle_since)
+            self._runners_idle_since = None
+        return PendingBatch(ids, time.monotonic(), step)
+
+    def collect(self, pending: PendingBatch) -> list[Rollout]:
+        """Wait for a submitted batch. A step cannot wait forever for one stuck agent: rollouts
+        still running after ``batch_timeout`` are cancelled and count as failed."""
+        rollouts = wait_batch(
+            self.store,
+            pending.rollout_ids,
+            timeout=self.config.batch_timeout,
+            on_straggler="cancel",
+            label=f"GRPO step {pending.step}",
         ).rollouts
+        ends = [r.end_time for r in rollouts if r.end_time is not None]
+        self._runners_idle_since = max(ends) if ends else time.time()
+        return rollouts
+
+    def cancel(self, pending: PendingBatch) -> None:
+        """Give up a submitted batch (the run stops before training on it)."""
+        cancelled = cancel_unfinished(self.store, pending.rollout_ids)
+        if cancelled:
+            self.console.print(f"cancelled {cancelled} rollout(s) of step {pending.step}, which will not be trained")
+
+    def _take_runner_idle(self) -> float:
+        """Seconds the runners had no training batch since the last call (between a batch's last
+        rollout and the next batch's submission)."""
+        idle, self._runner_idle = self._runner_idle, 0.0
+        return idle
 
     # ---- 2. transitions -----------------------------------------------------------------------------
     def transitions(self, store: Store, rollouts: Sequence[Rollout]) -> tuple[list[Transition], dict[str, float]]:
@@ -531,6 +606,15 @@ class GRPO(Algorithm):
             "ratio_mean": metrics.ratio_mean,
             "ratio_max": metrics.ratio_max,
             "lr": metrics.lr,
+            **(
+                {
+                    "tis/weight": metrics.tis_weight,
+                    "tis/capped": metrics.tis_capped,
+                    "tis/logprob_gap": metrics.logprob_gap,
+                }
+                if self.config.train.tis_cap is not None
+                else {}
+            ),
         }
 
     def _tokens_per_sample(self) -> float | None:
@@ -723,10 +807,13 @@ def signal_share(transitions: Sequence[Transition], kept: Sequence[Transition]) 
     }
 
 
-def step_timing(values: dict[str, float], step_seconds: float) -> dict[str, float]:
-    """Where a step's time went: the trainer idles while rollouts run, the runners while it trains."""
+def step_timing(values: dict[str, float], step_seconds: float, runner_idle_seconds: float) -> dict[str, float]:
+    """Where a step's time went: the trainer idles while it waits for rollouts (its batch's, or a
+    validation's), the runners while no training batch is queued (in the synchronous loop, while
+    it trains and validates)."""
+    waited = values["trainer_wait_seconds"] + values.get("val/seconds", 0.0)
     return {
         "step_seconds": step_seconds,
-        "trainer_idle_fraction": values["rollout_seconds"] / step_seconds,
-        "runner_idle_fraction": values["train_seconds"] / step_seconds,
+        "trainer_idle_fraction": min(1.0, waited / step_seconds),
+        "runner_idle_fraction": min(1.0, runner_idle_seconds / step_seconds),
     }

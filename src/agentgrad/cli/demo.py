@@ -14,8 +14,10 @@ from agentgrad.demo.run import DEMO_SETTINGS, run_demo
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    tunable = ("lr", "batch_size", "group_size", "temperature", "mini_batches", "epochs")
+    tunable = ("lr", "batch_size", "group_size", "temperature", "mini_batches", "epochs", "tis_cap")
     overrides = {key: getattr(args, key) for key in tunable if getattr(args, key) is not None}
+    if args.overlap:
+        overrides["overlap"] = True
     run_demo(
         steps=args.steps,
         minutes=args.minutes,
@@ -62,5 +64,16 @@ def add_commands(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--temperature", type=float, default=None, help=f"sampling temperature (default {DEMO_SETTINGS['temperature']})"
+    )
+    parser.add_argument(
+        "--overlap",
+        action="store_true",
+        help="sample the next batch while the trainer updates (one version stale, TIS-corrected; docs/algorithms.md)",
+    )
+    parser.add_argument(
+        "--tis-cap",
+        type=float,
+        default=None,
+        help=f"with --overlap: the truncated importance weight's cap (default {DEMO_SETTINGS['tis_cap']})",
     )
     parser.set_defaults(func=_cmd_demo)

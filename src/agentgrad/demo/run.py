@@ -40,6 +40,9 @@ DEMO_SETTINGS: dict[str, Any] = {
     "lr_final": 0.0,
     "agreeing_groups": "drop",
     "seed": 0,
+    # Overlap: sample the next batch while training on this one (one version stale, TIS-corrected).
+    "overlap": False,
+    "tis_cap": 2.0,
 }
 
 
@@ -145,7 +148,10 @@ def run_demo(
                     lr_decay=opts["lr_decay"],
                     lr_final=opts["lr_final"],
                     seed=opts["seed"],
+                    tis_cap=opts["tis_cap"] if opts["overlap"] else None,
                 ),
+                overlap=opts["overlap"],
+                max_staleness=1 if opts["overlap"] else 0,
                 val_every=opts["val_every"],
                 output_dir=out,
                 run_id="demo",

@@ -420,7 +420,8 @@ class _Server:
         an iterator of (choice index, new token events, final result or None, new visible text).
 
         Text that may still turn into a stop string, an incomplete UTF-8 character, or (when tools
-        are parsed) anything from ``<tool_call>`` on, is held back until it is settled.
+        are parsed) anything from ``<tool_call>`` on and trailing whitespace, is held back until it
+        is settled.
         """
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[tuple[int, TokenEvent | GenerationResult | BaseException]] = asyncio.Queue()
@@ -468,10 +469,11 @@ class _Server:
             visible = len(text) - holdback
             while visible > 0 and text[visible - 1] == "\ufffd":
                 visible -= 1
-            if hold_tools:
+            if hold_tools:  # a tool call's content is stripped, so trailing whitespace waits too
+                visible = min(visible, len(text.rstrip()))
                 at = text.find(TOOL_CALL_OPEN)
                 if at >= 0:
-                    visible = min(visible, at)
+                    visible = min(visible, len(text[:at].rstrip()))
                 else:
                     for k in range(len(TOOL_CALL_OPEN) - 1, 0, -1):
                         if text.endswith(TOOL_CALL_OPEN[:k]):

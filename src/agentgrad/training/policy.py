@@ -104,6 +104,13 @@ class TrainConfig:
     fine-tuning, a frozen copy of the model)."""
     entropy_coef: float = 0.0
     """Entropy bonus (0: off)."""
+    tis_cap: float | None = None
+    """Truncated importance sampling for samples drawn by an older policy (GRPO's ``overlap``).
+    None: the PPO ratio is taken against the engine's sampled logprobs, which is right when the
+    samples come from the weights being trained. With a cap C: the ratio is taken against the
+    trainer's own logprobs at the start of the step (the proximal policy, one extra forward pass),
+    and each token's loss is weighted by ``min(π_prox / π_sample, C)`` — so samples from a stale
+    or drifted engine are corrected without the clip zeroing their gradient (docs/algorithms.md)."""
     lr_decay: Literal["none", "linear", "cosine"] = "none"
     """How the learning rate falls over the run's steps (GRPO's ``steps``): ``none`` keeps it
     constant; ``linear`` and ``cosine`` bring it from ``lr`` at the first step to ``lr ×
@@ -128,18 +135,23 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         decayed_lr(1.0, 0, 1, decay=self.lr_decay, final=self.lr_final)  # refuses a bad setting now, not at step 1
+        if self.tis_cap is not None and not self.tis_cap >= 1.0:
+            raise ValueError(f"TrainConfig.tis_cap must be None or ≥ 1, got {self.tis_cap!r}")
 
 
 @dataclass
 class Sample:
     """One training sequence: ``prompt_ids`` are context; ``response_ids`` are learned where
-    ``mask`` is 1. ``old_logprobs`` (per response token) and ``advantage`` are for PPO."""
+    ``mask`` is 1. ``old_logprobs`` (per response token) and ``advantage`` are for PPO;
+    ``behavior_logprobs``, the sampling engine's, only when ``old_logprobs`` are the trainer's
+    own (``TrainConfig.tis_cap``)."""
 
     prompt_ids: list[int]
     response_ids: list[int]
     mask: list[int] | None = None
     old_logprobs: list[float] | None = None
     advantage: float = 0.0
+    behavior_logprobs: list[float] | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -148,10 +160,12 @@ class Sample:
             self.mask = [1] * len(self.response_ids)
         if len(self.mask) != len(self.response_ids):
             raise ValueError(f"Sample.mask has {len(self.mask)} entries for {len(self.response_ids)} response tokens")
-        if self.old_logprobs is not None and len(self.old_logprobs) != len(self.response_ids):
-            raise ValueError(
-                f"Sample.old_logprobs has {len(self.old_logprobs)} entries for {len(self.response_ids)} response tokens"
-            )
+        for name in ("old_logprobs", "behavior_logprobs"):
+            values = getattr(self, name)
+            if values is not None and len(values) != len(self.response_ids):
+                raise ValueError(
+                    f"Sample.{name} has {len(values)} entries for {len(self.response_ids)} response tokens"
+                )
 
     @property
     def length(self) -> int:
@@ -410,6 +424,7 @@ class _Batch:
     mask: Any  # (B, W) 1 where a trained response token is predicted
     old_logprobs: Any  # (B, W) NaN where unknown
     advantages: Any  # (B, W)
+    behavior_logprobs: Any  # (B, W) NaN where unknown (no TIS)
 
 
 def _layout(batch: Sequence[Sample], device: Any, share_prefix: bool = True) -> _Batch:
@@ -427,6 +442,7 @@ def _layout(batch: Sequence[Sample], device: Any, share_prefix: bool = True) -> 
     targets = torch.zeros(size, dtype=torch.long)
     mask = torch.zeros(size)
     old = torch.full(size, float("nan"))
+    behavior = torch.full(size, float("nan"))
     adv = torch.zeros(size)
     for b, (sample, row) in enumerate(zip(batch, rows, strict=True)):
         suffix = row[prefix:]
@@ -438,10 +454,24 @@ def _layout(batch: Sequence[Sample], device: Any, share_prefix: bool = True) -> 
         mask[b, start : start + n] = torch.tensor(sample.mask, dtype=torch.float)
         if sample.old_logprobs is not None:
             old[b, start : start + n] = torch.tensor(sample.old_logprobs, dtype=torch.float)
+        if sample.behavior_logprobs is not None:
+            behavior[b, start : start + n] = torch.tensor(sample.behavior_logprobs, dtype=torch.float)
         adv[b, start : start + n] = sample.advantage
     prefix_ids = torch.tensor([rows[0][:prefix]]) if prefix else None
     to = lambda x: None if x is None else x.to(device)  # noqa: E731
-    return _Batch(to(prefix_ids), to(input_ids), to(attention), to(targets), to(mask), to(old), to(adv))
+    return _Batch(to(prefix_ids), to(input_ids), to(attention), to(targets), to(mask), to(old), to(adv), to(behavior))
+
+
+def response_values(batch: Sequence[Sample], laid_out: _Batch, values: torch.Tensor) -> list[list[float]]:
+    """Per sample of ``batch`` (as laid out by :func:`_layout`), the entries of a (B, W) tensor at
+    its response tokens."""
+    prefix = 0 if laid_out.prefix_ids is None else laid_out.prefix_ids.shape[1]
+    rows = values.detach().cpu().tolist()
+    out = []
+    for sample, row in zip(batch, rows, strict=True):
+        start = len(sample.prompt_ids) - 1 - prefix
+        out.append(row[start : start + len(sample.response_ids)])
+    return out
 
 
 def _logits(model: Any, batch: _Batch) -> torch.Tensor:
@@ -482,14 +512,20 @@ def ppo_clip_loss(
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     normalizer: float | None = None,
+    behavior_logprobs: torch.Tensor | None = None,
+    tis_cap: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Token-level PPO-clip: ``max(-A·r, -A·clip(r, 1-eps_low, 1+eps_high))`` per token, with
     ``r = exp(logprob - old_logprob)``, plus ``kl_coef`` × the k3 estimate of KL(π‖π_ref),
     summed over masked tokens and divided by ``normalizer`` (default: the masked token count).
+    With ``tis_cap`` (and ``behavior_logprobs``, the sampler's), the clipped term of each token is
+    weighted by ``min(exp(old_logprob - behavior_logprob), tis_cap)``: truncated importance
+    sampling from the policy that sampled to the proximal one ``old_logprobs`` stands for.
 
     Returns the loss and sums (not means) of per-token diagnostics, so callers can add them up
     over micro-batches: ``clipped`` (tokens where the clipped branch was taken), ``kl``,
-    ``ratio`` and ``tokens``.
+    ``ratio`` and ``tokens``; with TIS also ``tis_weight``, ``tis_capped`` (tokens at the cap) and
+    ``logprob_gap`` (|old - behavior|, the train/infer gap).
     """
     import torch
 
@@ -499,6 +535,18 @@ def ppo_clip_loss(
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
     per_token = torch.maximum(unclipped, clipped)
+    tis: dict[str, torch.Tensor] = {}
+    if tis_cap is not None and behavior_logprobs is not None:
+        known = ~torch.isnan(behavior_logprobs)
+        gap = torch.where(known, old - behavior_logprobs, torch.zeros_like(old)).clamp(-20.0, 20.0)
+        weight = torch.exp(gap).clamp(max=tis_cap).detach()
+        per_token = per_token * weight
+        with torch.no_grad():
+            tis = {
+                "tis_weight": (weight * mask).sum(),
+                "tis_capped": ((weight >= tis_cap).float() * mask).sum(),
+                "logprob_gap": (gap.abs() * mask).sum(),
+            }
     kl = torch.zeros_like(per_token)
     if ref_logprobs is not None:
         delta = (ref_logprobs - logprobs).clamp(-20.0, 20.0)
@@ -514,6 +562,7 @@ def ppo_clip_loss(
             "ratio": (ratio * mask).sum(),
             "ratio_max": (ratio * mask).max() if mask.numel() else ratio.new_zeros(()),
             "tokens": tokens,
+            **tis,
         }
     return loss, diagnostics
 
@@ -623,6 +672,11 @@ class StepMetrics:
     micro_batches: int = 0
     #: optimizer updates in this step (``epochs`` × ``mini_batches``)
     updates: int = 1
+    #: with ``TrainConfig.tis_cap``: the mean importance weight π_prox / π_sample (capped), the
+    #: share of tokens at the cap, and the mean |log π_prox − log π_sample| (train/infer gap)
+    tis_weight: float = float("nan")
+    tis_capped: float = float("nan")
+    logprob_gap: float = float("nan")
 
     @property
     def tokens_per_second(self) -> float:
@@ -812,6 +866,9 @@ class PolicyTrainer:
             ratio_max=sums.get("ratio_max", float("nan")),
             lr=lr,
             updates=len(losses),
+            tis_weight=per_token("tis_weight"),
+            tis_capped=per_token("tis_capped"),
+            logprob_gap=per_token("logprob_gap"),
         )
 
     def _schedule_lr(self) -> float:
@@ -851,15 +908,36 @@ class PolicyTrainer:
                 ref_logprobs=ref,
                 kl_coef=config.kl_coef,
                 normalizer=total,
+                behavior_logprobs=batch.behavior_logprobs,
+                tis_cap=config.tis_cap,
             )
             if config.entropy_coef:
                 loss = loss - config.entropy_coef * (entropy * batch.mask).sum() / total
             diag["entropy"] = (entropy.detach() * batch.mask).sum()
             return loss, diag
 
+        if config.tis_cap is not None:
+            samples = self.with_proximal_logprobs(samples)
         return self._step(
             samples, loss_fn, mini_batches=mini_batches, epochs=epochs, tokens_per_sample=tokens_per_sample
         )
+
+    def with_proximal_logprobs(self, samples: Sequence[Sample]) -> list[Sample]:
+        """``samples`` with the trainer's current logprobs as ``old_logprobs`` and the sampled ones
+        moved to ``behavior_logprobs`` (TIS): one forward pass without gradients, in the mode the
+        updates run in, so that an update from these weights starts at ratio 1."""
+        import torch
+
+        samples = trainable_samples(samples, context=self.context_length, model=str(self.model_dir))
+        self.model.train(self.config.dropout)
+        proximal: dict[int, list[float]] = {}
+        with torch.no_grad():
+            for chunk in micro_batches(samples, self.config.micro_batch_tokens):
+                laid_out = _layout(chunk, self.device)
+                logprobs, _ = token_logprobs(self.model, laid_out)
+                for sample, values in zip(chunk, response_values(chunk, laid_out, logprobs), strict=True):
+                    proximal[id(sample)] = values
+        return [replace(s, old_logprobs=proximal[id(s)], behavior_logprobs=s.old_logprobs) for s in samples]
 
     def nll_step(self, samples: Sequence[Sample]) -> StepMetrics:
         """One supervised (NLL) optimizer step over ``samples``' masked response tokens."""
