@@ -100,20 +100,36 @@ def test_a_validation_runs_beside_the_next_batch_on_its_own_steps_weights(tiny_m
     assert 3 not in publisher.published or publisher.published[3] > max(r.end_time for r in of_step_2)
 
 
-def test_a_run_that_stops_cancels_the_batch_under_way(tiny_model_dir, tmp_path):
-    store, publisher = MemoryStore(), TimedPublisher()
+SLOW_TASKS = [{**task, "sleep": 0.5} for task in TASKS]  # a batch takes ≥ 1 s: still running at the stop
+
+
+def _step_2_rollouts(store):
+    return [r for r in store.query_rollouts() if r.metadata.get("step") == 2]
+
+
+def test_an_interrupted_run_cancels_the_batch_under_way(tiny_model_dir, tmp_path):
+    store = MemoryStore()
 
     def stop(values):
         raise KeyboardInterrupt  # the user pressed Ctrl-C after the first step
 
-    grpo = _grpo(tmp_path, publisher, model=tiny_model_dir, on_step=stop)
+    grpo = _grpo(tmp_path, TimedPublisher(), model=tiny_model_dir, on_step=stop)
     with pytest.raises(KeyboardInterrupt):
-        Trainer(store, concurrency=4, algorithm=grpo).fit(coin_agent, TASKS, resources=RESOURCES)
-    second = [r for r in store.query_rollouts() if r.metadata.get("step") == 2]
-    assert second and all(r.status.is_terminal for r in second)
-    assert any(r.status == RolloutStatus.CANCELLED for r in second) or all(
-        r.status == RolloutStatus.SUCCEEDED for r in second
-    )
+        Trainer(store, concurrency=4, algorithm=grpo).fit(coin_agent, SLOW_TASKS, resources=RESOURCES)
+    second = _step_2_rollouts(store)
+    assert len(second) == 8 and all(r.status == RolloutStatus.CANCELLED for r in second)
+
+
+def test_a_run_out_of_time_cancels_the_batch_under_way_before_its_last_validation(tiny_model_dir, tmp_path):
+    store = MemoryStore()
+    grpo = _grpo(tmp_path, TimedPublisher(), model=tiny_model_dir)
+    grpo._out_of_time = lambda started, last: grpo.trainer.step >= 1  # the budget runs out after step 1
+    result = Trainer(store, concurrency=4, algorithm=grpo).fit(coin_agent, SLOW_TASKS, TASKS[:1], resources=RESOURCES)
+    assert result.steps == 1 and [step for step, _ in result.validation] == [0, 1]
+    second = _step_2_rollouts(store)
+    assert len(second) == 8 and all(r.status == RolloutStatus.CANCELLED for r in second)
+    last_validation = max(r.start_time for r in store.query_rollouts() if r.mode == "val")
+    assert last_validation > max(r.end_time for r in second)  # it did not wait behind them
 
 
 def test_overlap_needs_a_staleness_of_one():

@@ -57,3 +57,13 @@ def test_build_reaches_partial_competence(tmp_path: Path) -> None:
     assert 0.2 <= success <= 0.7, (success, manifest)
     # the right kind of partial competence: good with the tool, but skipping it for many questions
     assert manifest["val_greedy_tool_success"] >= 0.8 and 0.2 <= manifest["val_greedy_tool_use"] <= 0.8, manifest
+
+
+def test_a_build_whose_calculator_skill_did_not_form_says_so(tmp_path: Path) -> None:
+    """Two warm-up steps cannot teach the skill: the build finishes, and warns instead of
+    handing over a model the demo cannot learn from without a word."""
+    from agentgrad.demo.tiny import build_tiny_model
+
+    with pytest.warns(RuntimeWarning, match="calculator skill did not form.*another --seed"):
+        path = build_tiny_model(tmp_path / "tiny", warmup_steps=2, habit_steps=1, progress=False, threads=1)
+    assert json.loads((path / "agentgrad_build.json").read_text())["val_greedy_tool_success"] < 0.9

@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import random
 import threading
+import time
 
 from agentgrad import semconv
 from agentgrad.agents import rollout
@@ -41,7 +42,9 @@ def _coin(mode: str, k: int) -> bool:
 
 @rollout
 def coin_agent(task, resources):
-    """Pretends to call an LLM: records a call span with token ids, rewards the GOOD completion."""
+    """Pretends to call an LLM: records a call span with token ids, rewards the GOOD completion.
+    A task's ``sleep`` (seconds) makes it take that long first."""
+    time.sleep(task.get("sleep", 0.0))
     context = require_context("coin_agent")
     good = _coin(context.rollout.mode, task["k"])
     version = resources.items["agentgrad_policy"].value["model_version"]

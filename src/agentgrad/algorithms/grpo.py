@@ -352,12 +352,15 @@ class GRPO(Algorithm):
                     if self._overlaps(step):
                         pending = self.submit(indices, step + 1)
                     last_step_seconds = self._train_step(step, kept, values, step_started)
+                if pending is not None:  # out of time with a batch under way: not to be trained on
+                    self.cancel(pending)
+                    pending = None
                 if trainer.step > 0 and trainer.step % cfg.checkpoint_every != 0:
                     self.checkpoint()
                 if validation := self.evaluate(trainer.step):
                     self.run_log.log(trainer.step, validation)
             finally:
-                if pending is not None:  # out of time, or an error: nobody will train on it
+                if pending is not None:  # an error or an interrupt: nobody will train on it
                     self.cancel(pending)
         return self._finish()
 

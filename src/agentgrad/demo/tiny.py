@@ -33,6 +33,7 @@ import json
 import random
 import shutil
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -673,4 +674,13 @@ def build_tiny_model(
             )
     finally:
         torch.set_num_threads(previous_threads)
+    if report["tool_success"] < SKILL_THRESHOLD:
+        warnings.warn(
+            f"tiny model (seed {seed}): greedy tool calls succeed {report['tool_success']:.2f} < {SKILL_THRESHOLD} "
+            f"after {step} steps: the calculator skill did not form, so GRPO has little to build on (a seed-1 "
+            "build measured so: 0.19 → 0.37 held-out on the demo, where the shipped build goes to 0.98). "
+            "Build again with another --seed.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return out
