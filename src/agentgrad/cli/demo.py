@@ -39,7 +39,7 @@ def add_commands(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--steps", type=int, default=30, help="GRPO steps (default 30, ≈ 4–5 min on 2 cores)")
+    parser.add_argument("--steps", type=int, default=30, help="GRPO steps (default 30, ≈ 2–3 min on 2 cores)")
     parser.add_argument("--minutes", type=float, default=8.0, help="wall-clock cap for training (default 8)")
     parser.add_argument("--output-dir", default="./runs/demo", help="store, metrics, checkpoints, plot")
     parser.add_argument("--n-runners", type=int, default=2, help="runner processes (default 2)")

@@ -674,13 +674,20 @@ def build_tiny_model(
             )
     finally:
         torch.set_num_threads(previous_threads)
-    if report["tool_success"] < SKILL_THRESHOLD:
-        warnings.warn(
-            f"tiny model (seed {seed}): greedy tool calls succeed {report['tool_success']:.2f} < {SKILL_THRESHOLD} "
-            f"after {step} steps: the calculator skill did not form, so GRPO has little to build on (a seed-1 "
-            "build measured so: 0.19 → 0.37 held-out on the demo, where the shipped build goes to 0.98). "
-            "Build again with another --seed.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+    warn_if_unskilled(report["tool_success"], seed=seed, steps=step)
     return out
+
+
+def warn_if_unskilled(tool_success: float, *, seed: int, steps: int) -> None:
+    """Warn when a build's greedy tool calls succeed less than ``SKILL_THRESHOLD``: the build
+    finished, but the calculator skill the demo relies on did not form (it depends on the seed)."""
+    if tool_success >= SKILL_THRESHOLD:
+        return
+    warnings.warn(
+        f"tiny model (seed {seed}): greedy tool calls succeed {tool_success:.2f} < {SKILL_THRESHOLD} after "
+        f"{steps} steps: the calculator skill did not form, so GRPO has little to build on (a seed-1 build "
+        "measured so: 0.19 → 0.37 held-out on the demo, where the shipped build goes to 0.98). "
+        "Build again with another --seed.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
