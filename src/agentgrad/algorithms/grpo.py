@@ -5,7 +5,9 @@ docstring each), then :class:`GRPO`, whose :meth:`GRPO.run` sets up (or resumes)
 :meth:`GRPO._start` and then repeats one step:
 
 1. **sample** — ``group_size`` rollouts of each of ``batch_size`` tasks (a group shares a
-   ``group_id``), through the store, with the current policy;
+   ``group_id``), through the store (:meth:`GRPO.submit`, :meth:`GRPO.collect`), with the current
+   policy; with ``overlap`` the next step's batch is submitted before this one's update, so the
+   runners sample it while the trainer trains;
 2. **transitions** — spans → token sequences (credit assignment, agent_match, merging), dropping
    those sampled too many versions ago;
 3. **advantages** — rewards compared within each group, by ``estimator`` (GRPO, RLOO,

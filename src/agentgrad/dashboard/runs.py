@@ -20,7 +20,7 @@ from agentgrad.rewards import reward_number
 from agentgrad.store.protocol import RolloutFilter, Store
 from agentgrad.types import LLM, MetricRecord, Rollout
 
-#: GRPO's group ids: ``<run_id>-s<step>-t<task>-r<retry>`` (``GRPO.sample``).
+#: GRPO's group ids: ``<run_id>-s<step>-t<task>-r<retry>`` (``GRPO.submit``).
 _GRPO_GROUP = re.compile(r"^(?P<run>.+)-s(?P<step>\d+)-t\d+-r\d+$")
 #: APO's rollout groups: ``apo:<run>:val:<snapshot>`` and ``apo:<run>:r<round>:critique:<snapshot>``.
 _APO_ROUND = re.compile(r"^apo:.+?:r(?P<round>\d+):critique:")
