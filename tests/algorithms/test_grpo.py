@@ -9,37 +9,14 @@ import pytest
 
 pytest.importorskip("torch")
 
-from grpo_agents import GOOD, PROMPT, RecordingPublisher, coin_agent  # noqa: E402
+from grpo_agents import GOOD, PROMPT, RecordingPublisher, always_good_agent, coin_agent  # noqa: E402
 
-from agentgrad import semconv  # noqa: E402
 from agentgrad.agents import rollout  # noqa: E402
 from agentgrad.algorithms.grpo import GRPO  # noqa: E402
-from agentgrad.context import require_context  # noqa: E402
 from agentgrad.store.memory import MemoryStore  # noqa: E402
 from agentgrad.trainer import Trainer  # noqa: E402
 from agentgrad.training import PolicyTrainer, Sample, TrainConfig  # noqa: E402
-from agentgrad.types import LLM, Span  # noqa: E402
-
-
-@rollout
-def always_good_agent(task, resources):
-    """Every completion earns the same reward: each GRPO group has zero variance."""
-    context = require_context("always_good_agent")
-    version = resources.items["agentgrad_policy"].value["model_version"]
-    context.store.add_span(
-        Span(
-            rollout_id=context.rollout_id,
-            attempt_id=context.attempt_id,
-            name=semconv.SPAN_LLM_CALL,
-            attributes={
-                semconv.LLM_PROMPT_TOKEN_IDS: PROMPT + [task["k"]],
-                semconv.LLM_COMPLETION_TOKEN_IDS: GOOD,
-                semconv.LLM_LOGPROBS: [-6.0, -6.0, -6.0],
-                semconv.MODEL_VERSION: version,
-            },
-        )
-    )
-    return 1.0
+from agentgrad.types import LLM  # noqa: E402
 
 
 @rollout

@@ -40,14 +40,9 @@ def _coin(mode: str, k: int) -> bool:
     return random.Random(f"coin/{mode}/{k}/{draw}").random() < 0.5
 
 
-@rollout
-def coin_agent(task, resources):
-    """Pretends to call an LLM: records a call span with token ids, rewards the GOOD completion.
-    A task's ``sleep`` (seconds) makes it take that long first."""
-    time.sleep(task.get("sleep", 0.0))
-    context = require_context("coin_agent")
-    good = _coin(context.rollout.mode, task["k"])
-    version = resources.items["agentgrad_policy"].value["model_version"]
+def _record_call(task, resources, completion: list[int]) -> None:
+    """Record one LLM call span with token ids for ``task``, as served by the resources' version."""
+    context = require_context("a GRPO test agent")
     context.store.add_span(
         Span(
             rollout_id=context.rollout_id,
@@ -55,10 +50,26 @@ def coin_agent(task, resources):
             name=semconv.SPAN_LLM_CALL,
             attributes={
                 semconv.LLM_PROMPT_TOKEN_IDS: PROMPT + [task["k"]],
-                semconv.LLM_COMPLETION_TOKEN_IDS: GOOD if good else BAD,
-                semconv.LLM_LOGPROBS: [-6.0, -6.0, -6.0],
-                semconv.MODEL_VERSION: version,
+                semconv.LLM_COMPLETION_TOKEN_IDS: completion,
+                semconv.LLM_LOGPROBS: [-6.0] * len(completion),
+                semconv.MODEL_VERSION: resources.items["agentgrad_policy"].value["model_version"],
             },
         )
     )
+
+
+@rollout
+def coin_agent(task, resources):
+    """Pretends to call an LLM: records a call span with token ids, rewards the GOOD completion.
+    A task's ``sleep`` (seconds) makes it take that long first."""
+    time.sleep(task.get("sleep", 0.0))
+    good = _coin(require_context("coin_agent").rollout.mode, task["k"])
+    _record_call(task, resources, GOOD if good else BAD)
     return 1.0 if good else 0.0
+
+
+@rollout
+def always_good_agent(task, resources):
+    """Every completion earns the same reward: each GRPO group has zero variance."""
+    _record_call(task, resources, GOOD)
+    return 1.0
