@@ -425,6 +425,7 @@ class _Batch:
     old_logprobs: Any  # (B, W) NaN where unknown
     advantages: Any  # (B, W)
     behavior_logprobs: Any  # (B, W) NaN where unknown (no TIS)
+    starts: list[int]  # per row, the position whose logits predict its response token 0
 
 
 def _layout(batch: Sequence[Sample], device: Any, share_prefix: bool = True) -> _Batch:
@@ -444,11 +445,13 @@ def _layout(batch: Sequence[Sample], device: Any, share_prefix: bool = True) -> 
     old = torch.full(size, float("nan"))
     behavior = torch.full(size, float("nan"))
     adv = torch.zeros(size)
+    starts = []
     for b, (sample, row) in enumerate(zip(batch, rows, strict=True)):
         suffix = row[prefix:]
         input_ids[b, : len(suffix)] = torch.tensor(suffix)
         attention[b, : prefix + len(suffix)] = 1
         start = len(sample.prompt_ids) - 1 - prefix  # position whose logits predict response token 0
+        starts.append(start)
         n = len(sample.response_ids)
         targets[b, start : start + n] = torch.tensor(sample.response_ids)
         mask[b, start : start + n] = torch.tensor(sample.mask, dtype=torch.float)
@@ -459,19 +462,19 @@ def _layout(batch: Sequence[Sample], device: Any, share_prefix: bool = True) -> 
         adv[b, start : start + n] = sample.advantage
     prefix_ids = torch.tensor([rows[0][:prefix]]) if prefix else None
     to = lambda x: None if x is None else x.to(device)  # noqa: E731
-    return _Batch(to(prefix_ids), to(input_ids), to(attention), to(targets), to(mask), to(old), to(adv), to(behavior))
+    return _Batch(
+        to(prefix_ids), to(input_ids), to(attention), to(targets), to(mask), to(old), to(adv), to(behavior), starts
+    )
 
 
 def response_values(batch: Sequence[Sample], laid_out: _Batch, values: torch.Tensor) -> list[list[float]]:
     """Per sample of ``batch`` (as laid out by :func:`_layout`), the entries of a (B, W) tensor at
     its response tokens."""
-    prefix = 0 if laid_out.prefix_ids is None else laid_out.prefix_ids.shape[1]
     rows = values.detach().cpu().tolist()
-    out = []
-    for sample, row in zip(batch, rows, strict=True):
-        start = len(sample.prompt_ids) - 1 - prefix
-        out.append(row[start : start + len(sample.response_ids)])
-    return out
+    return [
+        row[start : start + len(sample.response_ids)]
+        for sample, row, start in zip(batch, rows, laid_out.starts, strict=True)
+    ]
 
 
 def _logits(model: Any, batch: _Batch) -> torch.Tensor:
