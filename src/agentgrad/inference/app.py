@@ -469,16 +469,14 @@ class _Server:
             visible = len(text) - holdback
             while visible > 0 and text[visible - 1] == "\ufffd":
                 visible -= 1
-            if hold_tools:  # a tool call's content is stripped, so trailing whitespace waits too
-                visible = min(visible, len(text.rstrip()))
+            if hold_tools:
+                # Settled: the text before a tool-call tag, whole or still arriving; and, as a tool
+                # call's content is stripped, without the whitespace that ends it.
                 at = text.find(TOOL_CALL_OPEN)
-                if at >= 0:
-                    visible = min(visible, len(text[:at].rstrip()))
-                else:
-                    for k in range(len(TOOL_CALL_OPEN) - 1, 0, -1):
-                        if text.endswith(TOOL_CALL_OPEN[:k]):
-                            visible = min(visible, len(text) - k)
-                            break
+                if at < 0:
+                    partial = (k for k in range(len(TOOL_CALL_OPEN) - 1, 0, -1) if text.endswith(TOOL_CALL_OPEN[:k]))
+                    at = len(text) - next(partial, 0)
+                visible = min(visible, len(text[:at].rstrip()))
             delta = text[sent[index] : visible] if visible > sent[index] else ""
             sent[index] = max(sent[index], visible)
             yield index, pending[index], None, delta
