@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 FRAMEWORKS := $(VENV)/.frameworks
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast test-slow test-chaos test-scale install frameworks browser model bench lint docs clean
+.PHONY: demo test test-fast test-slow test-chaos test-scale example-math example-sql example-rag install frameworks browser model bench lint docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -66,6 +66,23 @@ test-chaos: $(STAMP)
 test-scale: $(STAMP)
 	scripts/setup_scale_env.sh $(PY)
 	$(PY) -m pytest -p no:cacheprovider -m scale tests/scale -s $(PYTEST_ARGS)
+
+# The paper's scenarios (examples/*/README.md): the world generated from seed 0 into runs/, the
+# agent trained with its example's config, greedy success on the held-out test tasks printed before
+# and after (--test), the curve as reward_curve.png in the config's output_dir. EXAMPLE_MODEL: tiny (the
+# default; it learns the math scenario) or a model directory; EXAMPLE_ARGS: more `agentgrad train` flags.
+EXAMPLE_MODEL ?= tiny
+EXAMPLE_ARGS ?=
+example-math: EXAMPLE_AGENT = examples/math/math_agent.py:math_agent
+example-math: EXAMPLE_CONFIG = examples/math/config.yaml
+example-sql: EXAMPLE_AGENT = examples/sql/sql_agent.py:sql_agent
+example-sql: EXAMPLE_CONFIG = examples/sql/train.yaml
+example-rag: EXAMPLE_AGENT = examples/rag/rag_agent.py:rag_agent
+example-rag: EXAMPLE_CONFIG = examples/rag/config.yaml
+example-math example-sql example-rag: example-%: $(STAMP) $(FRAMEWORKS)
+	$(PY) -m agentgrad scenarios $* generate runs/$*-world
+	$(PY) -m agentgrad train $(EXAMPLE_AGENT) --model $(EXAMPLE_MODEL) --config $(EXAMPLE_CONFIG) \
+	  --tasks runs/$*-world/train.jsonl --val runs/$*-world/val.jsonl --test runs/$*-world/test.jsonl $(EXAMPLE_ARGS)
 
 bench: $(STAMP)
 	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

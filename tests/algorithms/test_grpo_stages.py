@@ -12,6 +12,7 @@ import types
 import pytest
 
 from agentgrad import semconv
+from agentgrad.algorithms.baseline import EvaluationReport
 from agentgrad.algorithms.grpo import GRPO, GRPOConfig
 from agentgrad.config import field_docs
 from agentgrad.store.memory import MemoryStore
@@ -274,7 +275,7 @@ def test_a_new_best_validation_score_exports_the_model_and_survives_a_resume(tmp
     grpo = GRPO(tmp_path, output_dir=tmp_path)
 
     def fake_validation(self, context):
-        return types.SimpleNamespace(rollouts=[types.SimpleNamespace(reward=next(scores))])
+        return EvaluationReport([types.SimpleNamespace(reward=next(scores))], [1], [1])
 
     monkeypatch.setattr("agentgrad.algorithms.baseline.Evaluate.run", fake_validation)
     grpo.store, grpo.console, grpo.trainer = MemoryStore(), types.SimpleNamespace(print=lambda *a: None), "trainer"

@@ -49,6 +49,8 @@ def test_train_runs_exports_and_records_its_config(tmp_path: Path, tasks: Path, 
         str(tasks),
         "--val",
         str(tasks),
+        "--test",
+        str(tasks),
         "--config",
         str(config),
         "--steps",
@@ -70,6 +72,11 @@ def test_train_runs_exports_and_records_its_config(tmp_path: Path, tasks: Path, 
     assert summary["steps"] == 2 and [step for step, _ in summary["validation"]][0] == 0
     assert (out / "model" / "config.json").is_file() and (out / "best" / "config.json").is_file()
     assert "agentgrad serve-model" in done.stdout
+    assert (out / "reward_curve.png").stat().st_size > 1000 and summary["reward_curve"] == str(out / "reward_curve.png")
+    # --test: the start model before training, the exported final and best models after, each on all 8 tasks
+    assert set(summary["test"]) == {"start", "final", "best"} and all(0 <= v <= 1 for v in summary["test"].values())
+    assert "greedy test on 8 held-out tasks" in done.stdout
+    assert_test_rollouts(out / "store.sqlite", {"start": 8, "final": 8, "best": 8})
 
     scored = agentgrad(
         "eval",
@@ -86,6 +93,22 @@ def test_train_runs_exports_and_records_its_config(tmp_path: Path, tasks: Path, 
     assert scored.returncode in (0, 1), scored.stdout + scored.stderr
     report = json.loads(scored.stdout.strip().splitlines()[-1])
     assert report["total"] == 8 and report["llm_calls_per_rollout"] == 1.0
+
+
+def assert_test_rollouts(store_path: Path, expected: dict[str, int]) -> None:
+    """The store holds, for each --test evaluation, that many rollouts in mode "test", recorded
+    as the evaluation run ``<run_id>-test-<label>``."""
+    from agentgrad.store import open_store
+    from agentgrad.store.protocol import RolloutFilter
+
+    store = open_store(f"sqlite://{store_path}")
+    try:
+        tested = store.query_rollouts(RolloutFilter(mode="test"))
+        assert len(tested) == sum(expected.values()), len(tested)
+        runs = {m.run_id for m in store.query_metrics()}
+        assert {label for label in expected if any(r.endswith(f"-test-{label}") for r in runs)} == set(expected), runs
+    finally:
+        store.close()
 
 
 def test_train_with_nothing_to_train_on_exits_nonzero_and_says_why(
@@ -148,6 +171,24 @@ def test_train_refuses_bad_input_before_starting(tmp_path: Path, tasks: Path, ti
         timeout=60,
     )
     assert missing.returncode == 1 and "nope" in missing.stderr
+    remote_test = agentgrad(
+        "train",
+        "train_agents:short_answer_agent",
+        "--model",
+        str(tiny_model_dir),
+        "--tasks",
+        str(tasks),
+        "--test",
+        str(tasks),
+        "--upstream",
+        "http://127.0.0.1:9/v1",
+        "--output-dir",
+        str(tmp_path / "run"),
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert remote_test.returncode == 1 and "--test" in remote_test.stderr and "agentgrad eval" in remote_test.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_train_algorithm_sft_trains_on_kept_rollouts_validates_and_exports(
@@ -166,6 +207,8 @@ def test_train_algorithm_sft_trains_on_kept_rollouts_validates_and_exports(
         "--tasks",
         str(tasks),
         "--val",
+        str(tasks),
+        "--test",
         str(tasks),
         "--config",
         str(config),
@@ -191,6 +234,8 @@ def test_train_algorithm_sft_trains_on_kept_rollouts_validates_and_exports(
     assert "group_size" not in recorded
     assert (out / "model" / "config.json").is_file() and (out / "best" / "config.json").is_file()
     assert summary["best_model"] == str(out / "best") and "agentgrad serve-model" in done.stdout
+    assert set(summary["test"]) == {"start", "final", "best"}
+    assert_test_rollouts(out / "store.sqlite", {"start": 8, "final": 8, "best": 8})
 
 
 def test_train_refuses_the_other_algorithms_settings(tmp_path: Path, tasks: Path, tiny_model_dir: Path) -> None:

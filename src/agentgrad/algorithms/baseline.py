@@ -53,6 +53,12 @@ class EvaluationReport:
         return statistics.fmean(self.rewards) if self.rewards else None
 
     @property
+    def score(self) -> float:
+        """Mean reward over every task, a failed or unrewarded rollout counting 0: the number a
+        validation or a test reports (``reward_mean`` leaves such rollouts out)."""
+        return statistics.fmean([r.reward or 0.0 for r in self.rollouts]) if self.rollouts else 0.0
+
+    @property
     def no_llm_calls(self) -> int:
         return sum(n == 0 for n in self.llm_calls_per_rollout)
 

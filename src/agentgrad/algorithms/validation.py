@@ -9,7 +9,6 @@ so it never replaces a better model with a worse one.
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -73,7 +72,7 @@ class BestModel:
         report = Evaluate(mode="val", timeout=self.timeout, resources_id=resources_id, config=self.rollout_config).run(
             AlgorithmContext(store=store, train_tasks=list(tasks), val_tasks=list(tasks), console=console)
         )
-        score = float(statistics.fmean([r.reward or 0.0 for r in report.rollouts])) if report.rollouts else 0.0
+        score = report.score
         self.curve.append((step, score))
         console.print(f"  [cyan]validation (greedy, {len(tasks)} tasks) at step {step}: {score:.3f}[/]")
         if self.score is None or score > self.score:

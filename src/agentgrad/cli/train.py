@@ -13,6 +13,9 @@ rollouts with reward ≥ ``--min-reward`` are kept, and the model is trained on 
 (``--steps`` steps of ``--batch-size`` sequences, the ``--train.*`` settings), ``--iterations``
 times; with ``--val`` it is validated greedily before the first iteration and after each, the
 best model exported to ``output_dir/best``; the final one goes to ``output_dir/model``.
+``--test FILE`` scores held-out tasks greedily on the start model before training and on the final
+and best models after (each loaded from its exported directory, as a user would serve it); the
+scores are printed and written to ``summary.json``. A GRPO run also draws ``reward_curve.png``.
 ``--algorithm evaluate`` is ``agentgrad eval`` on ``--tasks`` with the local model. ``--algorithm
 apo`` optimizes a prompt, not a model: it needs critic and editor LLMs, so it is ``agentgrad apo``.
 
@@ -29,7 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentgrad.cli.run import (
     AGENT_HELP,
@@ -38,6 +41,9 @@ from agentgrad.cli.run import (
     load_cli_agent,
 )
 from agentgrad.config import add_dataclass_arguments
+
+if TYPE_CHECKING:
+    from agentgrad.types import RolloutMode
 
 #: Flags the commands define themselves; GRPOConfig's own flags are added from its fields.
 _TRACKERS = ("tensorboard", "wandb", "mlflow")
@@ -68,6 +74,11 @@ def add_commands(commands: Any) -> None:
         "--val",
         help="validation tasks, run greedily every --val-every steps (grpo) or after every iteration (sft); "
         "the best model is exported to OUTPUT_DIR/best",
+    )
+    train.add_argument(
+        "--test",
+        help="held-out test tasks, scored greedily on the start model before training and on the final and "
+        'best models after (summary.json\'s "test"); not with --upstream or --backend tinker',
     )
     train.add_argument(
         "--config",
@@ -231,6 +242,7 @@ class _Run:
     agent: Any
     tasks: list[Any]
     val_tasks: list[Any]
+    test_tasks: list[Any]
     model_dir: Path
     out: Path
     store_url: str
@@ -244,6 +256,7 @@ def _prepare(args: argparse.Namespace) -> _Run:
     from agentgrad.algorithms.grpo import GRPOConfig
     from agentgrad.algorithms.sft import SFTConfig
     from agentgrad.config import dump, resolve
+    from agentgrad.errors import InvalidInputError
     from agentgrad.tasks import read_tasks
     from agentgrad.training.policy import check_model
 
@@ -259,6 +272,12 @@ def _prepare(args: argparse.Namespace) -> _Run:
         config = dataclasses.replace(config, agent_match=trained)
     tasks = read_tasks(args.tasks)
     val_tasks = read_tasks(args.val) if args.val else []
+    test_tasks = read_tasks(args.test) if args.test else []
+    if test_tasks and (args.upstream or args.backend != "local"):
+        raise InvalidInputError(
+            "--test scores exported model directories with a local engine: it does not work with --upstream or "
+            "--backend tinker; score the run afterwards with `agentgrad eval AGENT --upstream URL --tasks FILE`"
+        )
     model_dir = resolve_model(args.model)
     check_model(model_dir)  # a missing tokenizer or chat template is named now, not mid-run
     out = Path(config.output_dir)
@@ -266,8 +285,54 @@ def _prepare(args: argparse.Namespace) -> _Run:
     dump(config, out / "config.yaml")
     torch.set_num_threads(args.threads)
     return _Run(
-        config, agent, tasks, val_tasks, model_dir, out, args.store or f"sqlite://{(out / 'store.sqlite').resolve()}"
+        config,
+        agent,
+        tasks,
+        val_tasks,
+        test_tasks,
+        model_dir,
+        out,
+        args.store or f"sqlite://{(out / 'store.sqlite').resolve()}",
     )
+
+
+def _test_score(args: argparse.Namespace, run: _Run, store: Any, model: Path, label: str, console: Any) -> float:
+    """Greedy score of the model directory ``model`` on the run's test tasks (a fresh engine on
+    it, recorded in the run's store as the evaluation ``<run_id>-test-<label>``)."""
+    settings = argparse.Namespace(**{**vars(args), "model": str(model), "temperature": 0.0, "timeout": None})
+    with tempfile.TemporaryDirectory(prefix="agentgrad-test-") as work:
+        report = _eval_local(
+            settings,
+            run.agent,
+            run.test_tasks,
+            store,
+            Path(work),
+            f"{run.config.run_id}-test-{label}",
+            mode="test",
+            quiet=True,
+        )
+    console.print(f"  [cyan]test (greedy, {len(run.test_tasks)} tasks), {label} model: {report.score:.3f}[/]")
+    return report.score
+
+
+def _test_after(
+    args: argparse.Namespace, run: _Run, store: Any, start: float | None, final: Path, best: Path | None, console: Any
+) -> dict[str, float] | None:
+    """The test scores of the start, final and best models (None without --test)."""
+    if start is None:
+        return None
+    scores = {"start": start, "final": _test_score(args, run, store, final, "final", console)}
+    if best is not None:
+        scores["best"] = _test_score(args, run, store, best, "best", console)
+    return scores
+
+
+def _print_test(scores: dict[str, float] | None, tasks: int, console: Any) -> None:
+    if scores:
+        best = f" (best model {scores['best']:.3f})" if "best" in scores else ""
+        console.print(
+            f"greedy test on {tasks} held-out tasks: [bold]{scores['start']:.3f} → {scores['final']:.3f}[/]{best}"
+        )
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -287,6 +352,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return _train_sft(args)
     from rich.console import Console
 
+    from agentgrad.algorithms.curve import plot_rewards
     from agentgrad.algorithms.grpo import GRPO
     from agentgrad.algorithms.trackers import make_trackers
     from agentgrad.store import open_store
@@ -299,10 +365,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
     trackers = make_trackers(args.tracker or [], out, config.run_id)
     store = open_store(run.store_url)
     console.print(
-        f"training [bold]{args.agent}[/] on {model_dir} · {len(tasks)} train / {len(val_tasks)} val tasks · "
-        f"output {out}"
+        f"training [bold]{args.agent}[/] on {model_dir} · {len(tasks)} train / {len(val_tasks)} val / "
+        f"{len(run.test_tasks)} test tasks · output {out}"
     )
     try:
+        start = _test_score(args, run, store, model_dir, "start", console) if run.test_tasks else None
         if args.upstream and args.backend == "local":  # the engine runs elsewhere: new weights go to it over HTTP
             from agentgrad.training.publish import ModelServerPublisher
 
@@ -322,18 +389,25 @@ def _cmd_train(args: argparse.Namespace) -> int:
                     console=console,
                 )
                 result = trainer.fit(agent, tasks, val_tasks)
+        best = out / "best" if result.best_step is not None else None
+        test = _test_after(args, run, store, start, out / "model", best, console) if result.steps else None
     except RuntimeError as exc:  # GRPO's "nothing could be trained" (every batch empty) and its kin
         console.print(f"[red]error:[/] {exc}")
         return 1
     finally:
         store.close()
+    curve = plot_rewards(
+        result.history, result.validation, out / "reward_curve.png", title=f"agentgrad train: {args.agent}"
+    )
     summary = {
         "steps": result.steps,
         "validation": result.validation,
         "best_step": result.best_step,
         "best_score": result.best_score,
         "model": str(out / "model"),
-        "best_model": str(out / "best") if result.best_step is not None else None,
+        "best_model": str(best) if best is not None else None,
+        "test": test,
+        "reward_curve": str(curve),
         "config": str(out / "config.yaml"),
         "store": run.store_url,
     }
@@ -345,6 +419,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             f"greedy validation on {len(val_tasks)} tasks: [bold]{first:.3f} → {last:.3f}[/] "
             f"(best {result.best_score:.3f} at step {result.best_step})"
         )
+    _print_test(test, len(run.test_tasks), console)
     console.print(f"{result.steps} GRPO steps · final model {out / 'model'} · best model {summary['best_model']}")
     console.print(f"serve it:     agentgrad serve-model {out / 'model'}")
     console.print(f"dashboard:    agentgrad dashboard --store {summary['store']}")
@@ -427,9 +502,10 @@ def _train_sft(args: argparse.Namespace) -> int:
     store = open_store(store_url)
     console.print(
         f"SFT of [bold]{args.agent}[/] on {model_dir} · {len(tasks)} tasks × {config.samples_per_task} "
-        f"samples · {len(val_tasks)} val tasks · output {out}"
+        f"samples · {len(val_tasks)} val / {len(run.test_tasks)} test tasks · output {out}"
     )
     try:
+        start = _test_score(args, run, store, model_dir, "start", console) if run.test_tasks else None
         with _policy(args, model_dir).serving(store) as policy:
             trainer = Trainer(
                 store,
@@ -441,12 +517,14 @@ def _train_sft(args: argparse.Namespace) -> int:
                 console=console,
             )
             result = trainer.fit(agent, tasks, val_tasks)
+        best_dir = out / "best" if result.best_iteration is not None else None
+        test = _test_after(args, run, store, start, Path(result.model), best_dir, console)
     except RuntimeError as exc:
         console.print(f"[red]error:[/] {exc}")
         return 1
     finally:
         store.close()
-    best = str(out / "best") if result.best_iteration is not None else None
+    best = str(best_dir) if best_dir is not None else None
     summary = {
         "algorithm": "sft",
         "iterations": len(result.versions),
@@ -459,6 +537,7 @@ def _train_sft(args: argparse.Namespace) -> int:
         "best_score": result.best_score,
         "model": str(result.model),
         "best_model": best,
+        "test": test,
         "config": str(out / "config.yaml"),
         "store": store_url,
     }
@@ -470,6 +549,7 @@ def _train_sft(args: argparse.Namespace) -> int:
             f"greedy validation on {len(val_tasks)} tasks: [bold]{first:.3f} → {last:.3f}[/] "
             f"(best {result.best_score:.3f} after iteration {result.best_iteration})"
         )
+    _print_test(test, len(run.test_tasks), console)
     console.print(
         f"{len(result.history)} SFT steps on {sum(result.samples)} sequence(s) · final model "
         f"{result.model} · best model {best}"
@@ -513,7 +593,17 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0 if report.succeeded else 1
 
 
-def _eval_local(args: argparse.Namespace, agent: Any, tasks: list[Any], store: Any, work: Path, run_id: str) -> Any:
+def _eval_local(
+    args: argparse.Namespace,
+    agent: Any,
+    tasks: list[Any],
+    store: Any,
+    work: Path,
+    run_id: str,
+    *,
+    mode: RolloutMode = "train",
+    quiet: bool = False,
+) -> Any:
     from agentgrad.trainer import Trainer
     from agentgrad.training.local import LocalPolicy
 
@@ -532,4 +622,6 @@ def _eval_local(args: argparse.Namespace, agent: Any, tasks: list[Any], store: A
             {args.llm_resource: policy.llm(temperature=args.temperature)},
             timeout=args.timeout,
             run_id=run_id,
+            mode=mode,
+            print_summary=not quiet,
         )

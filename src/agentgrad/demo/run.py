@@ -46,30 +46,6 @@ DEMO_SETTINGS: dict[str, Any] = {
 }
 
 
-def plot_rewards(history: list[dict[str, float]], validation: list[tuple[int, float]], path: Path) -> Path:
-    """Training reward per step and greedy validation success, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    if history:
-        ax.plot([h["step"] for h in history], [h["reward/mean"] for h in history], label="train reward (sampled)")
-    if validation:
-        ax.plot([s for s, _ in validation], [v for _, v in validation], "o-", label="greedy success (held-out)")
-    ax.set_xlabel("GRPO step")
-    ax.set_ylabel("reward / success")
-    ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    ax.set_title("agentgrad demo: calculator agent, tiny model")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def validation_by_kind(store: Store, steps: list[int]) -> dict[int, dict[str, float]]:
     """Greedy held-out success at each validation, per question kind (``words``: "37 times 12",
     ``symbols``: "37 * 12"), read back from the store's validation rollouts: the warm-up left the
@@ -106,6 +82,7 @@ def run_demo(
     import torch
     from rich.console import Console
 
+    from agentgrad.algorithms.curve import plot_rewards
     from agentgrad.algorithms.grpo import GRPO, GRPOConfig
     from agentgrad.demo.agent import calc_agent
     from agentgrad.demo.calc import generate_problems
@@ -181,7 +158,12 @@ def run_demo(
         store.close()
     before = result.validation[0][1] if result.validation and result.validation[0][0] == 0 else None
     after = result.validation[-1][1] if result.validation else None
-    plot = plot_rewards(result.history, result.validation, out / "reward_curve.png")
+    plot = plot_rewards(
+        result.history,
+        result.validation,
+        out / "reward_curve.png",
+        title="agentgrad demo: calculator agent, tiny model",
+    )
     summary = {
         "steps": result.steps,
         "wall_seconds": round(wall, 1),
