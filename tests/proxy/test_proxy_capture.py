@@ -43,6 +43,8 @@ def test_chat_non_streamed_records_token_ids_and_hides_them(memory_store, stub, 
     assert stub.requests[0]["model"] == STUB_MODEL  # any name maps to the served model
     assert stub.requests[0]["return_token_ids"] is True and stub.requests[0]["logprobs"] is True
 
+    assert stub.models_read == 1  # the served names, read once: an unlisted name re-reads them at most once a second
+
     spans = llm_spans(memory_store, attempt)
     assert len(spans) == 2
     attrs = spans[1].attributes

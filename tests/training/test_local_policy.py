@@ -139,3 +139,60 @@ def test_a_model_without_a_chat_template_is_refused_before_anything_loads(model_
         policy.start(store)
     assert not policy.started and policy.engine is None  # nothing was loaded or left running
     store.close()
+
+
+def test_a_lora_policy_is_published_by_hot_loading_its_adapter(tiny_model_dir):
+    """``lora_hot_swap``: a LoRA trainer's adapter is loaded into the engine under a new name (the
+    base weights are not copied): requests for that name, through the model server and through the
+    capture proxy, get the trained policy and name it as their version, ``policy.llm()`` names it,
+    and the two newest adapters stay loaded. By default the merged weights are copied in."""
+    import torch
+
+    from agentgrad.inference import Engine, SamplingParams
+    from agentgrad.training import LoraSettings, PolicyTrainer, TrainConfig
+
+    trainer = PolicyTrainer(tiny_model_dir, TrainConfig(lr=1e-2, lora=LoraSettings(r=4)))
+    store = MemoryStore(watchdog_interval=None)
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    with LocalPolicy(tiny_model_dir, served_model_name="tiny", lora_hot_swap=True).serving(store) as policy:
+        assert policy.engine is not None
+        prompt = policy.engine.tokenizer.encode("What is 3 + 4?")
+        base = policy.engine.generate(prompt, params)
+        assert _chat(f"{policy.proxy_url}/v1", "tiny")["model_version"] == "v0"  # the proxy reads the served names
+        publisher = policy.publisher()
+        for step in (1, 2, 3):
+            with torch.no_grad():  # a trained adapter: B moved away from its zero start
+                for name, param in trainer.model.named_parameters():
+                    if "lora_B" in name:
+                        param.normal_(0, 0.3)
+            trainer.step = step
+            published = publisher.publish(trainer)
+            assert (published.version, published.model) == (f"policy-v{step}", f"policy-v{step}")
+        assert policy.engine.loras == ["policy-v2", "policy-v3"] and policy.engine.model_version == "v0"
+        assert policy.llm().model == "policy-v3"
+        adapted = policy.engine.generate(prompt, params, lora="policy-v3")
+        assert adapted.model_version == "policy-v3" and adapted.logprobs != pytest.approx(base.logprobs)
+        assert _chat(policy.upstream_url, "policy-v3")["model_version"] == "policy-v3"  # the model server
+        # the capture proxy read the served names before the adapters existed: it must not map the new name away
+        assert _chat(f"{policy.proxy_url}/v1", "policy-v3")["model_version"] == "policy-v3"
+    with LocalPolicy(tiny_model_dir).serving(store) as default:  # the default: the merged weights, copied
+        assert default.publisher().publish(trainer).version == "v3" and default.engine.loras == []
+        assert default.llm().model == default.model_name
+    with Engine(tiny_model_dir) as merged:  # the same policy, its weights copied in full
+        merged.update_weights(trainer.engine_state_dict())
+        expected = merged.generate(prompt, params)
+    assert adapted.token_ids == expected.token_ids
+    assert adapted.logprobs == pytest.approx(expected.logprobs, abs=1e-4)
+    store.close()
+
+
+def _chat(base_url: str | None, model: str) -> dict:
+    import httpx
+
+    reply = httpx.post(
+        f"{base_url}/chat/completions",
+        json={"model": model, "messages": [{"role": "user", "content": "3 + 4"}], "max_tokens": 2},
+        timeout=60,
+    )
+    reply.raise_for_status()
+    return reply.json()

@@ -115,6 +115,13 @@ def add_commands(commands: Any) -> None:
         "Tinker: sum); advantages are scaled so the loss is AgentGrad's either way",
     )
     train.add_argument(
+        "--lora-hot-swap",
+        action="store_true",
+        help="with --train.lora: publish each new policy by loading its adapter into the engine under a new "
+        "model name instead of copying the merged weights (no weight copy, but every decoding step runs the "
+        "adapter: slower rollouts on a CPU; docs/inference.md)",
+    )
+    train.add_argument(
         "--proxy-host",
         default="127.0.0.1",
         metavar="HOST",
@@ -278,6 +285,10 @@ def _prepare(args: argparse.Namespace) -> _Run:
             "--test scores exported model directories with a local engine: it does not work with --upstream or "
             "--backend tinker; score the run afterwards with `agentgrad eval AGENT --upstream URL --tasks FILE`"
         )
+    if args.lora_hot_swap and (args.upstream or args.backend != "local"):
+        raise InvalidInputError(
+            "--lora-hot-swap publishes into the engine this command starts: not with --upstream or --backend tinker"
+        )
     model_dir = resolve_model(args.model)
     check_model(model_dir)  # a missing tokenizer or chat template is named now, not mid-run
     out = Path(config.output_dir)
@@ -437,7 +448,13 @@ def _policy(args: argparse.Namespace, model_dir: Path) -> Any:
     if args.backend == "local":
         if args.tinker_url or args.tinker_base_model:
             raise InvalidInputError("--tinker-url and --tinker-base-model need --backend tinker")
-        return LocalPolicy(model_dir, device=args.device, proxy_host=args.proxy_host, proxy_port=args.proxy_port)
+        return LocalPolicy(
+            model_dir,
+            device=args.device,
+            proxy_host=args.proxy_host,
+            proxy_port=args.proxy_port,
+            lora_hot_swap=args.lora_hot_swap,
+        )
     if args.upstream:
         raise InvalidInputError("--backend tinker samples from the Tinker server: it takes no --upstream")
     if not args.tinker_url:

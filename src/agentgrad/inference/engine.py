@@ -16,7 +16,9 @@ Design:
   admitted; running sequences finish on the old weights (their responses name the old version);
   then the weights are replaced and admission resumes, so every response comes from exactly one
   version. LoRA adapters are loaded and unloaded between steps without draining; a request picks
-  an adapter by name, and different adapters share one batch (peft mixed-adapter batches).
+  an adapter by name, and different adapters share one batch (peft mixed-adapter batches). A
+  response from an adapter names the adapter as its version (a trainer publishing LoRA policies
+  loads each under a new name), one from the base weights their version.
 """
 
 from __future__ import annotations
@@ -653,7 +655,7 @@ class _Batch:
             top_logprobs=seq.top if p.logprobs is not None else None,
             text=text,
             finish_reason=seq.finish_reason or "stop",
-            model_version=engine._version,
+            model_version=seq.request.lora or engine._version,  # an adapter is its own version
             lora=seq.request.lora,
         )
         if not seq.request.future.done():

@@ -29,6 +29,11 @@ log = logging.getLogger(__name__)
 
 RecordMode = Literal["async", "sync"]
 _RETRIES_REMEMBERED = 4096
+#: A name the upstream did not list re-reads its ``/models`` (the first time it is asked for, then
+#: at most this often, in seconds): a trainer publishing LoRA policies serves each under a new name,
+#: which must reach the engine, while a framework's fixed name ("gpt-4o-mini") must not cost a read
+#: per call.
+_MODELS_REFRESH_SECONDS = 1.0
 
 
 class ProxyState:
@@ -60,6 +65,7 @@ class ProxyState:
         self.writer = SpanWriter(store, self.metrics, linger=write_linger)
         self.client: Upstream | None = None
         self._served: list[str] | None = None
+        self._unlisted: dict[str, float] = {}  # names not served, and when /models last said so
         self._recent: OrderedDict[tuple[str, str, bytes], str] = OrderedDict()
 
     # ---- upstream --------------------------------------------------------------------------------
@@ -84,17 +90,29 @@ class ProxyState:
         """The upstream model for a requested name: kept if served, else the first served model.
 
         Frameworks insist on names they know (LlamaIndex, CrewAI via env vars); the engine may
-        serve any name. Asked once per proxy; if the upstream has no ``/models``, names pass as is.
+        serve any name. The list is read once, and again when a name not on it is asked for (the
+        first time, then at most once a second per name): a LoRA policy published during training
+        is served under a new name. If the upstream has no ``/models``, names pass as is.
         """
         if self.model is not None:
             return self.model
-        if self._served is None:
+        served, now = self._served, time.monotonic()
+        if served is None or (
+            served
+            and isinstance(asked, str)
+            and asked not in served
+            and now - self._unlisted.get(asked, -_MODELS_REFRESH_SECONDS) >= _MODELS_REFRESH_SECONDS
+        ):
             try:
                 response = await self.http().request("GET", "/models", headers=self.headers({}))
                 body = await response.read()
                 self._served = [m["id"] for m in json.loads(body)["data"]] if response.status_code == 200 else []
             except (UpstreamUnreachable, ValueError, KeyError, TypeError):
                 self._served = []
+            if self._served and isinstance(asked, str) and asked not in self._served:
+                if len(self._unlisted) > 1024:  # names are few; a client inventing names must not grow this
+                    self._unlisted.clear()
+                self._unlisted[asked] = now
         if not self._served or asked in self._served:
             return asked if isinstance(asked, str) else (self._served[0] if self._served else None)
         return self._served[0]

@@ -61,6 +61,8 @@ class StubUpstream:
         self.chunk_chars = chunk_chars
         self.model_version = model_version
         self.requests: list[dict[str, Any]] = []
+        #: How many times ``/v1/models`` was read.
+        self.models_read = 0
         self.stream_gate: threading.Event | None = None
         self._lock = threading.Lock()
         self._server: Any = None
@@ -244,6 +246,7 @@ class StubUpstream:
         return Response(json.dumps(out), media_type="application/json")
 
     async def _models(self, request: Request) -> Response:
+        self.models_read += 1
         return Response(
             json.dumps({"object": "list", "data": [{"id": STUB_MODEL, "object": "model"}]}),
             media_type="application/json",

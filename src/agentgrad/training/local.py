@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from agentgrad.proxy.server import LLMProxy
     from agentgrad.store.protocol import Store
     from agentgrad.training.backend import Publisher
+    from agentgrad.training.publish import LocalEnginePublisher
 
 
 class LocalPolicy:
@@ -42,6 +43,9 @@ class LocalPolicy:
         proxy_host, proxy_port: where the capture proxy listens (default: a free port on
             127.0.0.1); runner processes on other machines need ``proxy_host="0.0.0.0"`` and a
             known port, to name in ``agentgrad runner --proxy``.
+        lora_hot_swap: publish a LoRA policy by loading its adapter into the engine under a new
+            model name instead of copying the merged weights (see
+            :class:`~agentgrad.training.publish.LocalEnginePublisher` for the trade-off).
 
     Nothing runs until :meth:`start` (or :meth:`serving`); :meth:`close` stops what runs and may
     be called any number of times.
@@ -56,6 +60,7 @@ class LocalPolicy:
         served_model_name: str | None = None,
         proxy_host: str = "127.0.0.1",
         proxy_port: int = 0,
+        lora_hot_swap: bool = False,
     ) -> None:
         path = Path(model_dir).expanduser()
         if not path.is_dir():
@@ -79,10 +84,12 @@ class LocalPolicy:
         self.max_batch_size = max_batch_size
         self.model_name = served_model_name or path.name
         self.proxy_host, self.proxy_port = proxy_host, proxy_port
+        self.lora_hot_swap = lora_hot_swap
         self.store: Store | None = None
         self.engine: Engine | None = None
         self.server: ModelServer | None = None
         self.proxy: LLMProxy | None = None
+        self._publisher: LocalEnginePublisher | None = None  # the latest publisher(): its adapter is the policy
         #: The model server's OpenAI base URL (``http://127.0.0.1:PORT/v1``), once started.
         self.upstream_url: str | None = None
         #: The capture proxy's root URL (``http://127.0.0.1:PORT``, what ``agentgrad runner --proxy``
@@ -127,6 +134,7 @@ class LocalPolicy:
         """Stop the proxy (its span writer drains), the model server, then the engine (idempotent)."""
         proxy, server, engine = self.proxy, self.server, self.engine
         self.proxy = self.server = self.engine = None
+        self._publisher = None
         self.store = self.upstream_url = self.proxy_url = None
         try:
             if proxy is not None:
@@ -173,13 +181,18 @@ class LocalPolicy:
         """The LLM resource for agents: the model server's endpoint and model name, with ``sampling``
         (``temperature=…``). Runners given the proxy rewrite the endpoint per attempt."""
         self._require_started("LocalPolicy.llm()")
-        return LLM(endpoint=self.upstream_url, model=self.model_name, sampling=sampling)  # type: ignore[arg-type]
+        model = (self._publisher.model if self._publisher is not None else None) or self.model_name
+        return LLM(endpoint=self.upstream_url, model=model, sampling=sampling)  # type: ignore[arg-type]
 
     def publisher(self) -> Publisher:
-        """Publishes new weights into this policy's engine (drain, then swap)."""
+        """Publishes new weights into this policy's engine (drain, then swap); with
+        ``lora_hot_swap``, a LoRA adapter is loaded under a new model name, which :meth:`llm` names
+        from then on."""
         from agentgrad.training.publish import LocalEnginePublisher
 
-        return LocalEnginePublisher(self._require_started("LocalPolicy.publisher()"))
+        engine = self._require_started("LocalPolicy.publisher()")
+        self._publisher = LocalEnginePublisher(engine, lora_hot_swap=self.lora_hot_swap)
+        return self._publisher
 
     @property
     def model_version(self) -> str:

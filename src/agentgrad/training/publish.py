@@ -5,7 +5,9 @@ Three publishers:
 
 * :class:`LocalEnginePublisher` — the in-process engine (``agentgrad.inference``): the full
   weights (LoRA merged in) are copied into it with ``engine.update_weights(state_dict)``; the
-  engine drains running requests first, so each response comes from exactly one version.
+  engine drains running requests first, so each response comes from exactly one version. With
+  ``lora_hot_swap`` a LoRA trainer's adapter is hot-loaded instead (``engine.load_lora``), under a
+  new name that agents then request.
 * :class:`ModelServerPublisher` — an AgentGrad model server started separately (``agentgrad
   serve-model DIR``): the full weights are written as one safetensors file into a directory the
   server can read at the same path, and loaded over its ``/v1/update_weights`` endpoint (the
@@ -19,6 +21,7 @@ Three publishers:
 from __future__ import annotations
 
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, cast
 
@@ -46,15 +49,53 @@ def local_trainer(trainer: TrainBackend) -> PolicyTrainer:
 
 
 class LocalEnginePublisher:
-    """Copies weights into an in-process :class:`~agentgrad.inference.engine.Engine`."""
+    """Publishes a trainer's weights into an in-process :class:`~agentgrad.inference.engine.Engine`.
 
-    def __init__(self, engine: Any) -> None:
+    By default the trainer's weights, LoRA merged in, are copied in (``update_weights``) as version
+    ``v<step>``. With ``lora_hot_swap`` a LoRA trainer's adapter is saved instead (to a temporary
+    directory this publisher owns) and hot-loaded as ``policy-v<step>``, which is both the version
+    and the model name agents request from then on: the base weights are never copied (SmolLM2-135M:
+    0.34 s a publish instead of 1.95 s), but every decoding step then runs the adapter beside the
+    base weights (SmolLM2's rollouts took about 1.5× as long on 2 CPU cores), which is why it is
+    not the default for an engine in this process. The newest ``keep`` adapters stay loaded, so
+    requests already queued for the previous version (overlap, ``max_staleness`` 1) still run;
+    older ones are unloaded (their running requests finish first) and their files removed.
+    """
+
+    def __init__(self, engine: Any, *, lora_hot_swap: bool = False, keep: int = 2) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1 (the served adapter), got {keep}")
         self.engine = engine
+        self.lora_hot_swap = lora_hot_swap
+        self.keep = keep
+        #: The model name of the newest published adapter (None: the base model serves the policy).
+        self.model: str | None = None
+        self._adapters: list[str] = []
+        self._adapter_dir: tempfile.TemporaryDirectory[str] | None = None
 
     def publish(self, trainer: TrainBackend) -> Published:
         trainer = local_trainer(trainer)
+        if trainer.is_lora and self.lora_hot_swap:
+            return self._load_adapter(trainer)
         version = self.engine.update_weights(trainer.engine_state_dict(), version=f"v{trainer.step}")
         return Published(version=str(version))
+
+    def _load_adapter(self, trainer: PolicyTrainer) -> Published:
+        if self._adapter_dir is None:
+            self._adapter_dir = tempfile.TemporaryDirectory(prefix="agentgrad-adapters-")
+        name = f"policy-v{trainer.step}"
+        root = Path(self._adapter_dir.name)
+        trainer.model.save_pretrained(str(root / name))
+        self.engine.load_lora(name, root / name)  # a name loaded before (a resumed step) is replaced
+        if name in self._adapters:
+            self._adapters.remove(name)
+        self._adapters.append(name)
+        while len(self._adapters) > self.keep:
+            old = self._adapters.pop(0)
+            self.engine.unload_lora(old)
+            shutil.rmtree(root / old, ignore_errors=True)
+        self.model = name
+        return Published(version=name, model=name)
 
 
 class ModelServerPublisher:
