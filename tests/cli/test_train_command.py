@@ -140,74 +140,33 @@ def test_train_with_nothing_to_train_on_exits_nonzero_and_says_why(
 
 
 def test_train_refuses_bad_input_before_starting(tmp_path: Path, tasks: Path, tiny_model_dir: Path) -> None:
+    def refused(*flags: str, model: Path = tiny_model_dir) -> subprocess.CompletedProcess:
+        done = agentgrad(
+            "train",
+            "train_agents:short_answer_agent",
+            "--model",
+            str(model),
+            "--tasks",
+            str(tasks),
+            *flags,
+            "--output-dir",
+            str(tmp_path / "run"),
+            cwd=tmp_path,
+            timeout=60,
+        )
+        assert done.returncode == 1
+        assert not (tmp_path / "run").exists()
+        return done
+
     bad = tmp_path / "bad.yaml"
     bad.write_text("batch_sise: 2\n")
-    done = agentgrad(
-        "train",
-        "train_agents:short_answer_agent",
-        "--model",
-        str(tiny_model_dir),
-        "--tasks",
-        str(tasks),
-        "--config",
-        str(bad),
-        "--output-dir",
-        str(tmp_path / "run"),
-        cwd=tmp_path,
-        timeout=60,
-    )
-    assert done.returncode == 1 and "batch_sise" in done.stderr and "batch_size" in done.stderr
-    assert not (tmp_path / "run").exists()
-    missing = agentgrad(
-        "train",
-        "train_agents:short_answer_agent",
-        "--model",
-        str(tmp_path / "nope"),
-        "--tasks",
-        str(tasks),
-        "--output-dir",
-        str(tmp_path / "run"),
-        cwd=tmp_path,
-        timeout=60,
-    )
-    assert missing.returncode == 1 and "nope" in missing.stderr
-    remote_test = agentgrad(
-        "train",
-        "train_agents:short_answer_agent",
-        "--model",
-        str(tiny_model_dir),
-        "--tasks",
-        str(tasks),
-        "--test",
-        str(tasks),
-        "--upstream",
-        "http://127.0.0.1:9/v1",
-        "--output-dir",
-        str(tmp_path / "run"),
-        cwd=tmp_path,
-        timeout=60,
-    )
-    assert remote_test.returncode == 1 and "--test" in remote_test.stderr and "agentgrad eval" in remote_test.stderr
-    assert not (tmp_path / "run").exists()
-    remote_swap = agentgrad(
-        "train",
-        "train_agents:short_answer_agent",
-        "--model",
-        str(tiny_model_dir),
-        "--tasks",
-        str(tasks),
-        "--lora-hot-swap",
-        "--backend",
-        "tinker",
-        "--tinker-url",
-        "http://127.0.0.1:9",
-        "--output-dir",
-        str(tmp_path / "run"),
-        cwd=tmp_path,
-        timeout=60,
-    )
-    assert remote_swap.returncode == 1 and "--lora-hot-swap" in remote_swap.stderr
-    assert not (tmp_path / "run").exists()
+    config = refused("--config", str(bad))
+    assert "batch_sise" in config.stderr and "batch_size" in config.stderr
+    assert "nope" in refused(model=tmp_path / "nope").stderr
+    remote_test = refused("--test", str(tasks), "--upstream", "http://127.0.0.1:9/v1")
+    assert "--test" in remote_test.stderr and "agentgrad eval" in remote_test.stderr
+    remote_swap = refused("--lora-hot-swap", "--backend", "tinker", "--tinker-url", "http://127.0.0.1:9")
+    assert "--lora-hot-swap" in remote_swap.stderr
 
 
 def test_train_algorithm_sft_trains_on_kept_rollouts_validates_and_exports(

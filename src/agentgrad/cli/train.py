@@ -280,14 +280,14 @@ def _prepare(args: argparse.Namespace) -> _Run:
     tasks = read_tasks(args.tasks)
     val_tasks = read_tasks(args.val) if args.val else []
     test_tasks = read_tasks(args.test) if args.test else []
-    if test_tasks and (args.upstream or args.backend != "local"):
+    # --test scores exported model directories and --lora-hot-swap loads adapters: both need the engine this
+    # command starts.
+    local_only = [flag for flag, given in (("--test", test_tasks), ("--lora-hot-swap", args.lora_hot_swap)) if given]
+    if local_only and (args.upstream or args.backend != "local"):
         raise InvalidInputError(
-            "--test scores exported model directories with a local engine: it does not work with --upstream or "
-            "--backend tinker; score the run afterwards with `agentgrad eval AGENT --upstream URL --tasks FILE`"
-        )
-    if args.lora_hot_swap and (args.upstream or args.backend != "local"):
-        raise InvalidInputError(
-            "--lora-hot-swap publishes into the engine this command starts: not with --upstream or --backend tinker"
+            f"{' and '.join(local_only)} need{'s' if len(local_only) == 1 else ''} the local engine this command "
+            "starts: not --upstream or --backend "
+            "tinker (score such a run afterwards with `agentgrad eval AGENT --upstream URL --tasks FILE`)"
         )
     model_dir = resolve_model(args.model)
     check_model(model_dir)  # a missing tokenizer or chat template is named now, not mid-run
