@@ -84,10 +84,10 @@ def test_lora_dropout_without_training_dropout_is_reported(tiny_model_dir, caplo
 
 
 def test_default_lr_rule():
-    assert default_lr(870_000) == 5e-4  # the tiny model: the measured rate
-    assert default_lr(10) == 5e-4 and default_lr(7_000_000_000) == 1e-6  # constant outside the anchors
-    assert default_lr(124_000_000) == 6.5e-6 and default_lr(500_000_000) == 1.9e-6
-    assert default_lr(500_000_000, lora=True) == 1.9e-5
+    assert default_lr(870_000) == 2e-4  # the tiny model: the measured rate
+    assert default_lr(10) == 2e-4 and default_lr(7_000_000_000) == 1e-6  # constant outside the anchors
+    assert default_lr(124_000_000) == 5e-6 and default_lr(500_000_000) == 1.7e-6
+    assert default_lr(500_000_000, lora=True) == 1.7e-5
     assert default_lr(870_000, lora=True) == policy.LORA_LR_MAX
     sizes = [10**k for k in range(5, 11)]
     assert all(default_lr(a) >= default_lr(b) for a, b in pairwise(sizes))
@@ -98,9 +98,9 @@ def test_lr_none_is_picked_from_the_model_and_logged(tiny_model_dir, caplog):
     assert config.lr is None
     with caplog.at_level(logging.INFO, logger="agentgrad.training.policy"):
         trainer = PolicyTrainer(tiny_model_dir, config)
-    assert trainer.config.lr == 5e-4 and trainer.optimizer.param_groups[0]["lr"] == 5e-4
+    assert trainer.config.lr == 2e-4 and trainer.optimizer.param_groups[0]["lr"] == 2e-4
     assert config.lr is None  # the caller's config is not changed
-    assert f"learning rate 0.0005, picked for {trainer.n_params:,} parameters" in caplog.text
+    assert f"learning rate 0.0002, picked for {trainer.n_params:,} parameters" in caplog.text
     assert 800_000 < trainer.n_params < 900_000
     lora = PolicyTrainer(tiny_model_dir, TrainConfig(lora=LoraSettings(r=4)))
     assert lora.n_params == trainer.n_params and lora.config.lr == policy.LORA_LR_MAX

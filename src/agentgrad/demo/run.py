@@ -22,10 +22,11 @@ if TYPE_CHECKING:
     from agentgrad.store.protocol import Store
     from agentgrad.types import Rollout
 
-#: Settings measured on 2 CPU cores (see examples/calc/README.md). The learning rate is 2e-4, not
-#: the tiny model's ``default_lr`` 5e-4: at 5e-4 the first five steps teach the words questions to
-#: call the tool but also teach "Calculate a + b" → ``a * b``, a mistake entropy collapse then makes
-#: permanent (docs/training.md, "Stability"); the other stability settings measured no better and stay off.
+#: Settings measured on 2 CPU cores (see examples/calc/README.md). The learning rate is 2e-4 (the
+#: tiny model's ``default_lr``), not the 5e-4 it was: at 5e-4 the first five steps teach the words
+#: questions to call the tool but also teach "Calculate a + b" → ``a * b``, a mistake entropy
+#: collapse then makes permanent (docs/training.md, "Stability"); the other stability settings
+#: measured no better and stay off.
 DEMO_SETTINGS: dict[str, Any] = {
     "batch_size": 16,
     "group_size": 8,

@@ -76,7 +76,7 @@ MODEL_CONFIG: dict[str, Any] = {
 QWEN2_PRETOKENIZE_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-BUILD_FORMAT = 9  # bump when the recipe changes, so cached models are rebuilt
+BUILD_FORMAT = 10  # bump when the recipe changes, so cached models are rebuilt
 DEFAULT_WARMUP_STEPS = 1300
 #: The warm-up's last steps, where the learning rate decays and direct answers are mixed in.
 #: Before them the model sees only tool-using conversations at a constant rate: copying numbers
@@ -103,6 +103,10 @@ DIRECT_ANSWER_RATE = {"words": 0.75, "symbols": 0.25}
 PLAIN_SHARE = 0.3
 #: Share of conversations whose answer turn carries no tools (AutoGen's reflection call).
 REFLECTION_SHARE = 0.05
+#: Peak learning rate of the warm-up (AdamW). 1e-3, not 3e-3: at 3e-3 whether the tool skill
+#: formed depended on the seed (seed 1 of the format-9 recipe never formed it, greedy tool
+#: success 0.31 at the end); at 1e-3 seeds 0, 1 and 2 all formed it (by step 1,750, 950 and 700).
+WARMUP_PEAK_LR = 1e-3
 
 
 #: The tiny model's architecture: Qwen2 (the default), or its Qwen3 twin for engines without Qwen2.
@@ -587,7 +591,7 @@ def build_tiny_model(
                 if members:
                     subset, direct = [train[i] for i in members], [answers_directly[i] for i in members]
                     pools.append((len(members), _pool(tokenizer, subset, direct, rendering)))
-            optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01, betas=(0.9, 0.98))
+            optimizer = torch.optim.AdamW(model.parameters(), lr=WARMUP_PEAK_LR, weight_decay=0.01, betas=(0.9, 0.98))
             warmup, tool_steps = 50, max(0, warmup_steps - habit_steps)
             decay_from: int | None = None  # the step the habit phase starts at, once it is decided
 
