@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
 ESTIMATORS = ("grpo", "rloo", "reinforce++", "dr_grpo", "dpo")
 CONFIG = """\
 batch_size: 16

@@ -57,9 +57,8 @@ def recording_published() -> Iterator[list[tuple[float, dict[str, Any]]]]:
 
     def publish(publisher: Any, trainer: Any) -> Any:
         result = original(publisher, trainer)
-        now = time.time()
-        weights = module.local_trainer(trainer).model.state_dict()
-        published.append((now, {k: v.detach().clone() for k, v in weights.items()}))
+        # the weights as the engine names them (LoRA merged in), already a copy
+        published.append((time.time(), module.local_trainer(trainer).engine_state_dict()))
         return result
 
     module.LocalEnginePublisher.publish = publish  # type: ignore[method-assign]

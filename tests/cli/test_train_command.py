@@ -139,24 +139,29 @@ def test_train_with_nothing_to_train_on_exits_nonzero_and_says_why(
     assert "no usable LLM call" in done.stdout + done.stderr
 
 
+def refused_train(tmp_path: Path, model: Path, tasks: Path, *flags: str) -> subprocess.CompletedProcess:
+    """``agentgrad train`` with ``flags``, which must exit 1 before writing its output directory."""
+    done = agentgrad(
+        "train",
+        "train_agents:short_answer_agent",
+        "--model",
+        str(model),
+        "--tasks",
+        str(tasks),
+        *flags,
+        "--output-dir",
+        str(tmp_path / "run"),
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert not (tmp_path / "run").exists()
+    return done
+
+
 def test_train_refuses_bad_input_before_starting(tmp_path: Path, tasks: Path, tiny_model_dir: Path) -> None:
     def refused(*flags: str, model: Path = tiny_model_dir) -> subprocess.CompletedProcess:
-        done = agentgrad(
-            "train",
-            "train_agents:short_answer_agent",
-            "--model",
-            str(model),
-            "--tasks",
-            str(tasks),
-            *flags,
-            "--output-dir",
-            str(tmp_path / "run"),
-            cwd=tmp_path,
-            timeout=60,
-        )
-        assert done.returncode == 1
-        assert not (tmp_path / "run").exists()
-        return done
+        return refused_train(tmp_path, model, tasks, *flags)
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("batch_sise: 2\n")
@@ -274,22 +279,8 @@ def test_train_algorithm_evaluate_is_eval_on_the_local_model(tmp_path: Path, tas
 
 
 def test_train_algorithm_apo_points_to_agentgrad_apo(tmp_path: Path, tasks: Path, tiny_model_dir: Path) -> None:
-    done = agentgrad(
-        "train",
-        "train_agents:short_answer_agent",
-        "--algorithm",
-        "apo",
-        "--model",
-        str(tiny_model_dir),
-        "--tasks",
-        str(tasks),
-        "--output-dir",
-        str(tmp_path / "run"),
-        cwd=tmp_path,
-        timeout=60,
-    )
-    assert done.returncode == 1 and "agentgrad apo" in done.stderr and "critic" in done.stderr
-    assert not (tmp_path / "run").exists()
+    done = refused_train(tmp_path, tiny_model_dir, tasks, "--algorithm", "apo")
+    assert "agentgrad apo" in done.stderr and "critic" in done.stderr
 
 
 def test_train_publishes_to_a_model_server_started_elsewhere(tmp_path: Path, tasks: Path, tiny_model_dir: Path) -> None:

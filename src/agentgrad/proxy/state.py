@@ -96,11 +96,9 @@ class ProxyState:
         """
         if self.model is not None:
             return self.model
-        served, now = self._served, time.monotonic()
-        if served is None or (
-            served
-            and isinstance(asked, str)
-            and asked not in served
+        now = time.monotonic()
+        if self._served is None or (
+            self._is_unlisted(asked)
             and now - self._unlisted.get(asked, -_MODELS_REFRESH_SECONDS) >= _MODELS_REFRESH_SECONDS
         ):
             try:
@@ -109,13 +107,19 @@ class ProxyState:
                 self._served = [m["id"] for m in json.loads(body)["data"]] if response.status_code == 200 else []
             except (UpstreamUnreachable, ValueError, KeyError, TypeError):
                 self._served = []
-            if self._served and isinstance(asked, str) and asked not in self._served:
+            if self._is_unlisted(asked):
                 if len(self._unlisted) > 1024:  # names are few; a client inventing names must not grow this
                     self._unlisted.clear()
                 self._unlisted[asked] = now
         if not self._served or asked in self._served:
             return asked if isinstance(asked, str) else (self._served[0] if self._served else None)
         return self._served[0]
+
+    def _is_unlisted(self, asked: Any) -> bool:
+        """Whether ``asked`` is a name the upstream's last-read, non-empty ``/models`` did not list."""
+        if not self._served:
+            return False
+        return isinstance(asked, str) and asked not in self._served
 
     # ---- capture ---------------------------------------------------------------------------------
     def span_id_for(self, context: CallContext, headers: Mapping[str, str], raw: bytes) -> str | None:
