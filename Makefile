@@ -69,18 +69,24 @@ test-scale: $(STAMP)
 
 # The paper's scenarios (examples/*/README.md): the world generated from seed 0 into runs/, the
 # agent trained with its example's config, greedy success on the held-out test tasks printed before
-# and after (--test), the curve as reward_curve.png in the config's output_dir. EXAMPLE_MODEL: tiny (the
-# default; it learns the math scenario) or a model directory; EXAMPLE_ARGS: more `agentgrad train` flags.
+# and after (--test), the curve as reward_curve.png in the config's output_dir. EXAMPLE_MODEL: the
+# scenario's model (tiny: the calculator model; tiny-sql: the SQL model) or a model directory;
+# EXAMPLE_ARGS: more `agentgrad train` flags.
 EXAMPLE_MODEL ?= tiny
 EXAMPLE_ARGS ?=
+EXAMPLE_WORLD_ARGS ?=
 example-math: EXAMPLE_AGENT = examples/math/math_agent.py:math_agent
 example-math: EXAMPLE_CONFIG = examples/math/config.yaml
 example-sql: EXAMPLE_AGENT = examples/sql/sql_agent.py:sql_agent
 example-sql: EXAMPLE_CONFIG = examples/sql/train.yaml
+example-sql: EXAMPLE_MODEL = tiny-sql
+# 200 training databases (2,400 questions): trained on the default 30, the model learns their
+# table and column names instead of reading the schema it is given
+example-sql: EXAMPLE_WORLD_ARGS = --train-databases 200 --force
 example-rag: EXAMPLE_AGENT = examples/rag/rag_agent.py:rag_agent
 example-rag: EXAMPLE_CONFIG = examples/rag/config.yaml
 example-math example-sql example-rag: example-%: $(STAMP) $(FRAMEWORKS)
-	$(PY) -m agentgrad scenarios $* generate runs/$*-world
+	$(PY) -m agentgrad scenarios $* generate runs/$*-world $(EXAMPLE_WORLD_ARGS)
 	$(PY) -m agentgrad train $(EXAMPLE_AGENT) --model $(EXAMPLE_MODEL) --config $(EXAMPLE_CONFIG) \
 	  --tasks runs/$*-world/train.jsonl --val runs/$*-world/val.jsonl --test runs/$*-world/test.jsonl $(EXAMPLE_ARGS)
 

@@ -31,27 +31,23 @@ from langgraph.graph import END, START, StateGraph
 
 import agentgrad
 from agentgrad.scenarios.sql import execution_match, run_query
+from agentgrad.scenarios.sql.prompt import (
+    CHECK_PROMPT,
+    CORRECT,
+    INCORRECT,
+    RESULT_CHARS,
+    REWRITE_PROMPT,
+    WRITE_PROMPT,
+    check_request,
+    result_text,
+    rewrite_request,
+    write_request,
+)
 
 #: Writes of a query (the first one and each rewrite) before the graph stops.
 MAX_TURNS = 3
 #: Completion tokens per call unless the LLM resource's sampling says otherwise.
 MAX_TOKENS = 96
-#: Characters of a query result shown to the checker (small models have small contexts).
-RESULT_CHARS = 200
-
-WRITE_PROMPT = (
-    "You write one SQLite query that answers the question. Tables:\n{schema}\n"
-    "Reply with the query only, as:\n```sql\nSELECT ...\n```"
-)
-CHECK_PROMPT = (
-    "You check a SQLite query written for a question. Tables:\n{schema}\n"
-    "Look for a wrong table or column, a missing join or filter, a wrong aggregate. "
-    "End with THE QUERY IS CORRECT. or THE QUERY IS INCORRECT."
-)
-REWRITE_PROMPT = (
-    "You fix a SQLite query so that it answers the question. Tables:\n{schema}\n"
-    "Reply with the fixed query only, as:\n```sql\nSELECT ...\n```"
-)
 
 
 class State(TypedDict, total=False):
@@ -79,29 +75,24 @@ def build_graph(model: ChatOpenAI, db_path: str, max_turns: int = MAX_TURNS) -> 
         return str(model.invoke([SystemMessage(system), HumanMessage(user)]).content)
 
     def write_query(state: State) -> State:
-        reply = ask(WRITE_PROMPT.format(schema=state["schema"]), f"Question: {state['question']}")
+        reply = ask(WRITE_PROMPT.format(schema=state["schema"]), write_request(state["question"]))
         return {"query": extract_query(reply), "turns": 1}
 
     def execute_query(state: State) -> State:
-        execution = run_query(db_path, state["query"])
-        result = f"Error: {execution.error}" if execution.rows is None else repr(execution.rows[:5])
-        return {"result": result[:RESULT_CHARS]}
+        return {"result": result_text(run_query(db_path, state["query"]))}
 
     def check_query(state: State) -> State:
-        user = f"Question: {state['question']}\nQuery: {state['query']}\nResult: {state['result']}"
+        user = check_request(state["question"], state["query"], state["result"])
         return {"feedback": ask(CHECK_PROMPT.format(schema=state["schema"]), user)}
 
     def rewrite_query(state: State) -> State:
-        user = (
-            f"Question: {state['question']}\nQuery: {state['query']}\nResult: {state['result']}\n"
-            f"Feedback: {state['feedback'][:RESULT_CHARS]}"
-        )
+        user = rewrite_request(state["question"], state["query"], state["result"], state["feedback"])
         reply = ask(REWRITE_PROMPT.format(schema=state["schema"]), user)
         return {"query": extract_query(reply) or state["query"], "turns": state["turns"] + 1}
 
     def after_check(state: State) -> Literal["rewrite_query", "__end__"]:
         feedback = state["feedback"]
-        if feedback.rfind("THE QUERY IS CORRECT") > feedback.rfind("THE QUERY IS INCORRECT"):
+        if feedback.rfind(CORRECT) > feedback.rfind(INCORRECT):
             return END
         return END if state["turns"] >= max_turns else "rewrite_query"
 

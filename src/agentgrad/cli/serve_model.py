@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from agentgrad.cli.named_models import MODEL_HELP, resolve_model
 from agentgrad.cli.serving import add_guard_arguments, token_of
 from agentgrad.http.guard import DEFAULT_MAX_BODY_BYTES, MODEL_TOKEN_ENV
 
@@ -23,7 +24,7 @@ log = logging.getLogger("agentgrad.inference")
 def add_commands(subparsers: Any) -> None:
     """Register ``serve-model`` on an argparse sub-parsers action."""
     serve = subparsers.add_parser("serve-model", help="serve a model over an OpenAI-compatible API")
-    serve.add_argument("model", metavar="MODEL_DIR", help="a Hugging Face model directory, or 'tiny'")
+    serve.add_argument("model", metavar="MODEL_DIR", help=MODEL_HELP)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--engine", choices=("hf", "vllm"), default="hf")
@@ -45,18 +46,10 @@ def add_commands(subparsers: Any) -> None:
     serve.set_defaults(func=serve_model)
 
 
-def _resolve_model(name: str) -> str:
-    if name == "tiny":
-        from agentgrad.demo.tiny import ensure_tiny_model
-
-        return str(ensure_tiny_model())
-    return name
-
-
 def serve_model(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM; logs the endpoint it listens on."""
     logging.getLogger("agentgrad").setLevel(logging.INFO)  # the URL it serves at is logged at INFO
-    model = _resolve_model(args.model)
+    model = str(resolve_model(args.model))
     if args.engine == "vllm":
         return _serve_vllm(args, model)
     from agentgrad.inference.engine import Engine

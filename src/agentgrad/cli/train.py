@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentgrad.cli.named_models import MODEL_HELP, resolve_model
 from agentgrad.cli.run import (
     AGENT_HELP,
     LLM_RESOURCE_HELP,
@@ -210,8 +211,7 @@ def _add_run_arguments(parser: argparse.ArgumentParser, *, model_required: bool 
     parser.add_argument(
         "--model",
         required=model_required,
-        help="'tiny' or a local Hugging Face causal-LM directory"
-        + ("" if model_required else " (or a training run or checkpoint directory)"),
+        help=MODEL_HELP + ("" if model_required else " (or a training run or checkpoint directory)"),
     )
     parser.add_argument("--tasks", required=True, help="tasks: JSONL, JSON array, CSV or Parquet")
     parser.add_argument("--store", default=None, help="store URL (default: a SQLite file in the output directory)")
@@ -230,15 +230,6 @@ def _add_run_arguments(parser: argparse.ArgumentParser, *, model_required: bool 
         default=1,
         help="torch threads for the engine and the trainer (1 is fastest on a small shared CPU)",
     )
-
-
-def resolve_model(name: str) -> Path:
-    """``tiny`` → the built tiny model (built on first use); anything else is a directory."""
-    if name == "tiny":
-        from agentgrad.demo.tiny import ensure_tiny_model
-
-        return Path(ensure_tiny_model())
-    return Path(name).expanduser()
 
 
 @dataclass

@@ -127,37 +127,50 @@ def ensure_tiny_model(threads: int | None = None) -> Path:
     """The default tiny model's directory. When it is missing or was built by an older recipe
     (``BUILD_FORMAT`` in ``agentgrad_build.json``), the build the package ships is copied there
     (a second), or, if the package holds none of the current recipe, one is built (≈ 5–11 min on
-    2 cores).
+    2 cores)."""
+    path = default_model_dir()
+    ensure_built(
+        path, SHIPPED_MODEL_DIR, BUILD_FORMAT, lambda out: build_tiny_model(out, threads=threads), "the tiny model"
+    )
+    return path
+
+
+def ensure_built(path: Path, shipped: Path, build_format: int, build: Callable[[Path], Any], what: str) -> None:
+    """Make ``path`` hold a model of recipe ``build_format``: as it is, else a copy of the
+    ``shipped`` build when that one is current, else ``build(path)``.
 
     Concurrent callers (a build started in the background, a test, a second demo) take turns on
     a lock file beside the model, so one builds and the others wait for it and reuse its result.
     """
-    path = default_model_dir()
-    with install_lock(path.with_name(f".{path.name}.lock"), "building the tiny model"):
-        if not _is_current(path):
-            if _is_current(SHIPPED_MODEL_DIR):
-                _install_shipped(path)
-            else:
-                build_tiny_model(path, threads=threads)
-    return path
+    with install_lock(path.with_name(f".{path.name}.lock"), f"building {what}"):
+        if _is_current(path, build_format):
+            return
+        if _is_current(shipped, build_format):
+            _install_shipped(shipped, path, what)
+        else:
+            build(path)
 
 
-def _install_shipped(path: Path) -> None:
+def _install_shipped(shipped: Path, path: Path, what: str) -> None:
     """Copy the shipped build to ``path`` whole or not at all (a copy beside it, then renamed)."""
     with staged_dir(path, label="install") as staging:
-        for item in SHIPPED_MODEL_DIR.iterdir():
+        for item in shipped.iterdir():
             shutil.copy2(item, staging / item.name)
     build = json.loads((path / "agentgrad_build.json").read_text())
+    scores = ", ".join(
+        f"{key.removeprefix('val_greedy_')} {value:.2f}"
+        for key, value in build.items()
+        if key.startswith("val_greedy_") and isinstance(value, float)
+    )
     print(
-        f"installed the shipped tiny model (recipe format {build['format']}; val greedy success "
-        f"{build['val_greedy_success']:.2f}, tool use {build['val_greedy_tool_use']:.2f}) in {path}",
+        f"installed the shipped build of {what} (recipe format {build['format']}; val greedy: {scores}) in {path}",
         flush=True,
     )
 
 
-def _is_current(path: Path) -> bool:
+def _is_current(path: Path, build_format: int = BUILD_FORMAT) -> bool:
     try:
-        return json.loads((path / "agentgrad_build.json").read_text()).get("format") == BUILD_FORMAT
+        return json.loads((path / "agentgrad_build.json").read_text()).get("format") == build_format
     except (OSError, ValueError):
         return False
 
@@ -237,7 +250,20 @@ def _render_many(
 
 
 def build_tokenizer(output_dir: str | Path, *, seed: int = 0) -> Any:
-    """Train the byte-level BPE tokenizer and save it (with the chat template) to ``output_dir``.
+    """Train the calculator model's tokenizer on the task's text and save it (with the chat
+    template) to ``output_dir``."""
+    return train_tokenizer(_corpus(600, seed), output_dir)
+
+
+def train_tokenizer(
+    texts: list[str],
+    output_dir: str | Path,
+    *,
+    vocab_size: int = VOCAB_SIZE,
+    model_max_length: int = MODEL_CONFIG["max_position_embeddings"],
+) -> Any:
+    """Train a byte-level BPE tokenizer on ``texts`` and save it (with the chat template and the
+    tool tokens) to ``output_dir``: the tokenizer of every tiny model the project builds.
 
     The pipeline is Qwen2's (NFC, Qwen2's pre-tokenization regex, byte-level BPE) because
     transformers 5 rebuilds exactly that pipeline for any ``model_type: qwen2`` directory; it
@@ -256,18 +282,18 @@ def build_tokenizer(output_dir: str | Path, *, seed: int = 0) -> Any:
     )
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE - len(TOOL_TOKENS),
+        vocab_size=vocab_size - len(TOOL_TOKENS),
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    bpe.train_from_iterator(_corpus(600, seed), trainer)
+    bpe.train_from_iterator(texts, trainer)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=bpe,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         additional_special_tokens=None,
-        model_max_length=MODEL_CONFIG["max_position_embeddings"],
+        model_max_length=model_max_length,
     )
     tokenizer.add_tokens(TOOL_TOKENS)
     tokenizer.chat_template = CHAT_TEMPLATE
@@ -275,9 +301,12 @@ def build_tokenizer(output_dir: str | Path, *, seed: int = 0) -> Any:
     return tokenizer
 
 
-def _write_model(output_dir: Path, tokenizer: Any, seed: int, architecture: Architecture = "qwen2") -> Any:
+def write_model(
+    output_dir: Path, tokenizer: Any, seed: int, architecture: Architecture = "qwen2", **overrides: Any
+) -> Any:
     """Create the random-initialised model matching ``tokenizer`` and save it: a Qwen2, or its
-    Qwen3 twin (same sizes; for engines that have no Qwen2, such as SkyRL's JAX backend)."""
+    Qwen3 twin (same sizes; for engines that have no Qwen2, such as SkyRL's JAX backend).
+    ``overrides``: settings of ``MODEL_CONFIG`` a skill needs otherwise (a longer context)."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
@@ -298,7 +327,7 @@ def _write_model(output_dir: Path, tokenizer: Any, seed: int, architecture: Arch
         bos_token_id=None,
         eos_token_id=im_end,
         pad_token_id=pad,
-        **MODEL_CONFIG,
+        **{**MODEL_CONFIG, **overrides},
         **extra,
     )
     model = model_class(config)
@@ -315,7 +344,7 @@ def random_tiny_model(output_dir: str | Path, *, seed: int = 0, architecture: Ar
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(out, seed=seed)
-    _write_model(out, tokenizer, seed, architecture)
+    write_model(out, tokenizer, seed, architecture)
     return out
 
 
@@ -575,7 +604,7 @@ def build_tiny_model(
     try:
         with staged_dir(out, label="build") as tmp:
             tokenizer = build_tokenizer(tmp, seed=seed)
-            model = _write_model(tmp, tokenizer, seed, architecture)
+            model = write_model(tmp, tokenizer, seed, architecture)
             pad = tokenizer.pad_token_id
             train = calc.generate_problems(20_000, seed, "train")
             val = calc.generate_problems(128, seed, "val")

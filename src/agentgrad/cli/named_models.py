@@ -1,0 +1,37 @@
+"""The names the command line gives the models the project builds, and where each comes from.
+
+``--model tiny`` (the calculator model) and ``--model tiny-sql`` (the SQL agent's model) are
+installed from the package's shipped build, or built when the package ships none, on first use;
+any other ``--model`` is a local Hugging Face model directory. (The RAG recipe,
+``agentgrad models build-rag``, gets a name once its build can search: docs/models.md.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+
+def _tiny() -> Path:
+    from agentgrad.demo.tiny import ensure_tiny_model
+
+    return ensure_tiny_model()
+
+
+def _tiny_sql() -> Path:
+    from agentgrad.scenarios.sql.model import ensure_sql_model
+
+    return ensure_sql_model()
+
+
+NAMED_MODELS: dict[str, Callable[[], Path]] = {"tiny": _tiny, "tiny-sql": _tiny_sql}
+MODEL_HELP = (
+    f"{' or '.join(repr(n) for n in NAMED_MODELS)} (the project's tiny models) or a local Hugging Face "
+    "causal-LM directory"
+)
+
+
+def resolve_model(name: str) -> Path:
+    """A named model's directory (installed or built on first use), else ``name`` as a path."""
+    named = NAMED_MODELS.get(name)
+    return named() if named is not None else Path(name).expanduser()

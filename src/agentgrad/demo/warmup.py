@@ -1,0 +1,239 @@
+"""The warm-up SFT loop of the scenario models (``tiny-sql``, ``tiny-rag``): token sequences with a
+loss mask, a *habit* drawn anew each time a sequence is trained on, batches of alike lengths.
+
+The calculator model (``demo/tiny.py``) has its own loop, which shares each batch's system turn;
+the scenario models' prompts differ from one conversation to the next (a schema, a question), so
+theirs pads whole sequences and sorts them by length instead.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: Steps of linear learning-rate warm-up before the cosine decay.
+LR_WARMUP_STEPS = 50
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One conversation as the model is trained on it: token ids, and a mask that is 1 on the tokens
+    the model generates (its replies, each ending in ``<|im_end|>``) and 0 on the prompt."""
+
+    ids: list[int]
+    mask: list[int]
+    #: The same conversation with a habitual (wrong) reply, trained on instead in ``habit_rate`` of
+    #: the draws. Drawn anew each time: drawn once, a model learns *which* conversations have the
+    #: habit and on new ones makes the mistake always or never, which leaves RL no variance.
+    habit: Sample | None = None
+
+    def draw(self, rng: random.Random, habit_rate: float) -> Sample:
+        return self.habit if self.habit is not None and rng.random() < habit_rate else self
+
+
+def shared_prefix(samples: list[Sample]) -> int:
+    """How many first tokens every sample (and every habitual twin) has in common, untrained."""
+    first = samples[0].ids
+    length = min(len(s.ids) for s in samples)
+    for sample in samples:
+        for twin in (sample, sample.habit):
+            if twin is None:
+                continue
+            length = min(length, twin.mask.index(1) if 1 in twin.mask else len(twin.ids))
+            while twin.ids[:length] != first[:length]:
+                length -= 1
+    return length
+
+
+def without_prefix(sample: Sample, length: int) -> Sample:
+    habit = None if sample.habit is None else without_prefix(sample.habit, length)
+    return Sample(sample.ids[length:], sample.mask[length:], habit)
+
+
+def alike_length_batches(samples: list[Sample], size: int, rng: random.Random) -> list[list[int]]:
+    """An epoch's batches (indices into ``samples``) of alike lengths, in random order: padding a
+    short conversation to a long one's length would cost more than half of each step."""
+    order = list(range(len(samples)))
+    rng.shuffle(order)
+    batches: list[list[int]] = []
+    chunk = size * 32
+    for start in range(0, len(order), chunk):
+        part = sorted(order[start : start + chunk], key=lambda i: len(samples[i].ids))
+        batches.extend(part[i : i + size] for i in range(0, len(part) - size + 1, size))
+    rng.shuffle(batches)
+    return batches
+
+
+def warm_up(
+    model: Any,
+    samples: list[Sample],
+    *,
+    steps: int,
+    batch_size: int,
+    peak_lr: float,
+    habit_rate: float,
+    pad: int,
+    rng: random.Random,
+    after_step: Callable[[int, float], None],
+    prefix: list[int] | None = None,
+) -> None:
+    """Train ``model`` on ``samples`` for ``steps`` steps: AdamW at ``peak_lr`` after a linear
+    warm-up, cosine decay to a tenth, gradients clipped at 1. ``after_step(step, loss)`` runs after
+    each step (evaluation, progress, thread count).
+
+    ``prefix``: tokens every sample starts with and that are not trained on (a system turn with
+    the tools, shared by every conversation), left out of ``samples``; each step runs it once and
+    shares its KV cache across the batch (the calculator model's trick), which halves the work
+    when the prefix is half of every sequence."""
+    import torch
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=peak_lr, weight_decay=0.01, betas=(0.9, 0.98))
+
+    def lr_factor(step: int) -> float:
+        decay = 0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, step / steps)))
+        return min(1.0, (step + 1) / LR_WARMUP_STEPS) * decay
+
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    pending: list[list[int]] = []
+    for step in range(1, steps + 1):
+        if not pending:
+            pending = alike_length_batches(samples, batch_size, rng)
+        batch = [samples[i].draw(rng, habit_rate) for i in pending.pop()]
+        width = max(len(s.ids) for s in batch)
+        input_ids = torch.full((len(batch), width), pad)
+        labels = torch.full((len(batch), width), -100)
+        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, sample in enumerate(batch):
+            ids = torch.tensor(sample.ids)
+            input_ids[row, : len(ids)] = ids
+            attention[row, : len(ids)] = 1
+            labels[row, : len(ids)] = torch.where(torch.tensor(sample.mask, dtype=torch.bool), ids, -100)
+        model.train()
+        if prefix:
+            cache = model(input_ids=torch.tensor([prefix]), use_cache=True).past_key_values
+            cache.batch_repeat_interleave(len(batch))
+            attention = torch.cat([torch.ones((len(batch), len(prefix)), dtype=torch.long), attention], dim=1)
+            loss = model(input_ids=input_ids, attention_mask=attention, past_key_values=cache, labels=labels).loss
+        else:
+            loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        after_step(step, loss.item())
+
+
+@dataclass
+class Prepared:
+    """What a scenario model's recipe makes before its warm-up: the untrained model and its
+    tokenizer (saved in the build directory), the samples, and how to score the model."""
+
+    model: Any
+    tokenizer: Any
+    samples: list[Sample]
+    #: Greedy behaviour on validation data (written to the manifest as ``val_greedy_<key>``).
+    evaluate: Callable[[], dict[str, float]]
+    #: Settings and counts of the recipe, for the manifest.
+    manifest: dict[str, Any]
+    #: Tokens every sample starts with, left out of ``samples`` (see :func:`warm_up`).
+    prefix: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A scenario model's recipe: its name and format (``agentgrad_build.json``), and its SFT."""
+
+    name: str
+    build_format: int
+    batch_size: int
+    peak_lr: float
+    habit_rate: float
+
+
+def build_model(
+    out: Path,
+    recipe: Recipe,
+    prepare: Callable[[Path, Path], Prepared],
+    *,
+    steps: int,
+    seed: int,
+    threads: int | None,
+    progress: bool,
+    eval_every: int,
+) -> Path:
+    """Build a scenario model into ``out``, atomically: ``prepare(data_dir, build_dir)`` writes its
+    data into a temporary directory and the untrained model into the build directory, then
+    ``steps`` warm-up steps run, with ``evaluate`` every ``eval_every`` steps and at the end, and
+    the model, tokenizer and manifest are saved. ``threads`` None follows the machine's load."""
+    import tempfile
+    import time
+
+    import torch
+
+    from agentgrad.demo.threads import AdaptiveThreads
+    from agentgrad.models.cache import staged_dir
+
+    started = time.monotonic()
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    previous_threads = torch.get_num_threads()
+    adaptive = AdaptiveThreads() if threads is None else None
+    if adaptive is not None:
+        adaptive.decide()
+    else:
+        torch.set_num_threads(threads or 1)
+    try:
+        with (
+            tempfile.TemporaryDirectory(prefix=f"agentgrad-{recipe.name}-data-") as data_dir,
+            staged_dir(out, label="build") as tmp,
+        ):
+            prepared = prepare(Path(data_dir), tmp)
+            report: dict[str, float] = {}
+
+            def after_step(step: int, loss: float) -> None:
+                nonlocal report
+                elapsed = f"({time.monotonic() - started:.0f}s)"
+                if step % eval_every == 0 or step == steps:
+                    report = prepared.evaluate()
+                    if progress:
+                        scores = ", ".join(f"{k} {v:.2f}" for k, v in report.items())
+                        print(f"step {step:4d}  loss {loss:.3f}  val greedy: {scores}  {elapsed}", flush=True)
+                elif progress and step % 50 == 0:
+                    print(f"step {step:4d}  loss {loss:.3f}  {elapsed}", flush=True)
+                if adaptive is not None and step % 25 == 0:
+                    adaptive.decide()
+
+            warm_up(
+                prepared.model,
+                prepared.samples,
+                steps=steps,
+                batch_size=recipe.batch_size,
+                peak_lr=recipe.peak_lr,
+                habit_rate=recipe.habit_rate,
+                pad=prepared.tokenizer.pad_token_id,
+                rng=rng,
+                after_step=after_step,
+                prefix=prepared.prefix,
+            )
+            prepared.model.save_pretrained(str(tmp))
+            prepared.tokenizer.save_pretrained(str(tmp))
+            manifest = {
+                "name": recipe.name,
+                "format": recipe.build_format,
+                "seed": seed,
+                "steps": steps,
+                "habit_rate": recipe.habit_rate,
+                **prepared.manifest,
+                **{f"val_greedy_{k}": round(v, 3) for k, v in report.items()},
+                "build_seconds": round(time.monotonic() - started, 1),
+            }
+            (tmp / "agentgrad_build.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    finally:
+        torch.set_num_threads(previous_threads)
+    return out

@@ -1,0 +1,107 @@
+"""The RAG model's recipe (``agentgrad.scenarios.rag.model``): the warm-up conversations are the
+searcher's, with the real search tool's results and the tool as the Agents SDK sends it; the habit
+answers a 2-hop question after one search (a wrong answer); only the model's replies are trained
+on; a (short) build is a model directory with a 4,096-token context."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentgrad.demo.tiny import train_tokenizer
+from agentgrad.demo.warmup import shared_prefix, without_prefix
+from agentgrad.scenarios.rag import model as rag_model
+from agentgrad.scenarios.rag.files import balanced, write_split
+from agentgrad.scenarios.rag.model import SEARCH_TOOL, conversations, encode, tool_call_text
+from agentgrad.scenarios.rag.prompt import INSTRUCTIONS
+from agentgrad.scenarios.rag.reward import score_reply
+from agentgrad.scenarios.rag.search import open_index
+from agentgrad.scenarios.rag.world import generate_split
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "rag"
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    files = write_split(tmp_path_factory.mktemp("rag"), "val", seed=3, questions=20)
+    return generate_split("val", 3), open_index(files.corpus), files.corpus
+
+
+def test_the_conversations_search_then_answer_and_the_habit_answers_early(split) -> None:  # type: ignore[no-untyped-def]
+    world, index, _ = split
+    for question in balanced(world.questions, 20):
+        right, habit = conversations(question, world, index)
+        assert right[0] == {"role": "system", "content": INSTRUCTIONS} and right[1]["content"] == question.question
+        queries = [m["tool_calls"][0]["function"]["arguments"]["query"] for m in right if m.get("tool_calls")]
+        assert queries == [world.by_id[doc].title for doc in question.support]
+        first_result = next(m["content"] for m in right if m["role"] == "tool")
+        assert first_result.startswith(f"[1] {queries[0]}: ")  # the search finds the entity it names
+        assert score_reply(right[-1]["content"], question.answer).em == 1.0
+        if question.hops == 1:
+            assert habit is None
+        else:
+            assert habit is not None and sum(m["role"] == "tool" for m in habit) == 1
+            assert score_reply(habit[-1]["content"], question.answer).em == 0.0
+
+
+def test_only_the_replies_are_trained_and_the_system_turn_is_shared(split, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    world, index, _ = split
+    pairs = [conversations(q, world, index) for q in balanced(world.questions, 6)]
+    texts = [m["content"] or "" for right, _ in pairs for m in right] + [json.dumps(SEARCH_TOOL)]
+    tokenizer = train_tokenizer(texts, tmp_path, vocab_size=600)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    samples = []
+    for right, _ in pairs:
+        sample = encode(tokenizer, right)
+        trained = [t for t, m in zip(sample.ids, sample.mask, strict=True) if m]
+        replies = [m for m in right if m["role"] == "assistant"]
+        expected = "".join(
+            (
+                tool_call_text(m["tool_calls"][0]["function"]["arguments"]["query"])
+                if m.get("tool_calls")
+                else m["content"]
+            )
+            + "<|im_end|>"
+            for m in replies
+        )
+        assert tokenizer.decode(trained) == expected and trained.count(im_end) == len(replies)
+        samples.append(sample)
+    length = shared_prefix(samples)
+    assert 0 < length < min(s.mask.index(1) for s in samples)
+    assert "<tools>" in tokenizer.decode(samples[0].ids[:length])
+    assert without_prefix(samples[1], length).ids == samples[1].ids[length:]
+
+
+def test_the_search_tool_is_rendered_as_the_agents_sdk_sends_it(split) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("agents", reason="the OpenAI Agents SDK is installed by `make frameworks`")
+    from agents import Runner
+
+    from agentgrad.testing.stub import StubUpstream
+    from agentgrad.types import LLM
+
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        import rag_agent
+    finally:
+        sys.path.remove(str(EXAMPLE))
+    _, _, corpus = split
+    with StubUpstream(["<answer>x</answer>"]) as stub:
+        llm = LLM(endpoint=f"http://127.0.0.1:{stub.port}/v1", model="m", sampling={"max_tokens": 8})
+        asyncio.run(Runner.run(rag_agent.build_agent(llm, str(corpus)), "Who?", max_turns=2))
+    (request,) = stub.requests
+    assert request["tools"] == [SEARCH_TOOL]
+    assert request["messages"][0] == {"role": "system", "content": INSTRUCTIONS}
+
+
+def test_a_build_is_a_model_directory_with_a_long_context(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    out = rag_model.build_rag_model(tmp_path / "m", steps=2, eval_every=2, threads=1, progress=False, questions=40)
+    build = json.loads((out / "agentgrad_build.json").read_text())
+    assert build["format"] == rag_model.BUILD_FORMAT and build["questions"] == 40
+    assert 0.0 <= build["val_greedy_em"] <= 1.0
+    assert AutoModelForCausalLM.from_pretrained(out).config.max_position_embeddings == rag_model.CONTEXT >= 4096
