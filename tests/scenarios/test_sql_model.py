@@ -107,7 +107,7 @@ def test_a_build_is_a_model_directory_with_a_long_context(tmp_path: Path) -> Non
 
 
 def test_the_shipped_build_is_of_the_current_recipe() -> None:
-    build = json.loads((sql_model.SHIPPED_SQL_MODEL_DIR / "agentgrad_build.json").read_text())
+    build = json.loads((sql_model.RECIPE.shipped / "agentgrad_build.json").read_text())
     assert build["format"] == sql_model.BUILD_FORMAT, (
         "the recipe changed (BUILD_FORMAT) but the shipped build did not: rebuild it with "
         "`agentgrad models build-sql --output src/agentgrad/scenarios/sql/data/tiny-sql`"

@@ -147,13 +147,33 @@ class Prepared:
 
 @dataclass(frozen=True)
 class Recipe:
-    """A scenario model's recipe: its name and format (``agentgrad_build.json``), and its SFT."""
+    """A scenario model's recipe: its name and format (``agentgrad_build.json``), its SFT, and
+    where the package ships a build of it."""
 
     name: str
     build_format: int
     batch_size: int
     peak_lr: float
     habit_rate: float
+    #: The build the package ships (it may hold none): copied into the cache on first use.
+    shipped: Path
+    #: How messages name the model ("the SQL model").
+    what: str
+
+    def default_dir(self) -> Path:
+        """Where the model lives: the models cache (``models/cache.py``), under its name."""
+        from agentgrad.models.cache import models_cache_dir
+
+        return models_cache_dir() / self.name
+
+    def ensure(self, build: Callable[[Path], Any]) -> Path:
+        """The model's directory: the cached build, else the shipped one copied there, else
+        ``build(directory)`` (``demo/tiny.py``'s :func:`~agentgrad.demo.tiny.ensure_built`)."""
+        from agentgrad.demo.tiny import ensure_built
+
+        path = self.default_dir()
+        ensure_built(path, self.shipped, self.build_format, build, self.what)
+        return path
 
 
 def build_model(

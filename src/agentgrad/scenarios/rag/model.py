@@ -30,9 +30,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from agentgrad.demo.tiny import ensure_built, train_tokenizer, write_model
+from agentgrad.demo.tiny import train_tokenizer, write_model
 from agentgrad.demo.warmup import Prepared, Recipe, Sample, build_model, shared_prefix, without_prefix
-from agentgrad.models.cache import models_cache_dir
 from agentgrad.scenarios.rag.files import balanced, write_split
 from agentgrad.scenarios.rag.prompt import INSTRUCTIONS, SEARCH_DESCRIPTION
 from agentgrad.scenarios.rag.reward import score_reply
@@ -52,7 +51,15 @@ BATCH_SIZE = 16
 PEAK_LR = 1e-3
 #: Share of the times a 2-hop conversation is trained on that it answers after one search.
 HABIT_RATE = 0.65
-RECIPE = Recipe(RAG_MODEL_NAME, BUILD_FORMAT, BATCH_SIZE, PEAK_LR, HABIT_RATE)
+RECIPE = Recipe(
+    RAG_MODEL_NAME,
+    BUILD_FORMAT,
+    BATCH_SIZE,
+    PEAK_LR,
+    HABIT_RATE,
+    shipped=Path(__file__).with_name("data") / RAG_MODEL_NAME,
+    what="the RAG model",
+)
 #: Model turns the in-process evaluation allows (the agent's ``MAX_TURNS`` less the spare one).
 EVAL_TURNS = 3
 
@@ -75,20 +82,10 @@ SEARCH_TOOL: dict[str, Any] = {
 }
 
 
-def default_rag_model_dir() -> Path:
-    """Where the RAG model lives: the models cache (``models/cache.py``), ``tiny-rag``."""
-    return models_cache_dir() / RAG_MODEL_NAME
-
-
-SHIPPED_RAG_MODEL_DIR = Path(__file__).with_name("data") / RAG_MODEL_NAME
-
-
 def ensure_rag_model() -> Path:
     """The RAG model's directory: the cached build, else the shipped one copied there, else one
     built from the recipe."""
-    path = default_rag_model_dir()
-    ensure_built(path, SHIPPED_RAG_MODEL_DIR, BUILD_FORMAT, lambda out: build_rag_model(out), "the RAG model")
-    return path
+    return RECIPE.ensure(build_rag_model)
 
 
 def tool_call_text(query: str) -> str:
@@ -221,7 +218,7 @@ def build_rag_model(
     conversations, ``steps`` steps of SFT (``demo/warmup.py``), greedy exact match on
     ``VAL_QUESTIONS`` validation questions every ``eval_every`` steps and at the end (recorded in
     ``agentgrad_build.json``). ``questions``: warm-up questions (fewer for tests)."""
-    out = Path(output_dir) if output_dir is not None else default_rag_model_dir()
+    out = Path(output_dir) if output_dir is not None else RECIPE.default_dir()
 
     def prepare(data_dir: Path, build_dir: Path) -> Prepared:
         train_files = write_split(data_dir, "train", WARMUP_SEED, questions)

@@ -33,9 +33,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from agentgrad.demo.tiny import ensure_built, train_tokenizer, write_model
+from agentgrad.demo.tiny import train_tokenizer, write_model
 from agentgrad.demo.warmup import Prepared, Recipe, Sample, build_model
-from agentgrad.models.cache import models_cache_dir
 from agentgrad.scenarios.sql.prompt import (
     CHECK_PROMPT,
     CORRECT,
@@ -86,26 +85,24 @@ HABITS: dict[str, Callable[[str], str]] = {
 }
 #: Share of warm-up replies, on the kinds in ``HABITS``, that carry the habit's mistake.
 HABIT_RATE = 0.65
-RECIPE = Recipe(SQL_MODEL_NAME, BUILD_FORMAT, BATCH_SIZE, PEAK_LR, HABIT_RATE)
+RECIPE = Recipe(
+    SQL_MODEL_NAME,
+    BUILD_FORMAT,
+    BATCH_SIZE,
+    PEAK_LR,
+    HABIT_RATE,
+    shipped=Path(__file__).with_name("data") / SQL_MODEL_NAME,
+    what="the SQL model",
+)
 #: Share of questions that also give a checker conversation, and a rewriter one.
 CHECK_SHARE = 0.3
 REWRITE_SHARE = 0.3
 
 
-def default_sql_model_dir() -> Path:
-    """Where the SQL model lives: the models cache (``models/cache.py``), ``tiny-sql``."""
-    return models_cache_dir() / SQL_MODEL_NAME
-
-
-SHIPPED_SQL_MODEL_DIR = Path(__file__).with_name("data") / SQL_MODEL_NAME
-
-
 def ensure_sql_model() -> Path:
     """The SQL model's directory: the cached build, else the shipped one copied there, else one
     built from the recipe."""
-    path = default_sql_model_dir()
-    ensure_built(path, SHIPPED_SQL_MODEL_DIR, BUILD_FORMAT, lambda out: build_sql_model(out), "the SQL model")
-    return path
+    return RECIPE.ensure(build_sql_model)
 
 
 @dataclass(frozen=True)
@@ -281,7 +278,7 @@ def build_sql_model(
     (``demo/warmup.py``: AdamW at ``PEAK_LR``, cosine decay to a tenth), greedy writer
     success on the warm-up world's validation databases every ``eval_every`` steps and at the end
     (recorded in ``agentgrad_build.json``). Written atomically, like the calculator model."""
-    out = Path(output_dir) if output_dir is not None else default_sql_model_dir()
+    out = Path(output_dir) if output_dir is not None else RECIPE.default_dir()
 
     def prepare(data_dir: Path, build_dir: Path) -> Prepared:
         written = write_world(data_dir, world)
