@@ -16,7 +16,16 @@ from agentgrad.demo.tiny import train_tokenizer
 from agentgrad.demo.warmup import shared_prefix, without_prefix
 from agentgrad.scenarios.rag import model as rag_model
 from agentgrad.scenarios.rag.files import balanced, write_split
-from agentgrad.scenarios.rag.model import SEARCH_TOOL, conversations, encode, tool_call_text
+from agentgrad.scenarios.rag.model import (
+    SEARCH_TOOL,
+    conversations,
+    copied,
+    dense,
+    encode,
+    first_search,
+    tokenizer_text,
+    tool_call_text,
+)
 from agentgrad.scenarios.rag.prompt import INSTRUCTIONS
 from agentgrad.scenarios.rag.reward import score_reply
 from agentgrad.scenarios.rag.search import open_index
@@ -37,9 +46,10 @@ def test_the_conversations_search_then_answer_and_the_habit_answers_early(split)
         right, habit = conversations(question, world, index)
         assert right[0] == {"role": "system", "content": INSTRUCTIONS} and right[1]["content"] == question.question
         queries = [m["tool_calls"][0]["function"]["arguments"]["query"] for m in right if m.get("tool_calls")]
-        assert queries == [world.by_id[doc].title for doc in question.support]
+        titles = [world.by_id[doc].title for doc in question.support]
+        assert queries == [copied(title) for title in titles]
         first_result = next(m["content"] for m in right if m["role"] == "tool")
-        assert first_result.startswith(f"[1] {queries[0]}: ")  # the search finds the entity it names
+        assert first_result.startswith(f"[1] {titles[0]}: ")  # the search finds the entity it names
         assert score_reply(right[-1]["content"], question.answer).em == 1.0
         if question.hops == 1:
             assert habit is None
@@ -48,7 +58,7 @@ def test_the_conversations_search_then_answer_and_the_habit_answers_early(split)
             assert score_reply(habit[-1]["content"], question.answer).em == 0.0
 
 
-def test_only_the_replies_are_trained_and_the_system_turn_is_shared(split, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_the_replies_are_marked_and_the_system_turn_is_shared(split, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     world, index, _ = split
     pairs = [conversations(q, world, index) for q in balanced(world.questions, 6)]
     texts = [m["content"] or "" for right, _ in pairs for m in right] + [json.dumps(SEARCH_TOOL)]
@@ -74,6 +84,33 @@ def test_only_the_replies_are_trained_and_the_system_turn_is_shared(split, tmp_p
     assert 0 < length < min(s.mask.index(1) for s in samples)
     assert "<tools>" in tokenizer.decode(samples[0].ids[:length])
     assert without_prefix(samples[1], length).ids == samples[1].ids[length:]
+    # the build trains on every token after the shared system turn, the search results included
+    trained = dense(without_prefix(samples[1], length))
+    assert trained.ids == samples[1].ids[length:] and set(trained.mask) == {1}
+
+
+def test_a_name_is_copied_token_for_token(split, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The query and the answer spell a name with the tokens the question and the entries use."""
+    world, index, _ = split
+    pairs = [conversations(q, world, index) for q in balanced(world.questions, 20)]
+    texts = [m["content"] or "" for right, _ in pairs for m in right]
+    texts = [INSTRUCTIONS, json.dumps(SEARCH_TOOL), *map(tokenizer_text, texts)]  # as the recipe does
+    tokenizer = train_tokenizer(texts, tmp_path, vocab_size=rag_model.VOCAB_SIZE)
+    for question in balanced(world.questions, 20):
+        right, _ = conversations(question, world, index)
+        title = world.by_id[question.support[0]].title
+        name = tokenizer.encode(copied(title), add_special_tokens=False)
+        # spelled in letters and short letter groups, the tokens of every other name too
+        assert max(len(tokenizer.decode([t]).strip()) for t in name) <= 4, tokenizer.tokenize(copied(title))
+        for text in (question.question, right[3]["content"], tool_call_text(copied(title))):
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            assert any(ids[i : i + len(name)] == name for i in range(len(ids))), (text, title)
+        answer = tokenizer.encode(copied(question.answer), add_special_tokens=False)
+        source = right[-2]["content"]  # the last search result states the answer
+        ids = tokenizer.encode(source, add_special_tokens=False)
+        assert any(ids[i : i + len(answer)] == answer for i in range(len(ids))), (source, question.answer)
+        reply = tokenizer.encode(right[-1]["content"], add_special_tokens=False)
+        assert any(reply[i : i + len(answer)] == answer for i in range(len(reply)))
 
 
 def test_the_search_tool_is_rendered_as_the_agents_sdk_sends_it(split) -> None:  # type: ignore[no-untyped-def]
@@ -100,8 +137,48 @@ def test_the_search_tool_is_rendered_as_the_agents_sdk_sends_it(split) -> None: 
 def test_a_build_is_a_model_directory_with_a_long_context(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    out = rag_model.build_rag_model(tmp_path / "m", steps=2, eval_every=2, threads=1, progress=False, questions=40)
+    out = rag_model.build_rag_model(
+        tmp_path / "m",
+        steps=2,
+        eval_every=2,
+        threads=1,
+        progress=False,
+        questions=40,
+        worlds=2,
+        drill_worlds=1,
+        drill_steps=3,
+    )
     build = json.loads((out / "agentgrad_build.json").read_text())
     assert build["format"] == rag_model.BUILD_FORMAT and build["questions"] == 40
+    assert build["drill_questions"] == rag_model.DRILL_PER_WORLD and build["skill_steps"] == 3
     assert 0.0 <= build["val_greedy_em"] <= 1.0
     assert AutoModelForCausalLM.from_pretrained(out).config.max_position_embeddings == rag_model.CONTEXT >= 4096
+
+
+def test_the_copy_drill_is_the_first_turn_and_stops_when_the_probe_passes(split, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from agentgrad.demo.tiny import write_model
+    from agentgrad.demo.warmup import Prepared, Recipe, Skill, build_model
+
+    world, index, _ = split
+    questions = balanced(world.questions, 8)
+    for question in questions:
+        right, _ = conversations(question, world, index)
+        assert first_search(question, world) == right[:3]  # the conversation's first search, no result
+    probes: list[int] = []
+
+    def prepare(data_dir: Path, build_dir: Path) -> Prepared:
+        texts = [INSTRUCTIONS, json.dumps(SEARCH_TOOL), *(q.question for q in questions)]
+        tokenizer = train_tokenizer(texts, build_dir, vocab_size=400)
+        model = write_model(build_dir, tokenizer, 0)
+        drill = [encode(tokenizer, first_search(q, world)) for q in questions]
+
+        def probe() -> float:
+            probes.append(1)
+            return rag_model.probe_copy(model, tokenizer, questions[:2], world) + (1.0 if len(probes) == 2 else 0.0)
+
+        return Prepared(model, tokenizer, drill, lambda: {}, {}, skill=Skill(drill, probe, 1.0, 2, 50))
+
+    recipe = Recipe("drill-test", 1, 4, 1e-3, 0.0, shipped=tmp_path / "none", what="a test model")
+    out = build_model(tmp_path / "m", recipe, prepare, steps=1, seed=0, threads=1, progress=False, eval_every=1)
+    build = json.loads((out / "agentgrad_build.json").read_text())
+    assert build["skill_steps"] == 4 and len(probes) == 2  # probed at steps 2 and 4, passed at 4

@@ -1,5 +1,6 @@
 """The warm-up SFT loop of the scenario models (``tiny-sql``, ``tiny-rag``): token sequences with a
-loss mask, a *habit* drawn anew each time a sequence is trained on, batches of alike lengths.
+loss mask, a *habit* drawn anew each time a sequence is trained on, batches of alike lengths, and
+an optional *skill phase* before it (:class:`Skill`) for a skill that forms abruptly.
 
 The calculator model (``demo/tiny.py``) has its own loop, which shares each batch's system turn;
 the scenario models' prompts differ from one conversation to the next (a schema, a question), so
@@ -79,12 +80,14 @@ def warm_up(
     habit_rate: float,
     pad: int,
     rng: random.Random,
-    after_step: Callable[[int, float], None],
+    after_step: Callable[[int, float], bool | None],
     prefix: list[int] | None = None,
-) -> None:
+    decay: bool = True,
+) -> int:
     """Train ``model`` on ``samples`` for ``steps`` steps: AdamW at ``peak_lr`` after a linear
-    warm-up, cosine decay to a tenth, gradients clipped at 1. ``after_step(step, loss)`` runs after
-    each step (evaluation, progress, thread count).
+    warm-up, cosine decay to a tenth (``decay``; else constant), gradients clipped at 1.
+    ``after_step(step, loss)`` runs after each step (evaluation, progress, thread count); it
+    returns True to stop early. Returns the steps run.
 
     ``prefix``: tokens every sample starts with and that are not trained on (a system turn with
     the tools, shared by every conversation), left out of ``samples``; each step runs it once and
@@ -95,8 +98,8 @@ def warm_up(
     optimizer = torch.optim.AdamW(model.parameters(), lr=peak_lr, weight_decay=0.01, betas=(0.9, 0.98))
 
     def lr_factor(step: int) -> float:
-        decay = 0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, step / steps)))
-        return min(1.0, (step + 1) / LR_WARMUP_STEPS) * decay
+        cosine = 0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, step / steps))) if decay else 1.0
+        return min(1.0, (step + 1) / LR_WARMUP_STEPS) * cosine
 
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     pending: list[list[int]] = []
@@ -126,7 +129,24 @@ def warm_up(
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
-        after_step(step, loss.item())
+        if after_step(step, loss.item()):
+            return step
+    return steps
+
+
+@dataclass
+class Skill:
+    """A phase before the warm-up that teaches one abrupt skill on its own (the RAG model's
+    copying of a name): ``samples`` at a constant learning rate until ``probe()`` (greedy success
+    on validation) reaches ``threshold``, probed every ``probe_every`` steps, at most ``max_steps``.
+    An abrupt skill forms after many steps at a constant rate and forms later when the rest of
+    the task is mixed in (the calculator model's finding, ``demo/tiny.py``)."""
+
+    samples: list[Sample]
+    probe: Callable[[], float]
+    threshold: float
+    probe_every: int
+    max_steps: int
 
 
 @dataclass
@@ -143,6 +163,8 @@ class Prepared:
     manifest: dict[str, Any]
     #: Tokens every sample starts with, left out of ``samples`` (see :func:`warm_up`).
     prefix: list[int] | None = None
+    #: A skill phase run before the warm-up, with the same prefix.
+    skill: Skill | None = None
 
 
 @dataclass(frozen=True)
@@ -214,9 +236,10 @@ def build_model(
             staged_dir(out, label="build") as tmp,
         ):
             prepared = prepare(Path(data_dir), tmp)
+            skill = _skill_phase(prepared, recipe, rng, progress, started) if prepared.skill else {}
             report: dict[str, float] = {}
 
-            def after_step(step: int, loss: float) -> None:
+            def after_step(step: int, loss: float) -> bool:
                 nonlocal report
                 elapsed = f"({time.monotonic() - started:.0f}s)"
                 if step % eval_every == 0 or step == steps:
@@ -228,6 +251,7 @@ def build_model(
                     print(f"step {step:4d}  loss {loss:.3f}  {elapsed}", flush=True)
                 if adaptive is not None and step % 25 == 0:
                     adaptive.decide()
+                return False
 
             warm_up(
                 prepared.model,
@@ -250,6 +274,7 @@ def build_model(
                 "steps": steps,
                 "habit_rate": recipe.habit_rate,
                 **prepared.manifest,
+                **skill,
                 **{f"val_greedy_{k}": round(v, 3) for k, v in report.items()},
                 "build_seconds": round(time.monotonic() - started, 1),
             }
@@ -257,3 +282,41 @@ def build_model(
     finally:
         torch.set_num_threads(previous_threads)
     return out
+
+
+def _skill_phase(
+    prepared: Prepared, recipe: Recipe, rng: random.Random, progress: bool, started: float
+) -> dict[str, Any]:
+    """Run ``prepared.skill`` (see :class:`Skill`); its steps and last probe go in the manifest."""
+    import time
+
+    skill = prepared.skill
+    assert skill is not None
+    score = 0.0
+
+    def after_step(step: int, loss: float) -> bool:
+        nonlocal score
+        elapsed = f"({time.monotonic() - started:.0f}s)"
+        if step % skill.probe_every:
+            if progress and step % 50 == 0:
+                print(f"skill step {step:4d}  loss {loss:.3f}  {elapsed}", flush=True)
+            return False
+        score = skill.probe()
+        if progress:
+            print(f"skill step {step:4d}  loss {loss:.3f}  probe {score:.2f}  {elapsed}", flush=True)
+        return score >= skill.threshold
+
+    steps = warm_up(
+        prepared.model,
+        skill.samples,
+        steps=skill.max_steps,
+        batch_size=recipe.batch_size,
+        peak_lr=recipe.peak_lr,
+        habit_rate=0.0,
+        pad=prepared.tokenizer.pad_token_id,
+        rng=rng,
+        after_step=after_step,
+        prefix=prepared.prefix,
+        decay=False,
+    )
+    return {"skill_steps": steps, "skill_probe": round(score, 3)}
