@@ -70,7 +70,7 @@ test-scale: $(STAMP)
 # The paper's scenarios (examples/*/README.md): the world generated from seed 0 into runs/, the
 # agent trained with its example's config, greedy success on the held-out test tasks printed before
 # and after (--test), the curve as reward_curve.png in the config's output_dir. EXAMPLE_MODEL: the
-# scenario's model (tiny: the calculator model; tiny-sql: the SQL model) or a model directory;
+# scenario's model (tiny: the calculator model; tiny-sql, tiny-rag: the SQL and RAG models) or a model directory;
 # EXAMPLE_ARGS: more `agentgrad train` flags.
 EXAMPLE_MODEL ?= tiny
 EXAMPLE_ARGS ?=
@@ -85,6 +85,7 @@ example-sql: EXAMPLE_MODEL = tiny-sql
 example-sql: EXAMPLE_WORLD_ARGS = --train-databases 200 --force
 example-rag: EXAMPLE_AGENT = examples/rag/rag_agent.py:rag_agent
 example-rag: EXAMPLE_CONFIG = examples/rag/config.yaml
+example-rag: EXAMPLE_MODEL = tiny-rag
 example-math example-sql example-rag: example-%: $(STAMP) $(FRAMEWORKS)
 	$(PY) -m agentgrad scenarios $* generate runs/$*-world $(EXAMPLE_WORLD_ARGS)
 	$(PY) -m agentgrad train $(EXAMPLE_AGENT) --model $(EXAMPLE_MODEL) --config $(EXAMPLE_CONFIG) \

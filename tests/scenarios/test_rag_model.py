@@ -147,38 +147,57 @@ def test_a_build_is_a_model_directory_with_a_long_context(tmp_path: Path) -> Non
         worlds=2,
         drill_worlds=1,
         drill_steps=3,
+        answer_worlds=1,
+        answer_steps=2,
     )
     build = json.loads((out / "agentgrad_build.json").read_text())
     assert build["format"] == rag_model.BUILD_FORMAT and build["questions"] == 40
-    assert build["drill_questions"] == rag_model.DRILL_PER_WORLD and build["skill_steps"] == 3
+    assert build["drill_questions"] == rag_model.DRILL_PER_WORLD
+    assert build["answer_drill_questions"] == rag_model.ANSWER_PER_WORLD
+    assert [(name, phase["steps"]) for name, phase in build["skills"].items()] == [("copy", 3), ("answer", 2)]
     assert 0.0 <= build["val_greedy_em"] <= 1.0
     assert AutoModelForCausalLM.from_pretrained(out).config.max_position_embeddings == rag_model.CONTEXT >= 4096
 
 
-def test_the_copy_drill_is_the_first_turn_and_stops_when_the_probe_passes(split, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_the_drills_are_the_first_and_second_turns_and_each_stops_when_its_probe_passes(split, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from agentgrad.demo.tiny import write_model
     from agentgrad.demo.warmup import Prepared, Recipe, Skill, build_model
 
     world, index, _ = split
     questions = balanced(world.questions, 8)
-    for question in questions:
-        right, _ = conversations(question, world, index)
+    rights = [conversations(q, world, index)[0] for q in questions]
+    for question, right in zip(questions, rights, strict=True):
         assert first_search(question, world) == right[:3]  # the conversation's first search, no result
-    probes: list[int] = []
+        second = rag_model.second_turn(right)
+        assert second[:4] == right[:4] and second[3]["role"] == "tool"  # after the first result…
+        if question.hops == 1:  # …the answer, or the second search
+            assert second == right
+        else:
+            assert second[-1]["tool_calls"][0]["function"]["arguments"]["query"] == copied(
+                world.by_id[question.support[1]].title
+            )
+    probes: list[str] = []
 
     def prepare(data_dir: Path, build_dir: Path) -> Prepared:
         texts = [INSTRUCTIONS, json.dumps(SEARCH_TOOL), *(q.question for q in questions)]
         tokenizer = train_tokenizer(texts, build_dir, vocab_size=400)
         model = write_model(build_dir, tokenizer, 0)
-        drill = [encode(tokenizer, first_search(q, world)) for q in questions]
 
-        def probe() -> float:
-            probes.append(1)
-            return rag_model.probe_copy(model, tokenizer, questions[:2], world) + (1.0 if len(probes) == 2 else 0.0)
+        def phase(name: str, convs: list[rag_model.Conversation], passes_at: int) -> Skill:
+            def probe() -> float:
+                probes.append(name)
+                share = rag_model.probe_turn(model, tokenizer, convs[:2])  # a real greedy probe, 0..1
+                assert 0.0 <= share <= 1.0
+                return 1.0 if probes.count(name) == passes_at else share / 2
 
-        return Prepared(model, tokenizer, drill, lambda: {}, {}, skill=Skill(drill, probe, 1.0, 2, 50))
+            return Skill(name, [encode(tokenizer, c) for c in convs], probe, 0.9, 2, 50)
+
+        copy = phase("copy", [first_search(q, world) for q in questions], passes_at=2)
+        answer = phase("answer", [rag_model.second_turn(c) for c in rights], passes_at=1)
+        return Prepared(model, tokenizer, copy.samples, lambda: {}, {}, skills=(copy, answer))
 
     recipe = Recipe("drill-test", 1, 4, 1e-3, 0.0, shipped=tmp_path / "none", what="a test model")
     out = build_model(tmp_path / "m", recipe, prepare, steps=1, seed=0, threads=1, progress=False, eval_every=1)
     build = json.loads((out / "agentgrad_build.json").read_text())
-    assert build["skill_steps"] == 4 and len(probes) == 2  # probed at steps 2 and 4, passed at 4
+    assert probes == ["copy", "copy", "answer"]  # in order, each probed every 2 steps until it passed
+    assert build["skills"] == {"copy": {"steps": 4, "probe": 1.0}, "answer": {"steps": 2, "probe": 1.0}}

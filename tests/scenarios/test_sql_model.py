@@ -1,7 +1,7 @@
 """The SQL model's recipe (``agentgrad.scenarios.sql.model``): the habits are the mistakes they
 name, the warm-up conversations teach each role what the example agent asks of it, the habit is
 drawn anew each time a conversation is trained on, and a (short) build is an ordinary Hugging Face
-model directory with the context the scenario needs, installed from the package on first use."""
+model directory with the context the scenario needs (the shipped build: test_shipped_models.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from agentgrad.cli import main
-from agentgrad.cli.named_models import resolve_model
 from agentgrad.scenarios.sql import model as sql_model
 from agentgrad.scenarios.sql.model import (
     HABIT_RATE,
@@ -104,23 +102,3 @@ def test_a_build_is_a_model_directory_with_a_long_context(tmp_path: Path) -> Non
     assert model.config.max_position_embeddings == sql_model.CONTEXT >= 4096
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert len(tokenizer) == model.config.vocab_size and tokenizer.chat_template
-
-
-def test_the_shipped_build_is_of_the_current_recipe() -> None:
-    build = json.loads((sql_model.RECIPE.shipped / "agentgrad_build.json").read_text())
-    assert build["format"] == sql_model.BUILD_FORMAT, (
-        "the recipe changed (BUILD_FORMAT) but the shipped build did not: rebuild it with "
-        "`agentgrad models build-sql --output src/agentgrad/scenarios/sql/data/tiny-sql`"
-    )
-
-
-def test_tiny_sql_is_installed_from_the_package_on_first_use(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setenv("AGENTGRAD_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(sql_model, "build_sql_model", lambda *a, **k: pytest.fail("built instead of installing"))
-    path = resolve_model("tiny-sql")
-    assert path == tmp_path / "models" / "tiny-sql" and (path / "config.json").is_file()
-    assert "installed the shipped build of the SQL model" in capsys.readouterr().out
-    assert main(["models", "build-sql", "--if-missing"]) == 0  # already there: prints it, builds nothing
-    assert capsys.readouterr().out.strip() == str(path)

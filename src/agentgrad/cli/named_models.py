@@ -1,9 +1,8 @@
 """The names the command line gives the models the project builds, and where each comes from.
 
-``--model tiny`` (the calculator model) and ``--model tiny-sql`` (the SQL agent's model) are
-installed from the package's shipped build, or built when the package ships none, on first use;
-any other ``--model`` is a local Hugging Face model directory. (The RAG recipe,
-``agentgrad models build-rag``, gets a name once its build can search: docs/models.md.)
+``--model tiny`` (the calculator model), ``--model tiny-sql`` (the SQL agent's) and ``--model
+tiny-rag`` (the RAG agent's) are installed from the package's shipped build, or built when the
+package ships none, on first use; any other ``--model`` is a local Hugging Face model directory.
 """
 
 from __future__ import annotations
@@ -24,7 +23,13 @@ def _tiny_sql() -> Path:
     return ensure_sql_model()
 
 
-NAMED_MODELS: dict[str, Callable[[], Path]] = {"tiny": _tiny, "tiny-sql": _tiny_sql}
+def _tiny_rag() -> Path:
+    from agentgrad.scenarios.rag.model import ensure_rag_model
+
+    return ensure_rag_model()
+
+
+NAMED_MODELS: dict[str, Callable[[], Path]] = {"tiny": _tiny, "tiny-sql": _tiny_sql, "tiny-rag": _tiny_rag}
 MODEL_HELP = (
     f"{' or '.join(repr(n) for n in NAMED_MODELS)} (the project's tiny models) or a local Hugging Face "
     "causal-LM directory"

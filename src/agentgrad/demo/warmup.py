@@ -1,6 +1,6 @@
 """The warm-up SFT loop of the scenario models (``tiny-sql``, ``tiny-rag``): token sequences with a
 loss mask, a *habit* drawn anew each time a sequence is trained on, batches of alike lengths, and
-an optional *skill phase* before it (:class:`Skill`) for a skill that forms abruptly.
+optional *skill phases* before it (:class:`Skill`), one for each skill that forms abruptly.
 
 The calculator model (``demo/tiny.py``) has its own loop, which shares each batch's system turn;
 the scenario models' prompts differ from one conversation to the next (a schema, a question), so
@@ -142,6 +142,8 @@ class Skill:
     An abrupt skill forms after many steps at a constant rate and forms later when the rest of
     the task is mixed in (the calculator model's finding, ``demo/tiny.py``)."""
 
+    #: What the manifest calls it (``skills.<name>.steps``).
+    name: str
     samples: list[Sample]
     probe: Callable[[], float]
     threshold: float
@@ -163,8 +165,8 @@ class Prepared:
     manifest: dict[str, Any]
     #: Tokens every sample starts with, left out of ``samples`` (see :func:`warm_up`).
     prefix: list[int] | None = None
-    #: A skill phase run before the warm-up, with the same prefix.
-    skill: Skill | None = None
+    #: Skill phases run, in order, before the warm-up, with the same prefix.
+    skills: tuple[Skill, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -236,7 +238,9 @@ def build_model(
             staged_dir(out, label="build") as tmp,
         ):
             prepared = prepare(Path(data_dir), tmp)
-            skill = _skill_phase(prepared, recipe, rng, progress, started) if prepared.skill else {}
+            skills = {
+                skill.name: _skill_phase(skill, prepared, recipe, rng, progress, started) for skill in prepared.skills
+            }
             report: dict[str, float] = {}
 
             def after_step(step: int, loss: float) -> bool:
@@ -274,7 +278,7 @@ def build_model(
                 "steps": steps,
                 "habit_rate": recipe.habit_rate,
                 **prepared.manifest,
-                **skill,
+                **({"skills": skills} if skills else {}),
                 **{f"val_greedy_{k}": round(v, 3) for k, v in report.items()},
                 "build_seconds": round(time.monotonic() - started, 1),
             }
@@ -285,13 +289,11 @@ def build_model(
 
 
 def _skill_phase(
-    prepared: Prepared, recipe: Recipe, rng: random.Random, progress: bool, started: float
+    skill: Skill, prepared: Prepared, recipe: Recipe, rng: random.Random, progress: bool, started: float
 ) -> dict[str, Any]:
-    """Run ``prepared.skill`` (see :class:`Skill`); its steps and last probe go in the manifest."""
+    """Run one skill phase (see :class:`Skill`); its steps and last probe go in the manifest."""
     import time
 
-    skill = prepared.skill
-    assert skill is not None
     score = 0.0
 
     def after_step(step: int, loss: float) -> bool:
@@ -299,11 +301,11 @@ def _skill_phase(
         elapsed = f"({time.monotonic() - started:.0f}s)"
         if step % skill.probe_every:
             if progress and step % 50 == 0:
-                print(f"skill step {step:4d}  loss {loss:.3f}  {elapsed}", flush=True)
+                print(f"{skill.name} step {step:4d}  loss {loss:.3f}  {elapsed}", flush=True)
             return False
         score = skill.probe()
         if progress:
-            print(f"skill step {step:4d}  loss {loss:.3f}  probe {score:.2f}  {elapsed}", flush=True)
+            print(f"{skill.name} step {step:4d}  loss {loss:.3f}  probe {score:.2f}  {elapsed}", flush=True)
         return score >= skill.threshold
 
     steps = warm_up(
@@ -319,4 +321,4 @@ def _skill_phase(
         prefix=prepared.prefix,
         decay=False,
     )
-    return {"skill_steps": steps, "skill_probe": round(score, 3)}
+    return {"steps": steps, "probe": round(score, 3)}

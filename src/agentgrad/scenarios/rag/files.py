@@ -8,14 +8,14 @@ on this machine (regenerate them, deterministically, after moving the folder).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain, zip_longest
 from pathlib import Path
 from typing import Any
 
 from agentgrad.errors import InvalidInputError
 from agentgrad.scenarios.rag.search import build_index
-from agentgrad.scenarios.rag.world import SPLITS, Question, generate_split
+from agentgrad.scenarios.rag.world import SPLITS, Question, Split, generate_split
 
 #: Questions written per split unless asked otherwise (half 1-hop, half 2-hop).
 DEFAULT_QUESTIONS = {"train": 2000, "val": 64, "test": 200}
@@ -31,6 +31,8 @@ class SplitFiles:
     index: Path
     documents: int
     questions: int
+    #: The split the files were written from (so that a caller needs not generate it again).
+    world: Split = field(repr=False, compare=False)
 
 
 def balanced(questions: tuple[Question, ...], n: int) -> list[Question]:
@@ -61,7 +63,7 @@ def write_split(out_dir: str | Path, split: str, seed: int = 0, questions: int |
     corpus.write_text("".join(json.dumps(d.to_dict()) + "\n" for d in world.documents), encoding="utf-8")
     chosen = balanced(world.questions, DEFAULT_QUESTIONS[split] if questions is None else questions)
     tasks.write_text("".join(json.dumps(task_of(q, corpus)) + "\n" for q in chosen), encoding="utf-8")
-    return SplitFiles(split, tasks, corpus, build_index(corpus), len(world.documents), len(chosen))
+    return SplitFiles(split, tasks, corpus, build_index(corpus), len(world.documents), len(chosen), world)
 
 
 def write_world(out_dir: str | Path, seed: int = 0, questions: dict[str, int] | None = None) -> list[SplitFiles]:
