@@ -370,14 +370,16 @@ def test_a_late_report_of_an_attempt_the_store_ended_is_dropped(caplog):
 
     config = RolloutConfig(unresponsive_seconds=0.05, max_attempts=2)
     rollout = store.enqueue_rollout("x", config=config)
-    runner = Runner(agent, plug, poll_timeout=0.05, heartbeat_interval=0.05)  # type: ignore[arg-type]
+    # No heartbeat while the agent runs: a heartbeat answered after the plug is back would tell the
+    # runner first (it cancels the agent instead), and this test is about the report.
+    runner = Runner(agent, plug, poll_timeout=0.05, heartbeat_interval=600)  # type: ignore[arg-type]
     with caplog.at_level(logging.WARNING, logger="agentgrad.runner"), running(runner):
         wait_for(lambda: store.get_rollout(rollout.rollout_id).status == RolloutStatus.RUNNING)
         plug.down.set()
         time.sleep(0.1)  # silence beyond the deadline (not an assertion on time)
         assert [a.status for a in store.check_watchdog()] == [AttemptStatus.UNRESPONSIVE]
         release.set()
-        wait_for(lambda: plug.failures >= 2)
+        wait_for(lambda: plug.failures >= 2)  # the reward's write waits out the outage
         plug.down.clear()
         wait_for(lambda: store.get_rollout(rollout.rollout_id).status == RolloutStatus.SUCCEEDED)
     statuses = [a.status for a in store.get_attempts(rollout.rollout_id)]

@@ -168,11 +168,12 @@ def test_the_drills_are_the_first_and_second_turns_and_each_stops_when_its_probe
     rights = [conversations(q, world, index)[0] for q in questions]
     for question, right in zip(questions, rights, strict=True):
         assert first_search(question, world) == right[:3]  # the conversation's first search, no result
-        second = rag_model.second_turn(right)
+        second = rag_model.second_turn(question, world, index)
         assert second[:4] == right[:4] and second[3]["role"] == "tool"  # after the first result…
         if question.hops == 1:  # …the answer, or the second search
             assert second == right
         else:
+            assert second == right[:5] and len(right) == 7
             assert second[-1]["tool_calls"][0]["function"]["arguments"]["query"] == copied(
                 world.by_id[question.support[1]].title
             )
@@ -193,7 +194,7 @@ def test_the_drills_are_the_first_and_second_turns_and_each_stops_when_its_probe
             return Skill(name, [encode(tokenizer, c) for c in convs], probe, 0.9, 2, 50)
 
         copy = phase("copy", [first_search(q, world) for q in questions], passes_at=2)
-        answer = phase("answer", [rag_model.second_turn(c) for c in rights], passes_at=1)
+        answer = phase("answer", [rag_model.second_turn(q, world, index) for q in questions], passes_at=1)
         return Prepared(model, tokenizer, copy.samples, lambda: {}, {}, skills=(copy, answer))
 
     recipe = Recipe("drill-test", 1, 4, 1e-3, 0.0, shipped=tmp_path / "none", what="a test model")

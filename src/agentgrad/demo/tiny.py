@@ -468,6 +468,24 @@ def warmup_mix() -> list[tuple[Rendering, float]]:
     ]
 
 
+def greedy_replies(model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int) -> list[str]:
+    """The model's greedy reply to each rendered prompt, generated as one batch in process (left
+    padding, so every reply starts at the same column); the tokenizer's padding side is restored
+    even if generation fails. The builds' evaluations and probes all ask this one question."""
+    import torch
+
+    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    try:
+        enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.no_grad():
+            out = model.generate(
+                **enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+            )
+    finally:
+        tokenizer.padding_side = padding_side
+    return list(tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True))
+
+
 def evaluate_greedy(
     model: Any, tokenizer: Any, problems: list[dict[str, Any]], batch_size: int = 64, rendering: Rendering = PLAIN
 ) -> dict[str, float]:
@@ -480,11 +498,8 @@ def evaluate_greedy(
     agent presents the tool (``demo/renderings.py``: each framework's tool schema and system
     prompt; AutoGen's answer turn without tools, or its tool result as the answer).
     """
-    import torch
-
     from agentgrad.inference.toolcalls import parse_tool_calls
 
-    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
     successes = tool_uses = tool_successes = 0
     model.eval()
     for start in range(0, len(problems), batch_size):
@@ -497,11 +512,7 @@ def evaluate_greedy(
                 break
             tools = [rendering.tool] if turn == 0 or rendering.answer_tools else None
             texts = _render_many([convs[i] for i in live], tools=tools, add_generation_prompt=True)
-            enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-            with torch.no_grad():
-                out = model.generate(**enc, max_new_tokens=48, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-            for row, i in enumerate(live):
-                text = tokenizer.decode(out[row, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+            for i, text in zip(live, greedy_replies(model, tokenizer, texts, 48), strict=True):
                 content, calls = parse_tool_calls(text) if tools else (text, [])
                 if calls:
                     args = calls[0]["function"]["arguments"]
@@ -522,7 +533,6 @@ def evaluate_greedy(
             successes += ok
             tool_uses += used_tool
             tool_successes += ok and used_tool
-    tokenizer.padding_side = padding_side
     n = max(1, len(problems))
     return {"success": successes / n, "tool_use": tool_uses / n, "tool_success": tool_successes / max(1, tool_uses)}
 

@@ -31,7 +31,7 @@ class SplitFiles:
     index: Path
     documents: int
     questions: int
-    #: The split the files were written from (so that a caller needs not generate it again).
+    #: The split the files were written from (so that a caller need not generate it again).
     world: Split = field(repr=False, compare=False)
 
 

@@ -34,7 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from agentgrad.demo.tiny import train_tokenizer, write_model
+from agentgrad.demo.tiny import greedy_replies, train_tokenizer, write_model
 from agentgrad.demo.warmup import Prepared, Recipe, Sample, Skill, build_model, shared_prefix, without_prefix
 from agentgrad.scenarios.rag.files import balanced, write_split
 from agentgrad.scenarios.rag.prompt import INSTRUCTIONS, SEARCH_DESCRIPTION
@@ -179,16 +179,28 @@ def tokenizer_text(text: str) -> str:
     return _NAME.sub("", text)
 
 
+def _answer(answer: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": answer_text(answer)}
+
+
+def second_turn(question: Question, split: Split, index: SearchIndex) -> Conversation:
+    """The searcher's conversation for ``question`` up to its reply after the first search's
+    result — a 1-hop question's answer, a 2-hop question's second search (which is not run): the
+    answer drill's conversation, and the start of :func:`conversations`."""
+    first, *rest = (split.by_id[doc].title for doc in question.support)
+    after_first = _start(question) + _search_turns(copied(first), index, "call_1")
+    return [*after_first, _search_call(copied(rest[0]), "call_2") if rest else _answer(question.answer)]
+
+
 def conversations(question: Question, split: Split, index: SearchIndex) -> tuple[Conversation, Conversation | None]:
     """The searcher's conversation for ``question`` (every search, then the answer), and for a
     2-hop question the habitual one (one search, then the first entry's name as the answer)."""
-    first, *rest = (split.by_id[doc].title for doc in question.support)
-    after_first = _start(question) + _search_turns(copied(first), index, "call_1")
-    if not rest:
-        return [*after_first, {"role": "assistant", "content": answer_text(question.answer)}], None
-    right = [*after_first, *_search_turns(copied(rest[0]), index, "call_2")]
-    right.append({"role": "assistant", "content": answer_text(question.answer)})
-    return right, [*after_first, {"role": "assistant", "content": answer_text(rest[0])}]
+    turn = second_turn(question, split, index)
+    if question.hops == 1:
+        return turn, None
+    bridge = split.by_id[question.support[1]].title
+    result = {"role": "tool", "tool_call_id": "call_2", "content": run_search(index, copied(bridge))}
+    return [*turn, result, _answer(question.answer)], [*turn[:-1], _answer(bridge)]
 
 
 def _render(tokenizer: Any, messages: Conversation) -> str:
@@ -236,11 +248,8 @@ def evaluate_searcher(
     """Greedy exact match of the searcher on ``questions``, in process (the agent's loop: up to
     ``EVAL_TURNS`` model turns, each a search or the answer), overall and by hops, and how often a
     2-hop question got its second search."""
-    import torch
-
     from agentgrad.inference.toolcalls import parse_tool_calls
 
-    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
     model.eval()
     em: dict[int, list[float]] = {1: [], 2: []}
     searches: list[int] = []
@@ -252,16 +261,8 @@ def evaluate_searcher(
             live = [i for i, f in enumerate(finals) if f is None]
             if not live:
                 break
-            enc = tokenizer(
-                [_render(tokenizer, convs[i]) for i in live],
-                return_tensors="pt",
-                padding=True,
-                add_special_tokens=False,
-            )
-            with torch.no_grad():
-                out = model.generate(**enc, max_new_tokens=64, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-            for row, i in enumerate(live):
-                text = tokenizer.decode(out[row, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+            prompts = [_render(tokenizer, convs[i]) for i in live]
+            for i, text in zip(live, greedy_replies(model, tokenizer, prompts, 64), strict=True):
                 _, calls = parse_tool_calls(text)
                 if not calls or turn == EVAL_TURNS - 1:
                     finals[i] = text
@@ -275,7 +276,6 @@ def evaluate_searcher(
             em[question.hops].append(score_reply(final, question.answer).em)
             if question.hops == 2:
                 searches.append(sum(m["role"] == "tool" for m in conv))
-    tokenizer.padding_side = padding_side
     every = em[1] + em[2]
     return {
         "em": sum(every) / max(1, len(every)),
@@ -285,28 +285,13 @@ def evaluate_searcher(
     }
 
 
-def second_turn(conversation: Conversation) -> Conversation:
-    """``conversation`` (:func:`conversations`) up to the reply after the first search's result:
-    the answer drill's conversation."""
-    return conversation[:5]
-
-
 def probe_turn(model: Any, tokenizer: Any, conversations: list[Conversation]) -> float:
     """Share of ``conversations`` whose last reply the model writes exactly, greedy, given the
     turns before it: a drill's probe."""
-    import torch
-
-    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
     model.eval()
-    enc = tokenizer(
-        [_render(tokenizer, c[:-1]) for c in conversations], return_tensors="pt", padding=True, add_special_tokens=False
-    )
-    with torch.no_grad():
-        out = model.generate(**enc, max_new_tokens=48, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    got = greedy_replies(model, tokenizer, [_render(tokenizer, c[:-1]) for c in conversations], 48)
     model.train()
-    tokenizer.padding_side = padding_side
     wanted = [_completion(c[-1]) for c in conversations]
-    got = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     return sum(w in g for w, g in zip(wanted, got, strict=True)) / max(1, len(conversations))
 
 
@@ -344,12 +329,17 @@ def build_rag_model(
                 written[world_seed] = files.world, open_index(files.corpus)
             return written[world_seed]
 
-        def pairs_of(seeds: range, per_world: int) -> list[tuple[Conversation, Conversation | None]]:
-            return [conversations(q, *world(s)) for s in seeds for q in balanced(world(s)[0].questions, per_world)]
-
-        pairs = pairs_of(range(WARMUP_SEED, WARMUP_SEED + worlds), -(-questions // worlds))[:questions]
-        answer_seeds = range(WARMUP_SEED + worlds, WARMUP_SEED + worlds + answer_worlds)
-        answer_drill = [second_turn(right) for right, _ in pairs_of(answer_seeds, ANSWER_PER_WORLD)]
+        per_world = -(-questions // worlds)
+        pairs = [
+            conversations(q, *world(s))
+            for s in range(WARMUP_SEED, WARMUP_SEED + worlds)
+            for q in balanced(world(s)[0].questions, per_world)
+        ][:questions]
+        answer_drill = [
+            second_turn(q, *world(s))
+            for s in range(WARMUP_SEED + worlds, WARMUP_SEED + worlds + answer_worlds)
+            for q in balanced(world(s)[0].questions, ANSWER_PER_WORLD)
+        ]
         copy_drill = [
             first_search(q, world(s)[0])
             for s in range(WARMUP_SEED, WARMUP_SEED + drill_worlds)
@@ -370,7 +360,6 @@ def build_rag_model(
         length = shared_prefix(encoded)
         val_questions = balanced(val.questions, VAL_QUESTIONS)
         probe_questions = val_questions[:PROBE_QUESTIONS]
-        probes = [conversations(q, val, val_index)[0] for q in probe_questions]
 
         def drill(name: str, convs: list[Conversation], probe: list[Conversation], threshold: float, cap: int) -> Skill:
             samples = [without_prefix(encode(tokenizer, conv), length) for conv in convs]
@@ -390,7 +379,7 @@ def build_rag_model(
             prefix=encoded[0].ids[:length],
             skills=(
                 drill("copy", copy_drill, [first_search(q, val) for q in probe_questions], COPY_THRESHOLD, drill_steps),
-                drill("answer", answer_drill, [second_turn(c) for c in probes], ANSWER_THRESHOLD, answer_steps),
+                drill("answer", answer_drill, [second_turn(q, val, val_index) for q in probe_questions], ANSWER_THRESHOLD, answer_steps),
             ),
         )
 

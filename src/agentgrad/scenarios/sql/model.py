@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from agentgrad.demo.tiny import train_tokenizer, write_model
+from agentgrad.demo.tiny import greedy_replies, train_tokenizer, write_model
 from agentgrad.demo.warmup import Prepared, Recipe, Sample, build_model
 from agentgrad.scenarios.sql.prompt import (
     CHECK_PROMPT,
@@ -233,9 +233,6 @@ def evaluate_writer(model: Any, tokenizer: Any, tasks: list[dict[str, Any]], bat
     """Greedy execution match of the writer's first query on ``tasks`` (written, with ``db_path``):
     ``writer_success`` overall, and on the question kinds with a habit and without one. In process, with
     the agent's prompt, so a build reports where RL starts without starting a server."""
-    import torch
-
-    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
     model.eval()
     wins: dict[str, list[float]] = {"habit": [], "other": []}
     for start in range(0, len(tasks), batch_size):
@@ -248,14 +245,9 @@ def evaluate_writer(model: Any, tokenizer: Any, tasks: list[dict[str, Any]], bat
             )
             for t in batch
         ]
-        enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        with torch.no_grad():
-            out = model.generate(**enc, max_new_tokens=96, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-        for row, task in enumerate(batch):
-            text = tokenizer.decode(out[row, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+        for task, text in zip(batch, greedy_replies(model, tokenizer, prompts, 96), strict=True):
             score = execution_match(_extract_query(text), task["query"], task["db_path"], ordered=task["ordered"])
             wins["habit" if task["skill"] in HABITS else "other"].append(score.reward)
-    tokenizer.padding_side = padding_side
     everything = wins["habit"] + wins["other"]
     return {
         "writer_success": sum(everything) / max(1, len(everything)),
