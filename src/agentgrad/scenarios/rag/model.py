@@ -43,7 +43,7 @@ from agentgrad.scenarios.rag.search import SearchIndex, open_index, run_search
 from agentgrad.scenarios.rag.world import Question, Split
 
 RAG_MODEL_NAME = "tiny-rag"
-BUILD_FORMAT = 4  # bump when the recipe changes, so cached builds are replaced
+BUILD_FORMAT = 5  # bump when the recipe changes, so cached builds are replaced
 VOCAB_SIZE = 400
 CONTEXT = 4096
 #: The encyclopedia the warm-up's questions come from (the example's is seed 0).
@@ -60,7 +60,7 @@ WARMUP_WORLDS = 20
 #: steps), at most ``MAX_DRILL_STEPS``. A drill step is a quarter of a conversation step.
 DRILL_WORLDS = 60
 DRILL_PER_WORLD = 200
-COPY_THRESHOLD = 0.75
+COPY_THRESHOLD = 0.9
 PROBE_QUESTIONS = 32
 PROBE_EVERY = 250
 MAX_DRILL_STEPS = 4000
@@ -73,8 +73,8 @@ MAX_DRILL_STEPS = 4000
 #: first step (docs/models.md).
 ANSWER_WORLDS = 20
 ANSWER_PER_WORLD = 300
-ANSWER_THRESHOLD = 0.75
-MAX_ANSWER_STEPS = 2500
+ANSWER_THRESHOLD = 0.85
+MAX_ANSWER_STEPS = 5000
 WARMUP_QUESTIONS = 6000
 VAL_QUESTIONS = 64
 DEFAULT_STEPS = 400
@@ -379,7 +379,13 @@ def build_rag_model(
             prefix=encoded[0].ids[:length],
             skills=(
                 drill("copy", copy_drill, [first_search(q, val) for q in probe_questions], COPY_THRESHOLD, drill_steps),
-                drill("answer", answer_drill, [second_turn(q, val, val_index) for q in probe_questions], ANSWER_THRESHOLD, answer_steps),
+                drill(
+                    "answer",
+                    answer_drill,
+                    [second_turn(q, val, val_index) for q in probe_questions],
+                    ANSWER_THRESHOLD,
+                    answer_steps,
+                ),
             ),
         )
 
