@@ -51,6 +51,7 @@ from agentgrad.demo.renderings import (
 )
 from agentgrad.demo.template import CHAT_TEMPLATE
 from agentgrad.demo.threads import AdaptiveThreads
+from agentgrad.inference.kv_cache import cache_kwargs, prefix_cache
 from agentgrad.models.cache import install_lock, models_cache_dir, staged_dir
 
 TINY_NAME = "tiny-calc"
@@ -667,9 +668,10 @@ def build_tiny_model(
                     input_ids[row, : len(ids)] = torch.tensor(ids)
                     attention[row, len(prefix) : len(prefix) + len(ids)] = 1
                     labels[row, : len(ids)] = torch.tensor([t if m else -100 for t, m in zip(ids, mask, strict=True)])
-                cache = model(input_ids=torch.tensor([prefix]), use_cache=True).past_key_values
-                cache.batch_repeat_interleave(batch_size)
-                loss = model(input_ids=input_ids, attention_mask=attention, past_key_values=cache, labels=labels).loss
+                kv_cache = prefix_cache(model, torch.tensor([prefix]), batch_size)
+                loss = model(
+                    input_ids=input_ids, attention_mask=attention, labels=labels, **cache_kwargs(kv_cache)
+                ).loss
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 optimizer.step()

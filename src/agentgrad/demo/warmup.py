@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentgrad.inference.kv_cache import cache_kwargs, prefix_cache
+
 #: Steps of linear learning-rate warm-up before the cosine decay.
 LR_WARMUP_STEPS = 50
 
@@ -118,10 +120,9 @@ def warm_up(
             labels[row, : len(ids)] = torch.where(torch.tensor(sample.mask, dtype=torch.bool), ids, -100)
         model.train()
         if prefix:
-            cache = model(input_ids=torch.tensor([prefix]), use_cache=True).past_key_values
-            cache.batch_repeat_interleave(len(batch))
+            kv_cache = prefix_cache(model, torch.tensor([prefix]), len(batch))
             attention = torch.cat([torch.ones((len(batch), len(prefix)), dtype=torch.long), attention], dim=1)
-            loss = model(input_ids=input_ids, attention_mask=attention, past_key_values=cache, labels=labels).loss
+            loss = model(input_ids=input_ids, attention_mask=attention, labels=labels, **cache_kwargs(kv_cache)).loss
         else:
             loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
         loss.backward()

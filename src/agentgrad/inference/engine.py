@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentgrad.inference.kv_cache import cache_kwargs
+
 if TYPE_CHECKING:
     import torch
 
@@ -511,8 +513,8 @@ class _Batch:
             input_ids=ids.to(engine.device),
             attention_mask=mask.to(engine.device),
             position_ids=positions.to(engine.device),
-            past_key_values=cache,
             use_cache=True,
+            **cache_kwargs(cache),
             logits_to_keep=1,
             **kwargs,
         )

@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from agentgrad.inference.kv_cache import cache_kwargs, prefix_cache
 from agentgrad.training.checkpoints import commit_checkpoint, latest_checkpoint
 
 if TYPE_CHECKING:
@@ -481,13 +482,11 @@ def response_values(batch: Sequence[Sample], laid_out: _Batch, values: torch.Ten
 
 def _logits(model: Any, batch: _Batch) -> torch.Tensor:
     """Logits over the suffix positions, running the shared prefix once for the whole batch."""
-    cache = None
-    if batch.prefix_ids is not None:
-        cache = model(input_ids=batch.prefix_ids, use_cache=True).past_key_values
-        cache.batch_repeat_interleave(batch.input_ids.shape[0])
-    out = model(
-        input_ids=batch.input_ids, attention_mask=batch.attention, past_key_values=cache, use_cache=cache is not None
-    )
+    if batch.prefix_ids is None:
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention, use_cache=False)
+    else:
+        kv_cache = prefix_cache(model, batch.prefix_ids, batch.input_ids.shape[0])
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention, use_cache=True, **cache_kwargs(kv_cache))
     return out.logits.float()
 
 
