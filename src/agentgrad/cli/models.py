@@ -19,7 +19,7 @@ def add_commands(subparsers: Any) -> None:
     tiny.set_defaults(func=build_tiny)
     sql = models_sub.add_parser(
         "build-sql",
-        help="build the SQL agent's tiny model, tiny-sql (≈ 8 min on 2 cores)",
+        help="build the SQL agent's tiny model, tiny-sql (≈ 17–31 min on 2 cores; the package ships one)",
         description="Build the model examples/sql starts from (agentgrad.scenarios.sql.model): a tiny Qwen2 "
         "warmed up to write, check and rewrite SQL for the generated databases, with habits RL can cure.",
     )

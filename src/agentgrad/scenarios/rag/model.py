@@ -40,7 +40,7 @@ from agentgrad.scenarios.rag.files import balanced, write_split
 from agentgrad.scenarios.rag.prompt import INSTRUCTIONS, SEARCH_DESCRIPTION
 from agentgrad.scenarios.rag.reward import score_reply
 from agentgrad.scenarios.rag.search import SearchIndex, open_index, run_search
-from agentgrad.scenarios.rag.world import Question, Split
+from agentgrad.scenarios.rag.world import Question, Split, generate_split
 
 RAG_MODEL_NAME = "tiny-rag"
 BUILD_FORMAT = 5  # bump when the recipe changes, so cached builds are replaced
@@ -322,12 +322,22 @@ def build_rag_model(
 
     def prepare(data_dir: Path, build_dir: Path) -> Prepared:
         written: dict[int, tuple[Split, SearchIndex]] = {}
+        generated: dict[int, Split] = {}
 
         def world(world_seed: int) -> tuple[Split, SearchIndex]:
+            """The encyclopedia's train split with its search index written (the conversations search it)."""
             if world_seed not in written:
                 files = write_split(data_dir / f"world-{world_seed}", "train", world_seed, 1)
                 written[world_seed] = files.world, open_index(files.corpus)
             return written[world_seed]
+
+        def split(world_seed: int) -> Split:
+            """The encyclopedia's train split alone: the copy drill searches nothing, so writes nothing."""
+            if world_seed in written:
+                return written[world_seed][0]
+            if world_seed not in generated:
+                generated[world_seed] = generate_split("train", world_seed)
+            return generated[world_seed]
 
         per_world = -(-questions // worlds)
         pairs = [
@@ -341,9 +351,9 @@ def build_rag_model(
             for q in balanced(world(s)[0].questions, ANSWER_PER_WORLD)
         ]
         copy_drill = [
-            first_search(q, world(s)[0])
+            first_search(q, split(s))
             for s in range(WARMUP_SEED, WARMUP_SEED + drill_worlds)
-            for q in balanced(world(s)[0].questions, DRILL_PER_WORLD)
+            for q in balanced(split(s).questions, DRILL_PER_WORLD)
         ]
         val_files = write_split(data_dir, "val", WARMUP_SEED, VAL_QUESTIONS)
         val, val_index = val_files.world, open_index(val_files.corpus)
