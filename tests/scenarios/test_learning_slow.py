@@ -1,7 +1,7 @@
 """The scenarios learn: ``make example-sql`` and ``make example-rag``'s runs — the example agent on
 its scenario model, the example's config, the world the Makefile writes — lift greedy success on
-the held-out test questions (about 13 and 17 minutes on 2 cores; run with -m slow). The SQL run
-also never trains on the checker's calls."""
+the held-out test questions by at least the gain each stays above over 3 seeds (about 17 minutes
+each on 2 cores; run with -m slow). The SQL run also never trains on the checker's calls."""
 
 from __future__ import annotations
 
@@ -32,14 +32,23 @@ def _rag_world(out: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("agent", "model", "config", "write", "framework"),
+    ("agent", "model", "config", "write", "framework", "gain"),
     [
-        pytest.param("sql/sql_agent.py:sql_agent", "tiny-sql", "sql/train.yaml", _sql_world, "langgraph", id="sql"),
-        pytest.param("rag/rag_agent.py:rag_agent", "tiny-rag", "rag/config.yaml", _rag_world, "agents", id="rag"),
+        # SQL: +0.24 to +0.28 over 3 seeds (docs/scenarios.md); RAG: +0.14 to +0.23
+        pytest.param(
+            "sql/sql_agent.py:sql_agent", "tiny-sql", "sql/train.yaml", _sql_world, "langgraph", 0.2, id="sql"
+        ),
+        pytest.param("rag/rag_agent.py:rag_agent", "tiny-rag", "rag/config.yaml", _rag_world, "agents", 0.1, id="rag"),
     ],
 )
 def test_the_scenario_agent_learns(
-    agent: str, model: str, config: str, write: Callable[[Path], None], framework: str, tmp_path: Path
+    agent: str,
+    model: str,
+    config: str,
+    write: Callable[[Path], None],
+    framework: str,
+    gain: float,
+    tmp_path: Path,
 ) -> None:
     pytest.importorskip(framework, reason="installed by `make frameworks`")
     world, out = tmp_path / "world", tmp_path / "run"
@@ -53,7 +62,7 @@ def test_the_scenario_agent_learns(
     )
     assert code == 0
     test = json.loads((out / "summary.json").read_text())["test"]
-    assert max(test["final"], test["best"]) >= test["start"] + 0.10, test
+    assert max(test["final"], test["best"]) >= test["start"] + gain, test
     if model == "tiny-sql":
         metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         trained = [m for m in metrics if "adapter/calls" in m]
