@@ -34,11 +34,11 @@ def _rag_world(out: Path) -> None:
 @pytest.mark.parametrize(
     ("agent", "model", "config", "write", "framework", "gain"),
     [
-        # SQL: +0.24 to +0.28 over 3 seeds (docs/scenarios.md); RAG: +0.14 to +0.23
+        # SQL: +0.24 to +0.28 over 3 seeds (docs/scenarios.md); RAG: +0.365 to +0.375
         pytest.param(
             "sql/sql_agent.py:sql_agent", "tiny-sql", "sql/train.yaml", _sql_world, "langgraph", 0.2, id="sql"
         ),
-        pytest.param("rag/rag_agent.py:rag_agent", "tiny-rag", "rag/config.yaml", _rag_world, "agents", 0.1, id="rag"),
+        pytest.param("rag/rag_agent.py:rag_agent", "tiny-rag", "rag/config.yaml", _rag_world, "agents", 0.3, id="rag"),
     ],
 )
 def test_the_scenario_agent_learns(

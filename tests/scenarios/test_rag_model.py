@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,28 @@ def test_a_name_is_copied_token_for_token(split, tmp_path: Path) -> None:  # typ
         assert any(reply[i : i + len(answer)] == answer for i in range(len(reply)))
 
 
+def test_the_reading_drill_keeps_the_habit_and_trains_the_last_answer_once_more(split, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A 1-hop question: its conversation. A 2-hop one: its conversation with the habit as a twin
+    (drawn as in the warm-up), and the answer after the second result alone, every search before
+    it untrained context."""
+    world, index, _ = split
+    questions = balanced(world.questions, 6)
+    pairs = [conversations(q, world, index) for q in questions]
+    texts = [m["content"] or "" for right, _ in pairs for m in right] + [json.dumps(SEARCH_TOOL)]
+    tokenizer = train_tokenizer(texts, tmp_path, vocab_size=600)
+    for question, (right, habit) in zip(questions, pairs, strict=True):
+        samples = rag_model.reading_samples(tokenizer, question, world, index)
+        if question.hops == 1:
+            assert samples == [encode(tokenizer, right)]
+            continue
+        whole, answer = samples
+        assert whole == replace(encode(tokenizer, right), habit=encode(tokenizer, habit))
+        assert answer.ids == whole.ids
+        trained = [t for t, m in zip(answer.ids, answer.mask, strict=True) if m]
+        assert tokenizer.decode(trained) == rag_model.answer_text(question.answer) + "<|im_end|>"
+        assert answer.mask[-len(trained) :] == [1] * len(trained) and set(answer.mask[: -len(trained)]) == {0}
+
+
 def test_the_search_tool_is_rendered_as_the_agents_sdk_sends_it(split) -> None:  # type: ignore[no-untyped-def]
     pytest.importorskip("agents", reason="the OpenAI Agents SDK is installed by `make frameworks`")
     from agents import Runner
@@ -149,12 +172,16 @@ def test_a_build_is_a_model_directory_with_a_long_context(tmp_path: Path) -> Non
         drill_steps=3,
         answer_worlds=1,
         answer_steps=2,
+        reading_worlds=1,
+        reading_steps=2,
     )
     build = json.loads((out / "agentgrad_build.json").read_text())
     assert build["format"] == rag_model.BUILD_FORMAT and build["questions"] == 40
     assert build["drill_questions"] == rag_model.DRILL_PER_WORLD
     assert build["answer_drill_questions"] == rag_model.ANSWER_PER_WORLD
-    assert [(name, phase["steps"]) for name, phase in build["skills"].items()] == [("copy", 3), ("answer", 2)]
+    assert build["reading_drill_questions"] == rag_model.READING_PER_WORLD
+    phases = [(name, phase["steps"]) for name, phase in build["skills"].items()]
+    assert phases == [("copy", 3), ("answer", 2), ("reading", 2)]
     assert 0.0 <= build["val_greedy_em"] <= 1.0
     assert AutoModelForCausalLM.from_pretrained(out).config.max_position_embeddings == rag_model.CONTEXT >= 4096
 
@@ -195,10 +222,24 @@ def test_the_drills_are_the_first_and_second_turns_and_each_stops_when_its_probe
 
         copy = phase("copy", [first_search(q, world) for q in questions], passes_at=2)
         answer = phase("answer", [rag_model.second_turn(q, world, index) for q in questions], passes_at=1)
-        return Prepared(model, tokenizer, copy.samples, lambda: {}, {}, skills=(copy, answer))
+        reading = phase("reading", rights, passes_at=2)
+        reading = replace(reading, threshold=None, max_steps=5, peak_lr=1e-4, decay=True)  # all its steps
+
+        def evaluate() -> dict[str, float]:
+            probes.append("evaluate")
+            return {"em": float(len(probes))}
+
+        return Prepared(model, tokenizer, copy.samples, evaluate, {}, skills=(copy, answer), finish=(reading,))
 
     recipe = Recipe("drill-test", 1, 4, 1e-3, 0.0, shipped=tmp_path / "none", what="a test model")
     out = build_model(tmp_path / "m", recipe, prepare, steps=1, seed=0, threads=1, progress=False, eval_every=1)
     build = json.loads((out / "agentgrad_build.json").read_text())
-    assert probes == ["copy", "copy", "answer"]  # in order, each probed every 2 steps until it passed
-    assert build["skills"] == {"copy": {"steps": 4, "probe": 1.0}, "answer": {"steps": 2, "probe": 1.0}}
+    # in order, each probed every 2 steps until it passed; the finishing phase ran its 5 steps
+    # after the warm-up (evaluated at its step 1), and the model was evaluated again after it
+    assert probes == ["copy", "copy", "answer", "evaluate", "reading", "reading", "evaluate"]
+    assert build["skills"] == {
+        "copy": {"steps": 4, "probe": 1.0},
+        "answer": {"steps": 2, "probe": 1.0},
+        "reading": {"steps": 5, "probe": 1.0},
+    }
+    assert build["val_greedy_em"] == 7.0  # the manifest holds the last evaluation

@@ -26,7 +26,7 @@ def add_commands(subparsers: Any) -> None:
     sql.set_defaults(func=build_sql)
     rag = models_sub.add_parser(
         "build-rag",
-        help="build the RAG agent's tiny model, tiny-rag (≈ 50 min on 2 cores; the package ships one)",
+        help="build the RAG agent's tiny model, tiny-rag (≈ 1 h on 2 cores; the package ships one)",
         description="Build the model examples/rag starts from (agentgrad.scenarios.rag.model): a tiny Qwen2 "
         "warmed up to search the generated encyclopedia as the Agents SDK agent does, with a habit RL can cure.",
     )

@@ -1,6 +1,7 @@
 """The warm-up SFT loop of the scenario models (``tiny-sql``, ``tiny-rag``): token sequences with a
 loss mask, a *habit* drawn anew each time a sequence is trained on, batches of alike lengths, and
-optional *skill phases* before it (:class:`Skill`), one for each skill that forms abruptly.
+optional *skill phases* (:class:`Skill`): before it, one for each skill that forms abruptly; after it,
+one for each skill it trains too rarely.
 
 The calculator model (``demo/tiny.py``) has its own loop, which shares each batch's system turn;
 the scenario models' prompts differ from one conversation to the next (a schema, a question), so
@@ -137,19 +138,30 @@ def warm_up(
 
 @dataclass
 class Skill:
-    """A phase before the warm-up that teaches one abrupt skill on its own (the RAG model's
-    copying of a name): ``samples`` at a constant learning rate until ``probe()`` (greedy success
-    on validation) reaches ``threshold``, probed every ``probe_every`` steps, at most ``max_steps``.
-    An abrupt skill forms after many steps at a constant rate and forms later when the rest of
-    the task is mixed in (the calculator model's finding, ``demo/tiny.py``)."""
+    """A phase that teaches one skill on its own: ``samples`` until ``probe()`` (greedy success on
+    validation) reaches ``threshold``, probed every ``probe_every`` steps, at most ``max_steps``.
+
+    Before the warm-up (:attr:`Prepared.skills`), an abrupt skill (the RAG model's copying of a
+    name) at the recipe's constant learning rate: it forms after many steps at a constant rate and
+    later when the rest of the task is mixed in (the calculator model's finding, ``demo/tiny.py``).
+    After the warm-up (:attr:`Prepared.finish`), a skill the warm-up trains too rarely (the RAG
+    model's answer after a second search), at ``peak_lr`` with ``decay``, for all its steps
+    (``threshold`` None), with the habit drawn at ``habit_rate`` so that it keeps the odds the
+    warm-up set."""
 
     #: What the manifest calls it (``skills.<name>.steps``).
     name: str
     samples: list[Sample]
     probe: Callable[[], float]
-    threshold: float
+    #: Stop once the probe reaches it; None: run ``max_steps``.
+    threshold: float | None
     probe_every: int
     max_steps: int
+    #: The learning rate (None: the recipe's) and whether it decays (see :func:`warm_up`).
+    peak_lr: float | None = None
+    decay: bool = False
+    #: How often a sample's habitual twin is drawn (:meth:`Sample.draw`).
+    habit_rate: float = 0.0
 
 
 @dataclass
@@ -168,6 +180,8 @@ class Prepared:
     prefix: list[int] | None = None
     #: Skill phases run, in order, before the warm-up, with the same prefix.
     skills: tuple[Skill, ...] = ()
+    #: Skill phases run, in order, after the warm-up (the model is evaluated again after them).
+    finish: tuple[Skill, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -250,8 +264,7 @@ def build_model(
                 if step % eval_every == 0 or step == steps:
                     report = prepared.evaluate()
                     if progress:
-                        scores = ", ".join(f"{k} {v:.2f}" for k, v in report.items())
-                        print(f"step {step:4d}  loss {loss:.3f}  val greedy: {scores}  {elapsed}", flush=True)
+                        print(f"step {step:4d}  loss {loss:.3f}  val greedy: {_scores(report)}  {elapsed}", flush=True)
                 elif progress and step % 50 == 0:
                     print(f"step {step:4d}  loss {loss:.3f}  {elapsed}", flush=True)
                 if adaptive is not None and step % 25 == 0:
@@ -270,6 +283,13 @@ def build_model(
                 after_step=after_step,
                 prefix=prepared.prefix,
             )
+            for skill in prepared.finish:
+                skills[skill.name] = _skill_phase(skill, prepared, recipe, rng, progress, started)
+            if prepared.finish:
+                report = prepared.evaluate()
+                if progress:
+                    phases = ", ".join(skill.name for skill in prepared.finish)
+                    print(f"after {phases}: val greedy: {_scores(report)}", flush=True)
             prepared.model.save_pretrained(str(tmp))
             prepared.tokenizer.save_pretrained(str(tmp))
             manifest = {
@@ -287,6 +307,10 @@ def build_model(
     finally:
         torch.set_num_threads(previous_threads)
     return out
+
+
+def _scores(report: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.2f}" for k, v in report.items())
 
 
 def _skill_phase(
@@ -307,19 +331,19 @@ def _skill_phase(
         score = skill.probe()
         if progress:
             print(f"{skill.name} step {step:4d}  loss {loss:.3f}  probe {score:.2f}  {elapsed}", flush=True)
-        return score >= skill.threshold
+        return skill.threshold is not None and score >= skill.threshold
 
     steps = warm_up(
         prepared.model,
         skill.samples,
         steps=skill.max_steps,
         batch_size=recipe.batch_size,
-        peak_lr=recipe.peak_lr,
-        habit_rate=0.0,
+        peak_lr=recipe.peak_lr if skill.peak_lr is None else skill.peak_lr,
+        habit_rate=skill.habit_rate,
         pad=prepared.tokenizer.pad_token_id,
         rng=rng,
         after_step=after_step,
         prefix=prepared.prefix,
-        decay=False,
+        decay=skill.decay,
     )
     return {"steps": steps, "probe": round(score, 3)}
