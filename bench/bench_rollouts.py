@@ -11,8 +11,11 @@ Configurations (``--configs``; default: all):
 
 * ``inproc-R``: R runners (R = 1, 2, 4) in this process, each on its own thread, as
   ``Trainer(n_runners=1)`` runs one; the sync agent, concurrency 1;
-* ``pool-R``: a :class:`~agentgrad.runner.RunnerPool` of R runner processes (spawned, opening the
-  store by URL), as ``Trainer(n_runners=R)`` starts them; the sync agent, concurrency 1;
+* ``pool-R``: a :class:`~agentgrad.runner.RunnerPool` of R runner processes (forked from a fork
+  server, opening the store by URL), as ``Trainer(n_runners=R)`` starts them; the sync agent,
+  concurrency 1. The fork server is started before the first configuration, off the clock
+  (``RunnerPool.prepare()``, which ``Trainer`` calls before it loads its model); ``--cold-start``
+  leaves it to the first pool, on the clock (~0.4 s), as a script that starts a pool first thing;
 * ``async-C``: one in-process runner with C concurrent slots (C = 1, 4, 8) and an async agent;
 * ``async-proc-C``: the same runner in a process of its own (a ``RunnerPool`` of one), as
   ``Trainer(n_runners=1, concurrency=C)`` starts it: the agent and the runner on one GIL, the
@@ -265,11 +268,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="run every configuration this many times, interleaved")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds one configuration may take")
     parser.add_argument("--summary", action="store_true", help="print one line of the main figures per run")
+    parser.add_argument(
+        "--cold-start", action="store_true", help="do not start the runner processes' fork server ahead, off the clock"
+    )
     args = parser.parse_args()
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     for config in configs:
         _parse(config)
     import agentgrad
+    from agentgrad.runner import RunnerPool
+
+    if not args.cold_start and any(_parse(c)[0] in ("pool", "async-proc") for c in configs):
+        RunnerPool.prepare().join()  # as Trainer does while it loads its model
 
     runs: list[dict[str, Any]] = []
     with _stub() as (upstream, stub_pid):
@@ -301,6 +311,7 @@ def main() -> None:
         "upstream": "agentgrad.testing.stub.StubUpstream (a fake upstream that answers at once; a stand-in, "
         "not a model)",
         "store": "SQLite file (WAL)",
+        "fork_server": "started by the first pool, on the clock" if args.cold_start else "started ahead, off the clock",
         "agentgrad": str(Path(agentgrad.__file__).parent),
         "cpu_count": os.cpu_count(),
         "load_average": os.getloadavg(),

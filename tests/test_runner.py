@@ -623,6 +623,40 @@ def test_runner_start_context_preloads_agentgrad_in_a_fork_server_not_user_code(
     assert "__main__" not in preload and set(PRELOADED) <= set(preload)
 
 
+def test_a_prepared_pool_starts_from_the_fork_server_started_ahead(tmp_path) -> None:
+    """``RunnerPool.prepare()`` (what ``Trainer`` calls before loading its model) starts the fork
+    server in the background; the pool started later forks from that same server."""
+    import multiprocessing
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork server on this platform")
+    script = tmp_path / "prepared_pool.py"
+    script.write_text(
+        "from multiprocessing import forkserver\n"
+        "import agents_for_tests\n"
+        "from agentgrad.runner import RunnerPool\n"
+        "from agentgrad.store.sqlite import SqliteStore\n"
+        "if __name__ == '__main__':\n"
+        "    before = forkserver._forkserver._forkserver_pid\n"
+        "    RunnerPool.prepare().join(60)\n"
+        "    ahead = forkserver._forkserver._forkserver_pid\n"
+        f"    store = SqliteStore({str(tmp_path / 's.db')!r}, watchdog_interval=None)\n"
+        "    rollout = store.enqueue_rollout({'x': 1})\n"
+        "    with RunnerPool(agents_for_tests.reward_agent, store.shared_url, n_runners=2, poll_timeout=0.1):\n"
+        "        (done,) = store.wait_for_rollouts([rollout.rollout_id], timeout=60)\n"
+        "    print(before, ahead is not None and ahead == forkserver._forkserver._forkserver_pid, done.status.value)\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent / "support"), os.environ.get("PYTHONPATH", "")]),
+    }
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert result.stdout.split() == ["None", "True", "succeeded"], result.stderr[-2000:]
+
+
 def test_instrument_imports_no_openai_and_patches_it_once_imported():
     """A runner process starts without importing openai (half a second), yet an agent's openai
     client still sends the rollout's headers."""

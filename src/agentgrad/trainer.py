@@ -151,6 +151,7 @@ class Trainer:
         that the dashboard lists beside training runs."""
         check_not_bootstrapping("Trainer.dev()")
         _check_tasks("tasks", tasks)
+        self._prepare_runner_processes()
         with self._policy_running():
             resources = self._resources(resources)
             published = self.store.add_resources(resources) if resources is not None else None
@@ -190,6 +191,7 @@ class Trainer:
         check_not_bootstrapping("Trainer.fit()")
         _check_tasks("train_tasks", train_tasks)
         _check_tasks("val_tasks", val_tasks)
+        self._prepare_runner_processes()
         with self._policy_running():
             resources = self._resources(resources)
             if resources is not None:
@@ -204,6 +206,11 @@ class Trainer:
                     policy=self.policy,
                 )
                 return self.algorithm.run(context)
+
+    def _prepare_runner_processes(self) -> None:
+        """Start what runner processes fork from while the policy loads (:meth:`RunnerPool.prepare`)."""
+        if self.n_runners > 1:
+            RunnerPool.prepare()
 
     # ---- the policy -------------------------------------------------------------------------------
     def _check_policy_store(self) -> None:
