@@ -76,6 +76,8 @@ CONFIGS = (
     "async-proc-4",
     "async-proc-8",
 )
+#: The configurations whose runners are processes (a ``RunnerPool``), forked from the fork server.
+IN_PROCESSES = ("pool", "async-proc")
 _BODY = {"model": "stub-model", "max_tokens": 8, "temperature": 0}
 _SERVE_STUB = """
 import signal
@@ -184,7 +186,7 @@ def run_config(config: str, n: int, upstream: str, stub_pid: int, timeout: float
     from agentgrad.types import LLM
 
     kind, count = _parse(config)
-    is_async, in_processes = kind.startswith("async"), kind in ("pool", "async-proc")
+    is_async, in_processes = kind.startswith("async"), kind in IN_PROCESSES
     runners, concurrency = (1, count) if is_async else (count, 1)
     agent = rollout(async_agent if is_async else sync_agent)
     with tempfile.TemporaryDirectory(prefix="bench-rollouts-") as tmp:
@@ -278,7 +280,7 @@ def main() -> None:
     import agentgrad
     from agentgrad.runner import RunnerPool
 
-    if not args.cold_start and any(_parse(c)[0] in ("pool", "async-proc") for c in configs):
+    if not args.cold_start and any(_parse(c)[0] in IN_PROCESSES for c in configs):
         RunnerPool.prepare().join()  # as Trainer does while it loads its model
 
     runs: list[dict[str, Any]] = []

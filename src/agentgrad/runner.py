@@ -771,7 +771,7 @@ class RunnerPool:
         pool started later is ready in tens of milliseconds instead of the ~0.4 s the server's own
         start takes (an interpreter importing AgentGrad; a check that it is ours). ``Trainer`` calls
         it before it loads its model, which takes longer. Harmless where there is no fork server
-        (``spawn``), and when called again. Returns the thread (joined by tests)."""
+        (``spawn``), and when called again. Returns the thread (the bench and tests join it)."""
 
         def start_fork_server() -> None:
             try:
