@@ -226,6 +226,36 @@ def test_dev_with_a_wrong_llm_endpoint_names_the_url(tasks_file):
     assert apo_alone.returncode == 1 and "--llm-resource names the LLM resource" in apo_alone.stderr
 
 
+def test_dev_runs_the_agent_on_a_local_model(tmp_path, tiny_model_dir):
+    """``dev --model DIR`` without an endpoint serves the model here behind the capture proxy, as
+    ``train`` and ``eval`` do: every call is recorded with its token ids. (Once, ``--model`` there
+    only named the model of an endpoint not given, and every rollout failed on "no LLM".) A
+    ``--model`` that is no model is refused, naming it."""
+    from agentgrad import semconv
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"question": f"say {i}", "max_chars": 12}) + "\n" for i in range(4)))
+    db = tmp_path / "dev.db"
+    common = ("--tasks", str(tasks), "--store", f"sqlite://{db}", "--temperature", "0", "--json")
+    result = agentgrad("dev", "train_agents:short_answer_agent", "--model", str(tiny_model_dir), *common, timeout=120)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["succeeded"] == 4 and summary["llm_calls_per_rollout"] == 1.0, summary
+    assert "Loading weights" not in result.stderr  # transformers' bars are off under the command line
+    store = SqliteStore(db, watchdog_interval=None)
+    try:
+        rollouts = store.query_rollouts()
+        assert len(rollouts) == 4
+        for rollout in rollouts:
+            (span,) = store.query_spans(rollout.rollout_id, name=semconv.SPAN_LLM_CALL)
+            assert span.attributes[semconv.LLM_PROMPT_TOKEN_IDS] and span.attributes[semconv.LLM_COMPLETION_TOKEN_IDS]
+    finally:
+        store.close()
+    missing = agentgrad("dev", "train_agents:short_answer_agent", "--model", str(tmp_path / "nope"), *common)
+    assert missing.returncode == 1 and f"{tmp_path / 'nope'}" in missing.stderr and "does not exist" in missing.stderr
+    assert "Traceback" not in missing.stderr
+
+
 def test_dev_and_runner_capture_through_the_proxy(tmp_path, tasks_file):
     """``dev --proxy`` and ``runner --proxy``: each attempt's LLM resource (named by
     ``--llm-resource``) points through the capture proxy, and its calls are flushed into the store

@@ -124,7 +124,7 @@ def test_the_reading_drill_keeps_the_habit_and_trains_the_last_answer_once_more(
     texts = [m["content"] or "" for right, _ in pairs for m in right] + [json.dumps(SEARCH_TOOL)]
     tokenizer = train_tokenizer(texts, tmp_path, vocab_size=600)
     for question, (right, habit) in zip(questions, pairs, strict=True):
-        samples = rag_model.reading_samples(tokenizer, question, world, index)
+        samples = rag_model.reading_samples(tokenizer, [conversations(question, world, index)])
         if question.hops == 1:
             assert samples == [encode(tokenizer, right)]
             continue

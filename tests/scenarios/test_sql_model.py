@@ -102,3 +102,12 @@ def test_a_build_is_a_model_directory_with_a_long_context(tmp_path: Path) -> Non
     assert model.config.max_position_embeddings == sql_model.CONTEXT >= 4096
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert len(tokenizer) == model.config.vocab_size and tokenizer.chat_template
+
+
+def test_a_build_of_no_steps_is_the_untrained_model(tmp_path: Path) -> None:
+    """``agentgrad models build-sql --steps 0``: the data prepared and the model written untrained
+    (once, the learning-rate schedule divided by the zero steps)."""
+    out = sql_model.build_sql_model(tmp_path / "m", steps=0, threads=1, progress=False, world=SMALL)
+    build = json.loads((out / "agentgrad_build.json").read_text())
+    assert build["steps"] == 0 and not [key for key in build if key.startswith("val_greedy")]
+    assert (out / "config.json").is_file()

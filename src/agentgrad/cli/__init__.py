@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -69,6 +70,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    # The commands draw their own progress; transformers' bars (one per model loaded or saved: a run
+    # loads its model in the engine, the trainer and each test score) would break into it. Set
+    # HF_HUB_DISABLE_PROGRESS_BARS=0 to keep them.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         return int(args.func(args) or 0)
     except AgentGradError as exc:

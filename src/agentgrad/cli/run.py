@@ -9,6 +9,7 @@ import signal
 from typing import Any
 
 from agentgrad.agents import Agent, load_agent
+from agentgrad.cli.named_models import NAMED_MODELS
 from agentgrad.errors import AgentGradError
 from agentgrad.tasks import read_tasks
 
@@ -30,7 +31,15 @@ def add_commands(commands: Any) -> None:
     dev.add_argument("agent", help=AGENT_HELP)
     dev.add_argument("--tasks", required=True, help="tasks as JSONL (one JSON value per line) or a JSON array")
     dev.add_argument("--llm-endpoint", help="OpenAI-compatible base URL handed to the agent as its LLM resource")
-    dev.add_argument("--model", help="model name for the LLM resource")
+    dev.add_argument(
+        "--model",
+        help="without --llm-endpoint or --proxy: a local model to run the agent on — "
+        f"{', '.join(repr(name) for name in NAMED_MODELS)} (the project's tiny models), a Hugging Face "
+        "causal-LM directory, a training run or checkpoint — served here by the embedded engine behind "
+        "the capture proxy; with one: the model name to ask the endpoint for",
+    )
+    dev.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the server's own)")
+    dev.add_argument("--device", default="cpu", help="with a local --model: cpu, cuda, cuda:N or auto")
     dev.add_argument("--api-key", default=None, help="API key for the LLM resource")
     dev.add_argument("--llm-resource", default=None, metavar="NAME", help=LLM_RESOURCE_HELP)
     dev.add_argument(
@@ -87,15 +96,45 @@ def _cmd_dev(args: argparse.Namespace) -> int:
     tasks = read_tasks(args.tasks)
     if args.limit:
         tasks = tasks[: args.limit]
-    name, resources = llm_resource_of(args, default=llm_resource_name(None, agent))
-    trainer = Trainer(
-        args.store, n_runners=args.n_runners, concurrency=args.concurrency, proxy=args.proxy, llm_resource=name
-    )
     config = RolloutConfig(timeout_seconds=args.rollout_timeout) if args.rollout_timeout else None
-    report = trainer.dev(agent, tasks, resources, timeout=args.timeout, config=config)
+    sampling = {} if args.temperature is None else {"temperature": args.temperature}
+    if args.model and not (args.llm_endpoint or args.proxy):
+        report = _dev_on_local_model(args, agent, tasks, sampling, config)
+    else:
+        name, resources = llm_resource_of(args, default=llm_resource_name(None, agent), sampling=sampling)
+        trainer = Trainer(
+            args.store, n_runners=args.n_runners, concurrency=args.concurrency, proxy=args.proxy, llm_resource=name
+        )
+        report = trainer.dev(agent, tasks, resources, timeout=args.timeout, config=config)
     if args.json:
         print(json.dumps(report.as_dict()))
     return 0 if report.succeeded else 1
+
+
+def _dev_on_local_model(
+    args: argparse.Namespace, agent: Agent, tasks: list[Any], sampling: dict[str, Any], config: Any
+) -> Any:
+    """``dev --model`` with no endpoint: the agent run on that model, served here."""
+    from agentgrad.cli.local_model import run_on_local_model
+    from agentgrad.store import open_store
+
+    store = open_store(args.store)
+    try:
+        return run_on_local_model(
+            args.model,
+            agent,
+            tasks,
+            store,
+            llm_resource=llm_resource_name(args.llm_resource, agent),
+            sampling=sampling,
+            device=args.device,
+            runners=args.n_runners,
+            concurrency=args.concurrency,
+            timeout=args.timeout,
+            config=config,
+        )
+    finally:
+        store.close()
 
 
 def load_cli_agent(spec: str) -> Agent:
@@ -113,10 +152,12 @@ def llm_resource_name(flag: str | None, agent: Agent) -> str:
     return flag or agent.llm_resource or "llm"
 
 
-def llm_resource_of(args: argparse.Namespace, default: str = "llm") -> tuple[str, dict[str, Any]]:
+def llm_resource_of(
+    args: argparse.Namespace, default: str = "llm", sampling: dict[str, Any] | None = None
+) -> tuple[str, dict[str, Any]]:
     """The LLM resource that ``--llm-endpoint`` / ``--proxy`` / ``--llm-resource`` / ``--model`` /
-    ``--api-key`` describe, as ``(name, {name: LLM})`` (no item when neither URL is given), each URL
-    checked to answer first; ``default`` names it when ``--llm-resource`` does not."""
+    ``--api-key`` describe, with ``sampling``, as ``(name, {name: LLM})`` (no item when neither URL
+    is given), each URL checked to answer first; ``default`` names it when ``--llm-resource`` does not."""
     from agentgrad.types import LLM
 
     name = args.llm_resource or default
@@ -129,7 +170,8 @@ def llm_resource_of(args: argparse.Namespace, default: str = "llm") -> tuple[str
     endpoint = args.llm_endpoint or args.proxy  # without an endpoint, runners point it at the proxy
     if not endpoint:
         return name, {}
-    return name, {name: LLM(endpoint=endpoint, model=args.model or "default", api_key=args.api_key)}
+    llm = LLM(endpoint=endpoint, model=args.model or "default", api_key=args.api_key, sampling=sampling or {})
+    return name, {name: llm}
 
 
 def check_reachable(url: str, flag: str, *, path: str, api_key: str | None = None, timeout: float = 10.0) -> None:

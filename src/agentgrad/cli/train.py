@@ -32,8 +32,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from agentgrad.cli.local_model import run_on_local_model
 from agentgrad.cli.named_models import MODEL_HELP, resolve_model
 from agentgrad.cli.run import (
     AGENT_HELP,
@@ -42,9 +43,6 @@ from agentgrad.cli.run import (
     load_cli_agent,
 )
 from agentgrad.config import add_dataclass_arguments
-
-if TYPE_CHECKING:
-    from agentgrad.types import RolloutMode
 
 #: Flags the commands define themselves; GRPOConfig's own flags are added from its fields.
 _TRACKERS = ("tensorboard", "wandb", "mlflow")
@@ -301,18 +299,20 @@ def _prepare(args: argparse.Namespace) -> _Run:
 def _test_score(args: argparse.Namespace, run: _Run, store: Any, model: Path, label: str, console: Any) -> float:
     """Greedy score of the model directory ``model`` on the run's test tasks (a fresh engine on
     it, recorded in the run's store as the evaluation ``<run_id>-test-<label>``)."""
-    settings = argparse.Namespace(**{**vars(args), "model": str(model), "temperature": 0.0, "timeout": None})
-    with tempfile.TemporaryDirectory(prefix="agentgrad-test-") as work:
-        report = _eval_local(
-            settings,
-            run.agent,
-            run.test_tasks,
-            store,
-            Path(work),
-            f"{run.config.run_id}-test-{label}",
-            mode="test",
-            quiet=True,
-        )
+    report = run_on_local_model(
+        str(model),
+        run.agent,
+        run.test_tasks,
+        store,
+        llm_resource=args.llm_resource,
+        sampling={"temperature": 0.0},
+        device=args.device,
+        runners=args.runners,
+        concurrency=args.concurrency,
+        run_id=f"{run.config.run_id}-test-{label}",
+        mode="test",
+        quiet=True,
+    )
     console.print(f"  [cyan]test (greedy, {len(run.test_tasks)} tasks), {label} model: {report.score:.3f}[/]")
     return report.score
 
@@ -423,8 +423,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         )
     _print_test(test, len(run.test_tasks), console)
     console.print(f"{result.steps} GRPO steps · final model {out / 'model'} · best model {summary['best_model']}")
-    console.print(f"serve it:     agentgrad serve-model {out / 'model'}")
-    console.print(f"dashboard:    agentgrad dashboard --store {summary['store']}")
+    console.print(f"serve it:     agentgrad serve-model {out / 'model'}", soft_wrap=True)
+    console.print(f"dashboard:    agentgrad dashboard --store {summary['store']}", soft_wrap=True)
     if result.steps == 0:
         console.print("[red]error:[/] no step trained (see the messages above)")
         return 1
@@ -562,8 +562,8 @@ def _train_sft(args: argparse.Namespace) -> int:
         f"{len(result.history)} SFT steps on {sum(result.samples)} sequence(s) · final model "
         f"{result.model} · best model {best}"
     )
-    console.print(f"serve it:     agentgrad serve-model {result.model}")
-    console.print(f"dashboard:    agentgrad dashboard --store {store_url}")
+    console.print(f"serve it:     agentgrad serve-model {result.model}", soft_wrap=True)
+    console.print(f"dashboard:    agentgrad dashboard --store {store_url}", soft_wrap=True)
     return 0
 
 
@@ -593,43 +593,21 @@ def _cmd_eval(args: argparse.Namespace) -> int:
                     agent, tasks, {args.llm_resource: llm}, timeout=args.timeout, run_id=run_id
                 )
             else:
-                report = _eval_local(args, agent, tasks, store, Path(work), run_id)
+                report = run_on_local_model(
+                    args.model,
+                    agent,
+                    tasks,
+                    store,
+                    llm_resource=args.llm_resource,
+                    sampling={"temperature": args.temperature},
+                    device=args.device,
+                    runners=args.runners,
+                    concurrency=args.concurrency,
+                    timeout=args.timeout,
+                    run_id=run_id,
+                )
         finally:
             store.close()
     if args.json:
         print(json.dumps(report.as_dict()))
     return 0 if report.succeeded else 1
-
-
-def _eval_local(
-    args: argparse.Namespace,
-    agent: Any,
-    tasks: list[Any],
-    store: Any,
-    work: Path,
-    run_id: str,
-    *,
-    mode: RolloutMode = "train",
-    quiet: bool = False,
-) -> Any:
-    from agentgrad.trainer import Trainer
-    from agentgrad.training.local import LocalPolicy
-
-    model_dir = resolve_model(args.model)
-    if not (model_dir / "config.json").is_file():  # a training run or a checkpoint: export it first
-        from agentgrad.training.export import export_model
-
-        model_dir = export_model(model_dir, work / "model")
-    with LocalPolicy(model_dir, device=args.device).serving(store) as policy:
-        trainer = Trainer(
-            store, policy=policy, n_runners=args.runners, concurrency=args.concurrency, llm_resource=args.llm_resource
-        )
-        return trainer.dev(
-            agent,
-            tasks,
-            {args.llm_resource: policy.llm(temperature=args.temperature)},
-            timeout=args.timeout,
-            run_id=run_id,
-            mode=mode,
-            print_summary=not quiet,
-        )

@@ -185,7 +185,7 @@ def run_demo(
         f"[bold]{_fmt(before)} → {_fmt(after)}[/] after {result.steps} GRPO steps in {wall / 60:.1f} min"
     )
     console.print(f"reward curve: {plot}")
-    console.print(f"dashboard:    agentgrad dashboard --store sqlite://{out / 'store.sqlite'}")
+    console.print(f"dashboard:    agentgrad dashboard --store sqlite://{out / 'store.sqlite'}", soft_wrap=True)
     return summary
 
 

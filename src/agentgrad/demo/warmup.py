@@ -98,6 +98,8 @@ def warm_up(
     when the prefix is half of every sequence."""
     import torch
 
+    if steps < 1:  # a phase of no steps (``--steps 0``: the untrained model, its data prepared)
+        return 0
     optimizer = torch.optim.AdamW(model.parameters(), lr=peak_lr, weight_decay=0.01, betas=(0.9, 0.98))
 
     def lr_factor(step: int) -> float:
