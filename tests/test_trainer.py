@@ -280,3 +280,36 @@ def test_the_runner_command_printed_for_n_runners_0_names_a_custom_llm_resource(
     trainer._announce_external_runners(as_agent(lambda task: 1.0), "http://127.0.0.1:8400")
     assert "--proxy http://127.0.0.1:8400 --llm-resource main_llm" in out.file.getvalue()
     store.close()
+
+
+def test_dev_names_llm_calls_that_did_not_ask_for_the_resources_temperature():
+    """An agent that does not pass ``llm.sampling`` on to its client samples at its server's default
+    (1): under a greedy evaluation or validation those calls are counted and the user told how to
+    pass it. A resource that names no temperature is not checked."""
+    import openai
+
+    from agentgrad.proxy import LLMProxy
+    from agentgrad.testing.stub import StubUpstream
+
+    def agent(task, llm):
+        client = openai.OpenAI(base_url=llm.endpoint, api_key="none", max_retries=0)
+        asked = {"temperature": llm.sampling["temperature"]} if task["passes"] else {}
+        client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": "hi"}], **asked)
+        return 1.0
+
+    store = MemoryStore(watchdog_interval=None)
+    out = console()
+    tasks = [{"passes": True}, {"passes": False}, {"passes": False}]
+    with StubUpstream(["ok"]) as upstream, LLMProxy(store, f"http://127.0.0.1:{upstream.port}/v1") as proxy:
+        trainer = Trainer(store, proxy=proxy.url, runner_options=FAST, console=out)
+        greedy = LLM(endpoint=f"http://127.0.0.1:{upstream.port}/v1", model="m", sampling={"temperature": 0.0})
+        report = trainer.dev(agent, tasks, {"llm": greedy}, timeout=30)
+        unchecked = trainer.dev(agent, tasks, {"llm": greedy.model_copy(update={"sampling": {}})}, timeout=30)
+        default = trainer.dev(agent, tasks[1:], {"llm": greedy.model_copy(update={"sampling": {"temperature": 1}})})
+    assert report.llm_calls_per_rollout == [1, 1, 1]
+    assert report.temperature == 0.0 and report.calls_at_other_temperature == 2
+    assert report.as_dict()["llm_calls_at_other_temperature"] == 2
+    assert "2 of 3 LLM call(s) did not ask for the temperature of the agent's LLM resource (0)" in out.file.getvalue()
+    assert unchecked.temperature is None and unchecked.temperature_warning() is None
+    assert default.calls_at_other_temperature == 0  # none named is the server's default, 1
+    store.close()

@@ -16,10 +16,14 @@ from rich.console import Console
 from rich.table import Table
 
 from agentgrad import semconv
+from agentgrad.adapters.calls import extract_calls
 from agentgrad.algorithms.base import Algorithm, AlgorithmContext
 from agentgrad.algorithms.batch import run_batch
 from agentgrad.store.protocol import RolloutRequest, Store
-from agentgrad.types import MetricRecord, Rollout, RolloutConfig, RolloutMode, RolloutStatus
+from agentgrad.types import LLM, MetricRecord, Rollout, RolloutConfig, RolloutMode, RolloutStatus
+
+#: The temperature of a request that names none: the OpenAI API's default, and the local model server's.
+DEFAULT_TEMPERATURE = 1.0
 
 
 @dataclass
@@ -31,6 +35,10 @@ class EvaluationReport:
     llm_calls_per_rollout: list[int]
     failure_reasons: collections.Counter = field(default_factory=collections.Counter)
     timed_out: int = 0
+    #: The temperature the agent's LLM resource asked for (None: it named none, nothing checked)…
+    temperature: float | None = None
+    #: …and how many LLM calls' requests asked for another (or for none: the server's default).
+    calls_at_other_temperature: int = 0
 
     @property
     def total(self) -> int:
@@ -72,14 +80,29 @@ class EvaluationReport:
             "spans_per_rollout": _mean(self.spans_per_rollout),
             "llm_calls_per_rollout": _mean(self.llm_calls_per_rollout),
             "rollouts_without_llm_calls": self.no_llm_calls,
+            "llm_calls_at_other_temperature": self.calls_at_other_temperature,
             "failure_reasons": dict(self.failure_reasons),
         }
+
+    def temperature_warning(self) -> str | None:
+        """What to tell the user when LLM calls did not ask for the resource's temperature: an
+        agent that does not pass ``llm.sampling`` on to its client samples at its server's default,
+        so a "greedy" validation or evaluation is not greedy (None when every call asked for it)."""
+        if not self.calls_at_other_temperature or self.temperature is None:
+            return None
+        calls = sum(self.llm_calls_per_rollout)
+        return (
+            f"{self.calls_at_other_temperature} of {calls} LLM call(s) did not ask for the temperature of "
+            f"the agent's LLM resource ({self.temperature:g}): pass the resource's sampling settings to the "
+            'client (e.g. temperature=llm.sampling.get("temperature")), or these calls sample at the '
+            f"server's default ({DEFAULT_TEMPERATURE:g}) whatever the run asks"
+        )
 
     def print(self, console: Console | None = None) -> None:
         console = console or Console()
         table = Table(title="AgentGrad dev run", show_header=False)
         for key, value in self.as_dict().items():
-            if key == "failure_reasons":
+            if key in ("failure_reasons", "llm_calls_at_other_temperature"):
                 continue
             table.add_row(
                 key.replace("_", " "),
@@ -97,26 +120,55 @@ class EvaluationReport:
             console.print(
                 f"[yellow]warning:[/] {self.no_llm_calls} rollout(s) captured no LLM call — they give no training data"
             )
+        if warning := self.temperature_warning():
+            console.print(f"[yellow]warning:[/] {warning}")
 
 
 def _mean(values: Sequence[int]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def summarize(store: Store, rollouts: Sequence[Rollout], timed_out: int = 0) -> EvaluationReport:
-    """Read back spans and attempts of finished rollouts into a report."""
+def summarize(
+    store: Store, rollouts: Sequence[Rollout], timed_out: int = 0, *, temperature: float | None = None
+) -> EvaluationReport:
+    """Read back spans and attempts of finished rollouts into a report. With ``temperature`` (what
+    the agent's LLM resource asks for), count the LLM calls whose requests asked for another."""
     spans: list[int] = []  # span count per rollout
     calls: list[int] = []  # LLM-call count per rollout
+    other_temperature = 0
     reasons: collections.Counter[str] = collections.Counter()
     for rollout in rollouts:
         latest = store.query_spans(rollout.rollout_id, "latest")
         spans.append(len(latest))
         calls.append(sum(s.name == semconv.SPAN_LLM_CALL for s in latest))
+        if temperature is not None:
+            other_temperature += sum(_asked_temperature(call.request) != temperature for call in extract_calls(latest))
         if rollout.status != RolloutStatus.SUCCEEDED:
             attempt = store.get_latest_attempt(rollout.rollout_id)
             error = attempt.error if attempt else None
             reasons[f"{error.type}: {error.message}"[:200] if error else rollout.status.value] += 1
-    return EvaluationReport(list(rollouts), spans, calls, reasons, timed_out)
+    return EvaluationReport(list(rollouts), spans, calls, reasons, timed_out, temperature, other_temperature)
+
+
+def _asked_temperature(request: dict[str, Any]) -> float | None:
+    """The temperature an LLM request asked for (chat completions and Responses name it alike);
+    none named is the server's default. None: not a number."""
+    value = request.get("temperature")
+    if value is None:
+        return DEFAULT_TEMPERATURE
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def resource_temperature(store: Store, resources_id: str | None) -> float | None:
+    """The temperature the LLM resources of ``resources_id`` (else the latest) ask for, when they
+    agree on one; None when there is no LLM resource, one names none, or they differ."""
+    resources = store.get_resources(resources_id) if resources_id else store.get_latest_resources()
+    llms = [item for item in (resources.items.values() if resources else ()) if isinstance(item, LLM)]
+    asked = {item.sampling.get("temperature") for item in llms}
+    if len(asked) != 1 or None in asked:
+        return None
+    value = asked.pop()
+    return float(value) if isinstance(value, int | float) else None
 
 
 class Evaluate(Algorithm):
@@ -160,7 +212,9 @@ class Evaluate(Algorithm):
             batch = run_batch(
                 store, requests, timeout=self.timeout, on_straggler="cancel", label=f"evaluation ({self.mode})"
             )
-        report = summarize(store, batch.rollouts, batch.cancelled)
+        report = summarize(
+            store, batch.rollouts, batch.cancelled, temperature=resource_temperature(store, self.resources_id)
+        )
         if self.run_id:
             values = {"eval/succeeded": report.succeeded / report.total, "eval/rollouts": float(report.total)}
             if report.reward_mean is not None:

@@ -52,6 +52,7 @@ class BestModel:
         self.curve: list[tuple[int, float]] = []
         self.step: int | None = None
         self.score: float | None = None
+        self._warned = False  # about LLM calls that did not ask for the greedy temperature
 
     def validate(
         self,
@@ -75,6 +76,9 @@ class BestModel:
         score = report.score
         self.curve.append((step, score))
         console.print(f"  [cyan]validation (greedy, {len(tasks)} tasks) at step {step}: {score:.3f}[/]")
+        if not self._warned and (warning := report.temperature_warning()):
+            console.print(f"  [yellow]warning:[/] {warning}")  # once a run: the agent does not change
+            self._warned = True
         if self.score is None or score > self.score:
             self._keep(trainer, step, score, console)
         return {"val/reward_mean": score, "val/seconds": time.monotonic() - started}
