@@ -313,6 +313,8 @@ class GRPO(Algorithm):
         #: Runner idle time not yet logged, and since when (wall clock) no training batch has run.
         self._runner_idle = 0.0
         self._runners_idle_since: float | None = None
+        #: Whether the run has said what a step of identical rewards everywhere means (once a run).
+        self._said_no_variance = False
 
     # ---- the loop ----------------------------------------------------------------------------------
     def run(self, context: AlgorithmContext) -> GRPOResult:
@@ -378,8 +380,17 @@ class GRPO(Algorithm):
         else:  # every group had identical rewards: nothing to learn from, move on
             trainer.skip_step()
             self.console.print(
-                f"[yellow]step {step}: all {int(values['grpo/groups'])} groups had zero reward variance — skipped[/]"
+                f"[yellow]step {step}: all {int(values['grpo/groups'])} groups had zero reward variance "
+                f"(reward mean {values.get('reward/mean', 0.0):.2f}) — skipped[/]"
             )
+            if not self._said_no_variance and values.get("reward/std", 0.0) == 0.0:
+                self._said_no_variance = True  # once: the hint does not change from step to step
+                self.console.print(
+                    "[yellow]  every rollout of the step scored the same: the model never (or always) succeeds "
+                    "on these tasks, so GRPO has no sample better than another to learn from. Check what the "
+                    "agent does with `agentgrad dev AGENT --model MODEL --tasks FILE` (dev() in Python), and "
+                    "choose tasks or a model it succeeds on sometimes[/]"
+                )
         values["train_seconds"] = time.monotonic() - train_started
         if trainer.step % cfg.checkpoint_every == 0 or trainer.step >= cfg.steps:
             self.checkpoint()
