@@ -6,12 +6,16 @@ import argparse
 import json
 import logging
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentgrad.agents import Agent, load_agent
 from agentgrad.cli.named_models import NAMED_MODELS
 from agentgrad.errors import AgentGradError
 from agentgrad.tasks import read_tasks
+
+if TYPE_CHECKING:
+    from agentgrad.algorithms.baseline import EvaluationReport
+    from agentgrad.types import RolloutConfig
 
 #: What every command's AGENT argument accepts.
 AGENT_HELP = (
@@ -112,8 +116,8 @@ def _cmd_dev(args: argparse.Namespace) -> int:
 
 
 def _dev_on_local_model(
-    args: argparse.Namespace, agent: Agent, tasks: list[Any], sampling: dict[str, Any], config: Any
-) -> Any:
+    args: argparse.Namespace, agent: Agent, tasks: list[Any], sampling: dict[str, Any], config: RolloutConfig | None
+) -> EvaluationReport:
     """``dev --model`` with no endpoint: the agent run on that model, served here."""
     from agentgrad.cli.local_model import run_on_local_model
     from agentgrad.store import open_store
