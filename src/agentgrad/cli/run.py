@@ -31,9 +31,13 @@ LLM_RESOURCE_HELP = (
 
 def add_commands(commands: Any) -> None:
     """Register ``dev`` and ``runner``."""
-    dev = commands.add_parser("dev", help="run every task once with an agent and print a summary")
+    dev = commands.add_parser(
+        "dev", help="run every task once with an agent (on a local model or an endpoint) and print a summary"
+    )
     dev.add_argument("agent", help=AGENT_HELP)
-    dev.add_argument("--tasks", required=True, help="tasks as JSONL (one JSON value per line) or a JSON array")
+    dev.add_argument(
+        "--tasks", required=True, help="tasks: JSONL (one JSON value per line), a JSON array, CSV or Parquet"
+    )
     dev.add_argument("--llm-endpoint", help="OpenAI-compatible base URL handed to the agent as its LLM resource")
     dev.add_argument(
         "--model",
