@@ -154,8 +154,11 @@ def _asked_temperature(request: dict[str, Any]) -> float | None:
     """The temperature an LLM request asked for (chat completions and Responses name it alike);
     none named is the server's default. None: not a number."""
     value = request.get("temperature")
-    if value is None:
-        return DEFAULT_TEMPERATURE
+    return DEFAULT_TEMPERATURE if value is None else _temperature(value)
+
+
+def _temperature(value: Any) -> float | None:
+    """``value`` as a temperature: a number (not a bool), else None."""
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
@@ -165,10 +168,7 @@ def resource_temperature(store: Store, resources_id: str | None) -> float | None
     resources = store.get_resources(resources_id) if resources_id else store.get_latest_resources()
     llms = [item for item in (resources.items.values() if resources else ()) if isinstance(item, LLM)]
     asked = {item.sampling.get("temperature") for item in llms}
-    if len(asked) != 1 or None in asked:
-        return None
-    value = asked.pop()
-    return float(value) if isinstance(value, int | float) else None
+    return _temperature(asked.pop()) if len(asked) == 1 else None
 
 
 class Evaluate(Algorithm):
