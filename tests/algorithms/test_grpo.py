@@ -9,7 +9,14 @@ import pytest
 
 pytest.importorskip("torch")
 
-from grpo_agents import GOOD, PROMPT, RecordingPublisher, always_good_agent, coin_agent  # noqa: E402
+from grpo_agents import (  # noqa: E402
+    GOOD,
+    PROMPT,
+    RecordingPublisher,
+    always_good_agent,
+    coin_agent,
+    settling_agent,
+)
 
 from agentgrad.agents import rollout  # noqa: E402
 from agentgrad.algorithms.grpo import GRPO  # noqa: E402
@@ -144,3 +151,26 @@ def test_a_step_whose_groups_all_agree_is_skipped_without_an_update(tiny_model_d
     assert out.count("zero reward variance (reward mean 1.00)") == 2
     assert out.count("every rollout of the step scored the same") == 1  # the hint once a run
     store.close()
+
+
+def test_identical_rewards_after_trained_steps_say_the_policy_has_settled(tiny_model_dir, tmp_path, capsys):
+    """The hint for a step of identical rewards depends on whether the run has trained: after a
+    trained step it says the policy has settled (learned, or stuck), not that the model never or
+    always succeeds (the demo reached 1.00 and was told to check its agent)."""
+    grpo = GRPO(
+        tiny_model_dir,
+        steps=2,
+        batch_size=2,
+        group_size=3,
+        val_every=0,
+        output_dir=tmp_path,
+        publisher=RecordingPublisher(),
+        rollout_timeout_seconds=60,
+    )
+    tasks = [{"k": 50 + i, "first_step": 6} for i in range(4)]
+    result = Trainer(MemoryStore(), concurrency=3, algorithm=grpo).fit(
+        settling_agent, tasks, resources={"llm": LLM(endpoint="http://unused/v1", model="m")}
+    )
+    assert ["loss" in step for step in result.history] == [True, False]
+    out = capsys.readouterr().out
+    assert out.count("after steps that trained") == 1 and "never (or always)" not in out

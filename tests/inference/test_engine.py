@@ -49,6 +49,53 @@ def test_seed_makes_sampling_reproducible(engine: Engine) -> None:
     assert engine.generate(_prompt(engine), params).token_ids == engine.generate(_prompt(engine), params).token_ids
 
 
+def _frequencies(logits: list[float], n: int = 20_000, **params: float) -> list[float]:
+    """How often the engine's sampler picks each token of one row of ``logits`` over ``n``
+    evenly spread draws (a stratified sample of its inverse CDF: frequencies exact to 1/n)."""
+    import torch
+
+    from agentgrad.inference.engine import _draw
+
+    rows = torch.tensor([logits] * n)
+    chosen = _draw(rows, [SamplingParams(**params)] * n, [(i + 0.5) / n for i in range(n)])  # type: ignore[arg-type]
+    return (torch.bincount(chosen, minlength=len(logits)).double() / n).tolist()
+
+
+def test_sampler_picks_tokens_with_their_probability_after_temperature_top_k_and_top_p() -> None:
+    import torch
+
+    logits = [2.0, 1.0, 0.5, 0.0, -1.0, float("-inf")]
+    for temperature in (1.0, 0.5, 2.0):
+        expected = torch.softmax(torch.tensor(logits) / temperature, -1).tolist()
+        assert _frequencies(logits, temperature=temperature) == pytest.approx(expected, abs=1e-3)
+    top2 = torch.softmax(torch.tensor(logits[:2]), -1).tolist()
+    assert _frequencies(logits, top_k=2) == pytest.approx(top2 + [0.0] * 4, abs=1e-3)
+    # probabilities .563 .207 .126 .076 .028 0: top_p .6 keeps the tokens whose likelier mass is < .6
+    p = torch.softmax(torch.tensor(logits), -1)
+    assert _frequencies(logits, top_p=0.6) == pytest.approx((p[:2] / p[:2].sum()).tolist() + [0.0] * 4, abs=1e-3)
+    assert _frequencies(logits, top_p=0.6, top_k=1) == pytest.approx([1.0] + [0.0] * 5)
+    assert _frequencies(logits, temperature=1.0)[-1] == 0.0  # a token of probability 0 never comes
+
+
+def test_rows_of_one_batch_sample_under_their_own_settings(engine: Engine) -> None:
+    """Greedy, sampled, top-k 1 and logprob-asking requests decoded in one batch each get what
+    they asked for: the greedy and top-k 1 rows the argmax, alternatives only where asked."""
+    prompt = _prompt(engine)
+    greedy = engine.generate(prompt, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    asks = [
+        SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=3),
+        SamplingParams(max_tokens=8, temperature=1.0, seed=1, ignore_eos=True),
+        SamplingParams(max_tokens=8, temperature=1.0, top_k=1, ignore_eos=True, logprobs=0),
+        SamplingParams(max_tokens=8, temperature=0.7, top_p=0.9, seed=2, ignore_eos=True),
+    ]
+    results = [f.result() for f in [engine.submit(prompt, a) for a in asks]]
+    assert results[0].token_ids == results[2].token_ids == greedy.token_ids
+    assert results[0].logprobs == pytest.approx(greedy.logprobs, abs=1e-4)
+    assert [len(t) for t in results[0].top_logprobs or []] == [3] * 8
+    assert results[1].top_logprobs is None and results[2].top_logprobs == [[]] * 8
+    assert all(lp <= 0 for r in results for lp in r.logprobs)
+
+
 def test_stop_strings_and_tokens(engine: Engine) -> None:
     def sample(**kw: object) -> object:  # a fixed seed replays the same tokens until the stop
         return engine.generate(_prompt(engine), SamplingParams(max_tokens=8, seed=7, ignore_eos=True, **kw))

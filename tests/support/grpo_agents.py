@@ -73,3 +73,22 @@ def always_good_agent(task, resources):
     """Every completion earns the same reward: each GRPO group has zero variance."""
     _record_call(task, resources, GOOD)
     return 1.0
+
+
+_settling_lock = threading.Lock()
+_settling_draws: collections.Counter[object] = collections.Counter()
+
+
+@rollout
+def settling_agent(task, resources):
+    """Its first ``task["first_step"]`` rollouts (GRPO's first step) are rewarded alternately
+    within each task's group, so that step trains; every later one earns 1: the policy has
+    "settled" and each later group has zero variance."""
+    with _settling_lock:
+        n = _settling_draws["all"]
+        draw = _settling_draws[task["k"]]
+        _settling_draws["all"] += 1
+        _settling_draws[task["k"]] += 1
+    good = n >= task["first_step"] or draw % 2 == 1
+    _record_call(task, resources, GOOD if good else BAD)
+    return 1.0 if good else 0.0

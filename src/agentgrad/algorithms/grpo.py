@@ -315,6 +315,8 @@ class GRPO(Algorithm):
         self._runners_idle_since: float | None = None
         #: Whether the run has said what a step of identical rewards everywhere means (once a run).
         self._said_no_variance = False
+        #: Whether a step of this run has updated the weights (what identical rewards then mean differs).
+        self._has_trained = False
 
     # ---- the loop ----------------------------------------------------------------------------------
     def run(self, context: AlgorithmContext) -> GRPOResult:
@@ -375,6 +377,7 @@ class GRPO(Algorithm):
         if kept:
             # ---- update: one PPO-clip step (epochs × mini_batches optimizer updates)
             values.update(self.update(kept))
+            self._has_trained = True
             # ---- publish: the new weights to the engine, then resources naming them
             self.publish()
         else:  # every group had identical rewards: nothing to learn from, move on
@@ -385,12 +388,7 @@ class GRPO(Algorithm):
             )
             if not self._said_no_variance and values.get("reward/std", 0.0) == 0.0:
                 self._said_no_variance = True  # once: the hint does not change from step to step
-                self.console.print(
-                    "[yellow]  every rollout of the step scored the same: the model never (or always) succeeds "
-                    "on these tasks, so GRPO has no sample better than another to learn from. Check what the "
-                    "agent does with `agentgrad dev AGENT --model MODEL --tasks FILE` (dev() in Python), and "
-                    "choose tasks or a model it succeeds on sometimes[/]"
-                )
+                self.console.print(f"[yellow]  {no_variance_hint(self._has_trained)}[/]")
         values["train_seconds"] = time.monotonic() - train_started
         if trainer.step % cfg.checkpoint_every == 0 or trainer.step >= cfg.steps:
             self.checkpoint()
@@ -833,3 +831,22 @@ def step_timing(values: dict[str, float], step_seconds: float, runner_idle_secon
         "trainer_idle_fraction": min(1.0, waited / step_seconds),
         "runner_idle_fraction": min(1.0, runner_idle_seconds / step_seconds),
     }
+
+
+def no_variance_hint(has_trained: bool) -> str:
+    """What a step whose rollouts all scored the same means: before any update, that the model
+    never (or always) succeeds on the tasks; after updates, that the policy has settled — on the
+    tasks' best score (learned) or on a wrong answer — and further steps on them teach nothing."""
+    if not has_trained:
+        return (
+            "every rollout of the step scored the same: the model never (or always) succeeds on these tasks, "
+            "so GRPO has no sample better than another to learn from. Check what the agent does with "
+            "`agentgrad dev AGENT --model MODEL --tasks FILE` (dev() in Python), and choose tasks or a model it "
+            "succeeds on sometimes"
+        )
+    return (
+        "every rollout of the step scored the same, after steps that trained: the policy now does these tasks "
+        "the same way every time. If that is their best score it has learned them, and more steps on them teach "
+        "nothing (stop here, or add harder tasks); if not, it has settled on a wrong answer "
+        '(docs/training.md, "Stability")'
+    )

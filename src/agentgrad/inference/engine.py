@@ -493,6 +493,30 @@ class Engine:
             self._model = self._base
 
 
+def _draw(logits: torch.Tensor, params: list[SamplingParams], draws: list[float]) -> torch.Tensor:
+    """One token per row of ``logits``, sampled under each row's temperature, top-k and top-p,
+    at the row's uniform draw in [0, 1): the token whose cumulative probability interval holds it."""
+    import torch
+
+    device = logits.device
+    scaled = logits / torch.tensor([p.temperature for p in params], device=device, dtype=logits.dtype)[:, None]
+    vocab = scaled.shape[-1]
+    if any(p.top_k for p in params):
+        ks = torch.tensor([min(p.top_k, vocab) or vocab for p in params], device=device)
+        kth = torch.topk(scaled, int(ks.max())).values.gather(1, ks[:, None] - 1)
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    if any(p.top_p < 1.0 for p in params):
+        top_p = torch.tensor([p.top_p for p in params], device=device, dtype=probs.dtype)[:, None]
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        before = sorted_probs.cumsum(-1) - sorted_probs  # the mass of the likelier tokens
+        kept = torch.where((before < top_p) | (top_p >= 1.0), sorted_probs, 0.0)
+        probs = torch.zeros_like(probs).scatter(1, order, kept)
+    cdf = probs.double().cumsum(-1)
+    at = torch.tensor(draws, device=device, dtype=cdf.dtype)[:, None] * cdf[:, -1:]
+    return torch.searchsorted(cdf, at, right=True)[:, 0].clamp(max=vocab - 1)
+
+
 class _Batch:
     """The running sequences and their shared, left-padded KV cache (engine thread only)."""
 
@@ -519,7 +543,7 @@ class _Batch:
             **kwargs,
         )
         engine._steps += 1
-        return out.logits[:, -1, :].float().cpu()
+        return out.logits[:, -1, :].float()
 
     def admit(self, requests: list[_Request]) -> None:
         """Prefill ``requests`` together and merge them into the running batch."""
@@ -574,37 +598,44 @@ class _Batch:
         self._retire()
 
     def _sample(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
+        """Pick each row's next token, on the engine's device, for all rows at once.
+
+        Row by row this cost ~1.3 ms a sequence on the host (a softmax and a draw over the whole
+        vocabulary each), which on a GPU was most of a decode step (128 sequences of a 49k-token
+        vocabulary: ~390 tokens/s on an H100). Now the only per-row host work is one uniform draw
+        from the request's own generator (so a seeded request stays reproducible) and reading
+        back the chosen ids and logprobs. A row samples by inverting its cumulative distribution
+        at that draw, which picks each token with its probability after temperature, top-k and
+        top-p, as ``torch.multinomial`` did."""
         import torch
 
         logprobs_all = torch.log_softmax(logits, dim=-1)
-        for row, seq in enumerate(seqs):
-            p = seq.request.params
-            if p.temperature == 0:
-                token = int(torch.argmax(logits[row]))
-            else:
-                scaled = logits[row] / p.temperature
-                if p.top_k:
-                    kth = torch.topk(scaled, min(p.top_k, scaled.numel())).values[-1]
-                    scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-                probs = torch.softmax(scaled, dim=-1)
-                if p.top_p < 1.0:
-                    sorted_probs, order = torch.sort(probs, descending=True)
-                    keep = sorted_probs.cumsum(0) - sorted_probs < p.top_p
-                    probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
-                generator = seq.request.generator or self.engine._rng
-                token = int(torch.multinomial(probs, 1, generator=generator))
-            seq.out_ids.append(token)
-            seq.logprobs.append(float(logprobs_all[row, token]))
+        tokens = torch.argmax(logits, dim=-1)
+        params = [seq.request.params for seq in seqs]
+        sampled = [row for row, p in enumerate(params) if p.temperature != 0]
+        if sampled:
+            generators = [seqs[row].request.generator or self.engine._rng for row in sampled]
+            draws = [float(torch.rand((), generator=generator)) for generator in generators]
+            rows = torch.tensor(sampled, device=logits.device)
+            tokens[rows] = _draw(logits[rows], [params[row] for row in sampled], draws)
+        chosen = logprobs_all.gather(1, tokens[:, None])[:, 0]
+        ids, logprobs = tokens.tolist(), chosen.tolist()
+        k = max((p.logprobs or 0) for p in params)
+        if k:
+            values, indices = torch.topk(logprobs_all, k)
+            top_values, top_ids = values.tolist(), indices.tolist()
+        for row, (seq, p) in enumerate(zip(seqs, params, strict=True)):
+            seq.out_ids.append(ids[row])
+            seq.logprobs.append(logprobs[row])
             top = None
             if p.logprobs:
-                values, indices = torch.topk(logprobs_all[row], p.logprobs)
-                top = [(int(i), float(v)) for i, v in zip(indices, values, strict=True)]
+                top = list(zip(top_ids[row][: p.logprobs], top_values[row][: p.logprobs], strict=True))
                 seq.top.append(top)
             elif p.logprobs == 0:
                 seq.top.append([])
             seq.finish_reason = self._finish_reason(seq)
             if seq.request.on_token is not None:
-                seq.request.on_token(TokenEvent(token, seq.logprobs[-1], top, seq.finish_reason is not None))
+                seq.request.on_token(TokenEvent(seq.out_ids[-1], seq.logprobs[-1], top, seq.finish_reason is not None))
 
     def _finish_reason(self, seq: _Seq) -> str | None:
         p, token = seq.request.params, seq.out_ids[-1]
