@@ -63,11 +63,14 @@ def test_train_runs_exports_and_records_its_config(tmp_path: Path, tasks: Path, 
         "1",
         "--concurrency",
         "8",
+        "--device",
+        "cpu",
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     recorded = (out / "config.yaml").read_text()
     assert "steps: 2" in recorded and "batch_size: 2" in recorded and "lr: 0.001" in recorded  # file < flags
+    assert "\n  device: cpu\n" in recorded  # --device cpu keeps the trainer off a GPU too (train.device auto)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 2 and [step for step, _ in summary["validation"]][0] == 0
     assert (out / "model" / "config.json").is_file() and (out / "best" / "config.json").is_file()
@@ -215,6 +218,7 @@ def test_train_algorithm_sft_trains_on_kept_rollouts_validates_and_exports(
     recorded = (out / "config.yaml").read_text()  # SFTConfig's settings: file < flags
     assert "iterations: 2" in recorded and "samples_per_task: 2" in recorded and "lr: 0.001" in recorded
     assert "group_size" not in recorded
+    assert "\n  device: auto\n" in recorded  # no --device: the trainer takes a GPU where there is one
     assert (out / "model" / "config.json").is_file() and (out / "best" / "config.json").is_file()
     assert summary["best_model"] == str(out / "best") and "agentgrad serve-model" in done.stdout
     assert set(summary["test"]) == {"start", "final", "best"}

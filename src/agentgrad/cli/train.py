@@ -221,7 +221,12 @@ def _add_run_arguments(parser: argparse.ArgumentParser, *, model_required: bool 
     )
     parser.add_argument("--concurrency", type=int, default=8, help="rollouts in flight per runner")
     parser.add_argument("--llm-resource", default=None, metavar="NAME", help=LLM_RESOURCE_HELP)
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    parser.add_argument(
+        "--device",
+        default=None,
+        help="where the engine runs (default cpu) and, for train, the trainer unless train.device names another: "
+        "cpu, cuda, cuda:N or auto (train's default: the engine on the CPU, the trainer on a GPU if there is one)",
+    )
     parser.add_argument(
         "--threads",
         type=int,
@@ -261,6 +266,10 @@ def _prepare(args: argparse.Namespace) -> _Run:
     used, other = (SFTConfig, GRPOConfig) if args.algorithm == "sft" else (GRPOConfig, SFTConfig)
     _refuse_foreign_flags(args, used, other)
     config: GRPOConfig | SFTConfig = resolve(used, args.config, args)
+    if args.device is not None and config.train.device == "auto":
+        # `--device cpu` on a GPU machine keeps the trainer on the CPU too (train.device set to another wins)
+        config = dataclasses.replace(config, train=dataclasses.replace(config.train, device=args.device))
+    args.device = args.device or "cpu"
     agent = load_cli_agent(args.agent)
     args.llm_resource = llm_resource_name(args.llm_resource, agent)
     trained = getattr(agent, "trained_agents", None)  # an agentlightning LitAgent's own agent_match
@@ -575,6 +584,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     if (args.model is None) == (args.upstream is None):
         raise SystemExit("eval needs exactly one of --model (a local model, run or checkpoint) and --upstream URL")
+    args.device = args.device or "cpu"
     agent = load_cli_agent(args.agent)
     args.llm_resource = llm_resource_name(args.llm_resource, agent)
     tasks = read_tasks(args.tasks)
