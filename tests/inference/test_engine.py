@@ -77,6 +77,21 @@ def test_sampler_picks_tokens_with_their_probability_after_temperature_top_k_and
     assert _frequencies(logits, temperature=1.0)[-1] == 0.0  # a token of probability 0 never comes
 
 
+def test_rows_of_one_draw_keep_their_own_top_k_and_top_p() -> None:
+    """A row without top-k or top-p beside rows with them samples from its whole distribution."""
+    import torch
+
+    from agentgrad.inference.engine import _draw
+
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0]] * 3)
+    rows = [SamplingParams(top_k=1), SamplingParams(), SamplingParams(top_p=0.5)]
+    n = 4000
+    picks = torch.stack([_draw(logits, rows, [(i + 0.5) / n] * 3) for i in range(n)])  # type: ignore[arg-type]
+    assert set(picks[:, 0].tolist()) == {0} and set(picks[:, 2].tolist()) == {0}
+    whole = torch.bincount(picks[:, 1], minlength=4).double() / n
+    assert whole.tolist() == pytest.approx(torch.softmax(logits[0], -1).tolist(), abs=1e-3)
+
+
 def test_rows_of_one_batch_sample_under_their_own_settings(engine: Engine) -> None:
     """Greedy, sampled, top-k 1 and logprob-asking requests decoded in one batch each get what
     they asked for: the greedy and top-k 1 rows the argmax, alternatives only where asked."""

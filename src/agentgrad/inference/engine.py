@@ -501,9 +501,11 @@ def _draw(logits: torch.Tensor, params: list[SamplingParams], draws: list[float]
     device = logits.device
     scaled = logits / torch.tensor([p.temperature for p in params], device=device, dtype=logits.dtype)[:, None]
     vocab = scaled.shape[-1]
-    if any(p.top_k for p in params):
-        ks = torch.tensor([min(p.top_k, vocab) or vocab for p in params], device=device)
-        kth = torch.topk(scaled, int(ks.max())).values.gather(1, ks[:, None] - 1)
+    ks = [min(p.top_k, vocab) for p in params]
+    if any(ks):  # the k-th largest value of each row that asks for top-k; -inf (keep all) elsewhere
+        index = torch.tensor([max(k, 1) - 1 for k in ks], device=device)[:, None]
+        kth = torch.topk(scaled, max(ks)).values.gather(1, index)
+        kth = kth.masked_fill(torch.tensor([k == 0 for k in ks], device=device)[:, None], float("-inf"))
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     probs = torch.softmax(scaled, dim=-1)
     if any(p.top_p < 1.0 for p in params):
