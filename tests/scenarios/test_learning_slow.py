@@ -31,6 +31,7 @@ def _rag_world(out: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # 15 minutes of training, three test scorings, the world: ~17-25 min on 2 cores
 @pytest.mark.parametrize(
     ("agent", "model", "config", "write", "framework", "gain"),
     [
