@@ -127,11 +127,11 @@ def test_non_numeric_rewards_fail_rollouts_and_empty_batches_are_retried_not_tra
     store.close()
 
 
-def test_a_step_whose_groups_all_agree_is_skipped_without_an_update(tiny_model_dir, tmp_path, capsys):
+def _two_small_steps(agent, tasks, model_dir, tmp_path, publisher):
+    """Two GRPO steps of 2 tasks × 3 rollouts by ``agent`` (which records its own LLM calls)."""
     store = MemoryStore()
-    publisher = RecordingPublisher()
     grpo = GRPO(
-        tiny_model_dir,
+        model_dir,
         steps=2,
         batch_size=2,
         group_size=3,
@@ -140,37 +140,31 @@ def test_a_step_whose_groups_all_agree_is_skipped_without_an_update(tiny_model_d
         publisher=publisher,
         rollout_timeout_seconds=60,
     )
-    tasks = [{"k": 40 + i} for i in range(4)]
-    result = Trainer(store, concurrency=3, algorithm=grpo).fit(
-        always_good_agent, tasks, resources={"llm": LLM(endpoint="http://unused/v1", model="m")}
-    )
+    try:
+        return Trainer(store, concurrency=3, algorithm=grpo).fit(
+            agent, tasks, resources={"llm": LLM(endpoint="http://unused/v1", model="m")}
+        )
+    finally:
+        store.close()
+
+
+def test_a_step_whose_groups_all_agree_is_skipped_without_an_update(tiny_model_dir, tmp_path, capsys):
+    publisher = RecordingPublisher()
+    result = _two_small_steps(always_good_agent, [{"k": 40 + i} for i in range(4)], tiny_model_dir, tmp_path, publisher)
     assert result.steps == 2
     assert publisher.versions == [], "nothing to learn: no weights published"
     assert all("loss" not in step and step["grpo/zero_variance_groups"] == 2 for step in result.history)
     out = capsys.readouterr().out
     assert out.count("zero reward variance (reward mean 1.00)") == 2
     assert out.count("every rollout of the step scored the same") == 1  # the hint once a run
-    store.close()
 
 
 def test_identical_rewards_after_trained_steps_say_the_policy_has_settled(tiny_model_dir, tmp_path, capsys):
     """The hint for a step of identical rewards depends on whether the run has trained: after a
     trained step it says the policy has settled (learned, or stuck), not that the model never or
     always succeeds (the demo reached 1.00 and was told to check its agent)."""
-    grpo = GRPO(
-        tiny_model_dir,
-        steps=2,
-        batch_size=2,
-        group_size=3,
-        val_every=0,
-        output_dir=tmp_path,
-        publisher=RecordingPublisher(),
-        rollout_timeout_seconds=60,
-    )
     tasks = [{"k": 50 + i, "first_step": 6} for i in range(4)]
-    result = Trainer(MemoryStore(), concurrency=3, algorithm=grpo).fit(
-        settling_agent, tasks, resources={"llm": LLM(endpoint="http://unused/v1", model="m")}
-    )
+    result = _two_small_steps(settling_agent, tasks, tiny_model_dir, tmp_path, RecordingPublisher())
     assert ["loss" in step for step in result.history] == [True, False]
     out = capsys.readouterr().out
     assert out.count("after steps that trained") == 1 and "never (or always)" not in out
