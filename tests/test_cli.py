@@ -79,7 +79,14 @@ def test_dev_then_inspect_rollouts(tmp_path, tasks_file):
 
     shown = agentgrad("rollouts", "show", rollouts[0]["rollout_id"], "--store", url)
     assert shown.returncode == 0, shown.stderr
-    detail = json.loads(shown.stdout)
+    header, *rest = shown.stdout.splitlines()
+    reward = f"{rollouts[0]['reward']:.4g}"
+    assert header.startswith(f"rollout {rollouts[0]['rollout_id']} · succeeded · train · reward {reward} · ")
+    assert any(line.startswith("  agentgrad.message task {") for line in rest), rest
+    assert rest[-1] == f"reward {reward}"
+    raw = agentgrad("rollouts", "show", rollouts[0]["rollout_id"], "--store", url, "--json")
+    assert raw.returncode == 0, raw.stderr
+    detail = json.loads(raw.stdout)
     assert detail["rollout"]["rollout_id"] == rollouts[0]["rollout_id"]
     assert [a["status"] for a in detail["attempts"]] == ["succeeded"]
     assert [s["name"] for s in detail["spans"]] == ["agentgrad.message", "agentgrad.reward"]

@@ -7,6 +7,7 @@ see its LLM calls? The summary answers exactly those questions.
 from __future__ import annotations
 
 import collections
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -15,8 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from agentgrad import semconv
-from agentgrad.adapters.calls import extract_calls
+from agentgrad.adapters.calls import LLMCall, extract_calls
 from agentgrad.algorithms.base import Algorithm, AlgorithmContext
 from agentgrad.algorithms.batch import run_batch
 from agentgrad.store.protocol import RolloutRequest, Store
@@ -24,6 +24,79 @@ from agentgrad.types import LLM, MetricRecord, Rollout, RolloutConfig, RolloutMo
 
 #: The temperature of a request that names none: the OpenAI API's default, and the local model server's.
 DEFAULT_TEMPERATURE = 1.0
+
+#: The finish reason of a reply the server cut at the request's token limit (``max_tokens``).
+CUT_AT_TOKEN_LIMIT = "length"
+
+
+@dataclass
+class RolloutExample:
+    """One rollout's last LLM call, as the summary shows it: what the model was asked last and
+    what it answered — the first thing to read when rewards are low."""
+
+    rollout_id: str
+    reward: float | None
+    llm_calls: int
+    agent_name: str | None = None
+    #: The last message of the last call's request, as ``(role, text)``.
+    asked: tuple[str, str] | None = None
+    reply: str = ""
+    tool_calls: list[str] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    @classmethod
+    def of(cls, rollout: Rollout, calls: Sequence[LLMCall]) -> RolloutExample:
+        if not calls:
+            return cls(rollout.rollout_id, rollout.reward, 0)
+        last = calls[-1]
+        messages = last.request_messages
+        asked = None
+        if messages and isinstance(messages[-1], dict):
+            asked = (str(messages[-1].get("role", "?")), _message_text(messages[-1].get("content")))
+        tools = [
+            f"{function.get('name', '?')}({function.get('arguments', '')})"
+            for call in last.tool_calls
+            if isinstance(function := call.get("function"), dict)
+        ]
+        return cls(
+            rollout.rollout_id,
+            rollout.reward,
+            len(calls),
+            last.agent_name,
+            asked,
+            last.assistant_text,
+            tools,
+            last.finish_reason,
+        )
+
+    def lines(self, width: int = 300) -> list[str]:
+        """The example as plain lines, each text cut to ``width`` characters."""
+        reward = "none" if self.reward is None else f"{self.reward:.3g}"
+        lines = [f"lowest reward ({reward}): {self.rollout_id}, {self.llm_calls} LLM call(s)"]
+        if not self.llm_calls:
+            return lines
+        agent = f" (agent {self.agent_name})" if self.agent_name else ""
+        lines.append(f"  its last call{agent}:")
+        if self.asked:
+            lines.append(f"    {self.asked[0]}: {_one_line(self.asked[1], width)}")
+        reply = _one_line(self.reply, width) or "(no text)"
+        lines.append(f"    reply: {reply}")
+        lines.extend(f"    tool call: {_one_line(call, width)}" for call in self.tool_calls)
+        if self.finish_reason == CUT_AT_TOKEN_LIMIT:
+            lines.append("    (cut at the token limit: max_tokens)")
+        return lines
+
+
+def _message_text(content: Any) -> str:
+    """A message's content as text (a string, or the text parts of a content-part list)."""
+    if isinstance(content, list):
+        return " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return "" if content is None else str(content)
+
+
+def _one_line(text: str, width: int) -> str:
+    text = " ⏎ ".join(line.strip() for line in text.strip().splitlines())
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 @dataclass
@@ -39,6 +112,10 @@ class EvaluationReport:
     temperature: float | None = None
     #: …and how many LLM calls' requests asked for another (or for none: the server's default).
     calls_at_other_temperature: int = 0
+    #: LLM calls whose reply the server cut at the request's token limit (finish reason "length").
+    calls_cut_at_token_limit: int = 0
+    #: The lowest-rewarded rollout's last LLM call (None: no rollout had a reward).
+    lowest: RolloutExample | None = None
 
     @property
     def total(self) -> int:
@@ -81,6 +158,7 @@ class EvaluationReport:
             "llm_calls_per_rollout": _mean(self.llm_calls_per_rollout),
             "rollouts_without_llm_calls": self.no_llm_calls,
             "llm_calls_at_other_temperature": self.calls_at_other_temperature,
+            "llm_calls_cut_at_token_limit": self.calls_cut_at_token_limit,
             "failure_reasons": dict(self.failure_reasons),
         }
 
@@ -102,7 +180,7 @@ class EvaluationReport:
         console = console or Console()
         table = Table(title="AgentGrad dev run", show_header=False)
         for key, value in self.as_dict().items():
-            if key in ("failure_reasons", "llm_calls_at_other_temperature"):
+            if key in ("failure_reasons", "llm_calls_at_other_temperature", "llm_calls_cut_at_token_limit"):
                 continue
             table.add_row(
                 key.replace("_", " "),
@@ -122,6 +200,15 @@ class EvaluationReport:
             )
         if warning := self.temperature_warning():
             console.print(f"[yellow]warning:[/] {warning}")
+        if self.calls_cut_at_token_limit:
+            calls = sum(self.llm_calls_per_rollout)
+            console.print(
+                f"[yellow]warning:[/] {self.calls_cut_at_token_limit} of {calls} LLM call(s) were cut at their "
+                'token limit (finish reason "length"): their replies end mid-way — give them more max_tokens'
+            )
+        if self.lowest is not None:
+            for line in self.lowest.lines():
+                console.print(line, markup=False, highlight=False)
 
 
 def _mean(values: Sequence[int]) -> float | None:
@@ -135,19 +222,27 @@ def summarize(
     the agent's LLM resource asks for), count the LLM calls whose requests asked for another."""
     spans: list[int] = []  # span count per rollout
     calls: list[int] = []  # LLM-call count per rollout
-    other_temperature = 0
+    other_temperature = cut = 0
+    lowest: RolloutExample | None = None
+    lowest_reward = math.inf
     reasons: collections.Counter[str] = collections.Counter()
     for rollout in rollouts:
         latest = store.query_spans(rollout.rollout_id, "latest")
         spans.append(len(latest))
-        calls.append(sum(s.name == semconv.SPAN_LLM_CALL for s in latest))
+        read = extract_calls(latest)
+        calls.append(len(read))
+        cut += sum(call.finish_reason == CUT_AT_TOKEN_LIMIT for call in read)
         if temperature is not None:
-            other_temperature += sum(_asked_temperature(call.request) != temperature for call in extract_calls(latest))
+            other_temperature += sum(_asked_temperature(call.request) != temperature for call in read)
+        if rollout.reward is not None and rollout.reward < lowest_reward:
+            lowest, lowest_reward = RolloutExample.of(rollout, read), rollout.reward
         if rollout.status != RolloutStatus.SUCCEEDED:
             attempt = store.get_latest_attempt(rollout.rollout_id)
             error = attempt.error if attempt else None
             reasons[f"{error.type}: {error.message}"[:200] if error else rollout.status.value] += 1
-    return EvaluationReport(list(rollouts), spans, calls, reasons, timed_out, temperature, other_temperature)
+    return EvaluationReport(
+        list(rollouts), spans, calls, reasons, timed_out, temperature, other_temperature, cut, lowest
+    )
 
 
 def _asked_temperature(request: dict[str, Any]) -> float | None:

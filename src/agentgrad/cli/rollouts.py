@@ -25,9 +25,14 @@ def add_commands(commands: Any) -> None:
     listing.add_argument("--offset", type=int, default=0)
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
     listing.set_defaults(func=_cmd_rollouts_list)
-    show = rollout_commands.add_parser("show", help="one rollout with its attempts and spans, as JSON")
+    show = rollout_commands.add_parser(
+        "show", help="one rollout: its span tree and each LLM call's conversation (--json: every record)"
+    )
     show.add_argument("rollout_id")
     show.add_argument("--store", required=True, help="store URL")
+    show.add_argument(
+        "--json", action="store_true", help="print the rollout, all its attempts and all their spans as JSON"
+    )
     show.set_defaults(func=_cmd_rollouts_show)
 
 
@@ -75,7 +80,13 @@ def _cmd_rollouts_show(args: argparse.Namespace) -> int:
     with open_store(args.store, watchdog=False) as store:
         rollout = store.get_rollout(args.rollout_id)
         attempts = store.get_attempts(args.rollout_id)
-        spans = store.query_spans(args.rollout_id)
+        spans = store.query_spans(args.rollout_id, None if args.json else "latest")
+    if not args.json:
+        from agentgrad.cli.transcript import transcript
+
+        for line in transcript(rollout, attempts, spans):
+            print(line)
+        return 0
     print(
         json.dumps(
             {

@@ -114,9 +114,18 @@ def _cmd_dev(args: argparse.Namespace) -> int:
             args.store, n_runners=args.n_runners, concurrency=args.concurrency, proxy=args.proxy, llm_resource=name
         )
         report = trainer.dev(agent, tasks, resources, timeout=args.timeout, config=config)
+    if report.lowest is not None and not args.json:
+        print(_whole_rollout_hint(args.store, report.lowest.rollout_id))
     if args.json:
         print(json.dumps(report.as_dict()))
     return 0 if report.succeeded else 1
+
+
+def _whole_rollout_hint(store: str, rollout_id: str) -> str:
+    """How to read a rollout of the summary whole: ``rollouts show``, once the store outlives the run."""
+    if store == "memory":
+        return "  (to read rollouts whole, keep them: --store sqlite:///dev.db, then agentgrad rollouts show ID)"
+    return f"  the whole rollout: agentgrad rollouts show {rollout_id} --store {store}"
 
 
 def _dev_on_local_model(

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentgrad.inference.kv_cache import cache_kwargs
+from agentgrad.inference.lora import quiet_peft
 
 if TYPE_CHECKING:
     import torch
@@ -476,7 +477,8 @@ class Engine:
 
         name, path = payload
         if self._model is self._base:
-            self._model = PeftModel.from_pretrained(self._base, path, adapter_name=name).eval()
+            with quiet_peft():
+                self._model = PeftModel.from_pretrained(self._base, path, adapter_name=name).eval()
         else:
             if name in self._loras:
                 self._model.delete_adapter(name)
@@ -487,7 +489,8 @@ class Engine:
     def _do_unload_lora(self, name: str) -> None:
         del self._loras[name]
         if self._loras:
-            self._model.delete_adapter(name)
+            with quiet_peft():
+                self._model.delete_adapter(name)
         else:
             self._base = self._model.unload()
             self._model = self._base

@@ -36,6 +36,17 @@ def tool_reply(name: str, arguments: dict[str, Any], call_id: str = "call_1") ->
     return {"tool_call": {"name": name, "arguments": json.dumps(arguments)}, "id": call_id}
 
 
+def _within_token_limit(body: dict[str, Any], reply: str | dict[str, Any]) -> tuple[str | dict[str, Any], str]:
+    """``reply`` as a chat request's token limit lets it out, and its finish reason: a text longer than
+    ``max_tokens`` (or ``max_completion_tokens``) characters — the stub's tokens — is cut, ``length``."""
+    if isinstance(reply, dict):
+        return reply, "tool_calls"
+    limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    if isinstance(limit, int) and 0 < limit < len(reply):
+        return reply[:limit], "length"
+    return reply, "stop"
+
+
 class StubUpstream:
     """Serves ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models`` from a script.
 
@@ -157,16 +168,15 @@ class StubUpstream:
                 status_code=500,
                 media_type="application/json",
             )
+        reply, finish = _within_token_limit(body, reply)
         text = self._render(reply)
         if body.get("stream"):
-            return StreamingResponse(self._chat_stream(body, reply, text), media_type="text/event-stream")
+            return StreamingResponse(self._chat_stream(body, reply, text, finish), media_type="text/event-stream")
         message: dict[str, Any] = {"role": "assistant", "content": reply if isinstance(reply, str) else None}
-        finish = "stop"
         if isinstance(reply, dict):
             message["tool_calls"] = [
                 {"id": reply.get("id", "call_1"), "type": "function", "function": reply["tool_call"]}
             ]
-            finish = "tool_calls"
         choice: dict[str, Any] = {
             "index": 0,
             "message": message,
@@ -178,7 +188,9 @@ class StubUpstream:
         out = {**self._top(body, "chat.completion"), "choices": [choice], "usage": self._usage(body, text)}
         return Response(json.dumps(out), media_type="application/json")
 
-    def _chat_stream(self, body: dict[str, Any], reply: str | dict[str, Any], text: str) -> Iterator[bytes]:
+    def _chat_stream(
+        self, body: dict[str, Any], reply: str | dict[str, Any], text: str, finish: str
+    ) -> Iterator[bytes]:
         top = self._top(body, "chat.completion.chunk")
         ids = body.get("return_token_ids")
         step = self.chunk_chars
@@ -220,7 +232,6 @@ class StubUpstream:
                 ).encode()
                 + b"\n\n"
             )
-        finish = "stop" if isinstance(reply, str) else "tool_calls"
         yield (
             b"data: "
             + json.dumps({**top, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}).encode()

@@ -22,12 +22,12 @@ import logging
 import shutil
 import tempfile
 import time
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentgrad.errors import InvalidInputError
+from agentgrad.inference.lora import quiet_peft
 from agentgrad.models.cache import check_replaceable, staged_dir
 
 if TYPE_CHECKING:
@@ -124,8 +124,7 @@ def _write(trainer: PolicyTrainer, tmp: Path, disposable: bool) -> None:
 
     model = trainer.model
     if trainer.is_lora:
-        with warnings.catch_warnings():  # peft asks transformers a deprecated question while merging
-            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        with quiet_peft():
             if disposable:  # our own copy: merge in place
                 model = model.merge_and_unload()
             else:  # a live trainer keeps its adapter: merge into a fresh CPU copy of the base model

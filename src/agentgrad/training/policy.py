@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from agentgrad.inference.kv_cache import cache_kwargs, prefix_cache
+from agentgrad.inference.lora import quiet_peft
 from agentgrad.training.checkpoints import commit_checkpoint, latest_checkpoint
 
 if TYPE_CHECKING:
@@ -371,16 +372,17 @@ def load_policy(model_dir: str | Path, config: TrainConfig) -> Any:
         from peft import LoraConfig, get_peft_model
 
         lora = config.lora
-        model = get_peft_model(
-            model,
-            LoraConfig(
-                r=lora.r,
-                lora_alpha=lora.alpha,
-                lora_dropout=lora.dropout,
-                target_modules=lora.target_modules,
-                task_type="CAUSAL_LM",
-            ),
-        )
+        with quiet_peft():
+            model = get_peft_model(
+                model,
+                LoraConfig(
+                    r=lora.r,
+                    lora_alpha=lora.alpha,
+                    lora_dropout=lora.dropout,
+                    target_modules=lora.target_modules,
+                    task_type="CAUSAL_LM",
+                ),
+            )
     model.config.use_cache = False
     return model
 
