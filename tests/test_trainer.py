@@ -278,8 +278,35 @@ def test_the_runner_command_printed_for_n_runners_0_names_a_custom_llm_resource(
     store, out = MemoryStore(watchdog_interval=None), console()
     trainer = Trainer(store, n_runners=0, llm_resource="main_llm", console=out)
     trainer._announce_external_runners(as_agent(lambda task: 1.0), "http://127.0.0.1:8400")
+    assert "agentgrad runner MODULE:AGENT --store" in out.file.getvalue()  # a lambda has no name to load
     assert "--proxy http://127.0.0.1:8400 --llm-resource main_llm" in out.file.getvalue()
+    trainer._announce_external_runners(agents_for_tests.reward_agent, "http://127.0.0.1:8400")
+    assert "agentgrad runner agents_for_tests:reward_agent --store" in out.file.getvalue()
     store.close()
+
+
+def test_agent_spec_names_what_load_agent_loads_back(monkeypatch, tmp_path):
+    from agentgrad.agents import agent_spec, load_agent
+
+    assert agent_spec(agents_for_tests.reward_agent) == "agents_for_tests:reward_agent"
+    assert load_agent(agent_spec(agents_for_tests.reward_agent)).func is agents_for_tests.reward_agent.func
+
+    def nested(task):
+        return 1.0
+
+    assert agent_spec(as_agent(nested)) is None  # defined inside a function: nothing to import
+    assert agent_spec(agents_for_tests.EchoAgent()) is None  # an object: its arguments are unknown
+
+    script = tmp_path / "train_me.py"  # a function of the script being run is named by its path
+    script.write_text("def my_agent(task):\n    return 1.0\n")
+
+    def my_agent(task):
+        return 1.0
+
+    my_agent.__module__, my_agent.__qualname__ = "__main__", "my_agent"
+    monkeypatch.setattr(sys.modules["__main__"], "__file__", str(script))
+    assert agent_spec(as_agent(my_agent)) == f"{script}:my_agent"
+    assert load_agent(f"{script}:my_agent").func.__name__ == "my_agent"
 
 
 def test_dev_names_llm_calls_that_did_not_ask_for_the_resources_temperature():

@@ -247,6 +247,22 @@ def _instantiate(cls: type[Agent]) -> Agent:
     return cls()  # errors raised by the user's own constructor keep their traceback
 
 
+def agent_spec(agent: Agent) -> str | None:
+    """The ``module:attribute`` that :func:`load_agent` (and so ``agentgrad runner``) loads back as
+    ``agent``, for a command printed to the user; None when there is none to name: a lambda, a
+    function defined inside another, an agent object (its constructor's arguments are not known).
+    A function of the script being run is named by the script's path."""
+    if not isinstance(agent, FunctionAgent):
+        return None
+    module, qualname = agent.func.__module__, agent.func.__qualname__
+    if "<" in qualname:
+        return None
+    if module == "__main__":
+        script = getattr(sys.modules["__main__"], "__file__", None)
+        return f"{script}:{qualname}" if script else None
+    return f"{module}:{qualname}"
+
+
 def load_agent(spec: str) -> Agent:
     """``package.module:attribute`` → the agent (a file path also works for the module).
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Never
 
 from rich.console import Console
 
-from agentgrad.agents import Agent, as_agent
+from agentgrad.agents import Agent, agent_spec, as_agent
 from agentgrad.algorithms.base import Algorithm, AlgorithmContext
 from agentgrad.algorithms.baseline import Evaluate, EvaluationReport
 from agentgrad.runner import Runner, RunnerDiedError, RunnerPool, check_not_bootstrapping
@@ -283,13 +283,14 @@ class Trainer:
 
     def _announce_external_runners(self, agent: Agent, proxy_url: str | None) -> None:
         url = self.store.shared_url or "URL"
-        command = f"agentgrad runner MODULE:AGENT --store {url}" + (f" --proxy {proxy_url}" if proxy_url else "")
+        spec = agent_spec(agent) or "MODULE:AGENT"
+        command = f"agentgrad runner {spec} --store {url}" + (f" --proxy {proxy_url}" if proxy_url else "")
         if proxy_url and self.llm_resource != "llm":
             command += f" --llm-resource {self.llm_resource}"
         self.console.print(
-            f"[dim]n_runners=0: no runner started here; runners started elsewhere serve the agent "
-            f"{agent.name!r} ({command})[/]"
+            f"[dim]n_runners=0: no runner started here; runners started elsewhere serve the agent {agent.name!r}:[/]"
         )
+        self.console.print(f"  {command}", markup=False, highlight=False, soft_wrap=True)  # one line to copy
 
     def _store_token(self) -> str | None:
         """The bearer token runner processes need to reach a protected store service."""
