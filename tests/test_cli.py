@@ -95,6 +95,19 @@ def test_dev_then_inspect_rollouts(tmp_path, tasks_file):
     assert missing.returncode == 1 and "ro-nope" in missing.stderr and "Traceback" not in missing.stderr
 
 
+def test_reading_commands_refuse_a_store_file_that_is_not_there(tmp_path):
+    """A mistyped path (or ``sqlite:///runs/x.db`` meant as relative) names the file looked for,
+    instead of creating an empty store that lists "0 of 0"; nothing is created."""
+    for command in (("rollouts", "list"), ("rollouts", "show", "ro-1"), ("export", "--output", "out.jsonl")):
+        for url in ("runs/missing.db", f"sqlite://{tmp_path}/missing.db"):
+            result = agentgrad(*command, "--store", url, cwd=tmp_path)
+            assert result.returncode == 1, (command, url, result.stdout)
+            assert (
+                f"no store at {url}: there is no file {tmp_path}/" in result.stderr and "Traceback" not in result.stderr
+            )
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_dev_failures_exit_nonzero(tmp_path):
     tasks = tmp_path / "tasks.json"
     tasks.write_text(json.dumps([{"x": 1, "fail": True}]))  # a JSON array works too

@@ -3,7 +3,7 @@
     python examples/apo/run.py \
         --agent-base-url https://api.openai.com/v1 --agent-model gpt-4o-mini \
         --critic-base-url https://api.openai.com/v1 --critic-model gpt-4o \
-        --store sqlite:///apo.db
+        --store apo.db
 
 API keys come from $OPENAI_API_KEY (agent) and $AGENTGRAD_CRITIC_API_KEY (critic and editor;
 default $OPENAI_API_KEY). Re-running with the same --store resumes the run. See docs/apo.md.
@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--critic-base-url", required=True)
     parser.add_argument("--critic-model", required=True)
     parser.add_argument("--editor-model", help="default: the critic model")
-    parser.add_argument("--store", default="sqlite:///apo.db")
+    parser.add_argument("--store", default="apo.db")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 

@@ -113,3 +113,27 @@ def test_unreachable_upstream_gives_502_and_keeps_stored_data(memory_store, stub
     spans = memory_store.query_spans(attempt.rollout.rollout_id, name=semconv.SPAN_LLM_CALL)
     assert len(spans) == 1 and spans[0].attributes[semconv.LLM_COMPLETION_TOKEN_IDS]
     assert memory_store.get_rollout(attempt.rollout.rollout_id).llm_calls == 1
+
+
+def test_an_upstream_that_takes_the_call_and_never_answers_is_a_504_that_says_so(memory_store, attempt) -> None:
+    """Not "unreachable": the upstream is there, its answer is late (a generation with no
+    max_tokens) — the error names the wait and the likely cause, and no span is recorded."""
+    with socket.socket() as silent:  # accepts connections (the kernel's backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        upstream = f"http://127.0.0.1:{silent.getsockname()[1]}/v1"
+        with LLMProxy(memory_store, upstream, upstream_timeout=0.3) as proxy:
+            for stream in (False, True):
+                response = httpx.post(
+                    proxy.endpoint_for(attempt.rollout.rollout_id, attempt.attempt.attempt_id) + "/chat/completions",
+                    json={"model": "m", "messages": MESSAGES, "stream": stream},
+                    timeout=30,
+                )
+                assert response.status_code == 504
+                error = response.json()["error"]
+                assert error["code"] == "upstream_timeout"
+                assert error["message"] == f"upstream {upstream} did not answer within 0.3 s (a long generation? " + (
+                    "give the request a max_tokens)"
+                )
+            assert proxy.metrics.upstream_timeouts == 2 and proxy.metrics.upstream_unreachable == 0
+    assert memory_store.get_rollout(attempt.rollout.rollout_id).llm_calls == 0

@@ -14,7 +14,7 @@ from typing import Any
 
 def _add_selection_args(parser: argparse.ArgumentParser) -> None:
     """The selection filters shared by ``sft`` and ``export`` (see ``SelectionCriteria``)."""
-    parser.add_argument("--store", required=True, help="store URL (sqlite:///file.db, http://host:port, …)")
+    parser.add_argument("--store", required=True, help="store URL (path/to/file.db, http://host:port, …)")
     parser.add_argument(
         "--min-reward", type=float, default=1.0, help="keep rollouts whose final reward is at least this (default 1.0)"
     )
@@ -48,7 +48,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from agentgrad.algorithms.sft import export_samples, select_chat_samples
     from agentgrad.store import open_store
 
-    with open_store(args.store, watchdog=False) as store:
+    with open_store(args.store, watchdog=False, existing=True) as store:
         samples, funnel = select_chat_samples(store, _criteria(args))
     path = export_samples(samples, args.output, args.format)
     print(f"selection: {funnel.describe()}")
@@ -73,7 +73,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
         checkpoint_dir=args.checkpoint_dir,
         run_id=args.run_id,
     )
-    with open_store(args.store, watchdog=False) as store:
+    with open_store(args.store, watchdog=False, existing=True) as store:
         result = sft.run(AlgorithmContext(store=store))
     print(f"trained {len(result.history)} step(s) on {result.samples[-1]} sequence(s); weights: {result.versions[-1]}")
     return 0
@@ -179,7 +179,7 @@ def add_commands(commands: Any) -> None:
     apo.add_argument("--train-batch-size", type=int, default=8, help="rollouts the critic reads per beam prompt")
     apo.add_argument("--val-batch-size", type=int, default=16, help="validation tasks per candidate")
     apo.add_argument("--run-id", default="apo", help="names the run; the same id resumes it")
-    apo.add_argument("--store", default="memory", help="store URL (use sqlite:///file.db to be able to resume)")
+    apo.add_argument("--store", default="memory", help="store URL (a file such as apo.db to be able to resume)")
     apo.add_argument("--n-runners", type=int, default=1, help="runner processes (1 = in-process)")
     apo.add_argument("--runner-concurrency", type=int, default=4, help="rollouts in flight per runner")
     apo.add_argument("--rollout-timeout", type=float, help="per-rollout time limit (seconds)")

@@ -57,7 +57,9 @@ def add_commands(subparsers: Any) -> None:
         description="Serve the read-only web dashboard for a store (rollouts, spans, training curves, "
         "resources, runners). Stops cleanly on SIGTERM/SIGINT.",
     )
-    parser.add_argument("--store", required=True, help="store URL (sqlite:///path/to/file.db, postgresql://…)")
+    parser.add_argument(
+        "--store", required=True, help="store URL (path/to/file.db, sqlite:///abs/path.db, postgresql://…)"
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8766, help="port to listen on (0 picks a free one)")
     parser.add_argument(

@@ -40,7 +40,7 @@ def _cmd_proxy(args: argparse.Namespace) -> int:
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
     proxy = subparsers.add_parser("proxy", help="serve the OpenAI-compatible capture proxy")
-    proxy.add_argument("--store", required=True, help="store URL (http://host:port, sqlite:///file.db, …)")
+    proxy.add_argument("--store", required=True, help="store URL (http://host:port, path/to/file.db, …)")
     proxy.add_argument("--upstream", required=True, help="OpenAI base URL of the engine, e.g. http://127.0.0.1:8000/v1")
     proxy.add_argument("--host", default="127.0.0.1", help="address to listen on")
     proxy.add_argument("--port", type=int, default=8400, help="port to listen on")

@@ -42,7 +42,7 @@ def _cmd_rollouts_list(args: argparse.Namespace) -> int:
 
     from agentgrad.store import RolloutFilter, open_store
 
-    with open_store(args.store, watchdog=False) as store:
+    with open_store(args.store, watchdog=False, existing=True) as store:
         query = RolloutFilter(
             status=args.status or None,
             mode=args.mode,
@@ -77,7 +77,7 @@ def _cmd_rollouts_list(args: argparse.Namespace) -> int:
 def _cmd_rollouts_show(args: argparse.Namespace) -> int:
     from agentgrad.store import open_store
 
-    with open_store(args.store, watchdog=False) as store:
+    with open_store(args.store, watchdog=False, existing=True) as store:
         rollout = store.get_rollout(args.rollout_id)
         attempts = store.get_attempts(args.rollout_id)
         spans = store.query_spans(args.rollout_id, None if args.json else "latest")

@@ -56,7 +56,7 @@ def add_commands(commands: Any) -> None:
         metavar="URL",
         help="the capture proxy (agentgrad proxy): every LLM call goes through it and is recorded",
     )
-    dev.add_argument("--store", default="memory", help="store URL (memory, sqlite:///file.db, http://host:port)")
+    dev.add_argument("--store", default="memory", help="store URL (memory, path/to/file.db, http://host:port)")
     dev.add_argument(
         "--n-runners",
         type=int,
@@ -72,9 +72,7 @@ def add_commands(commands: Any) -> None:
 
     runner = commands.add_parser("runner", help="serve an agent: take rollouts from a store until stopped")
     runner.add_argument("agent", help=AGENT_HELP)
-    runner.add_argument(
-        "--store", required=True, help="store URL (http://host:port, sqlite:///file.db, postgresql://…)"
-    )
+    runner.add_argument("--store", required=True, help="store URL (http://host:port, path/to/file.db, postgresql://…)")
     runner.add_argument(
         "--proxy",
         default=None,
@@ -124,7 +122,7 @@ def _cmd_dev(args: argparse.Namespace) -> int:
 def _whole_rollout_hint(store: str, rollout_id: str) -> str:
     """How to read a rollout of the summary whole: ``rollouts show``, once the store outlives the run."""
     if store == "memory":
-        return "  (to read rollouts whole, keep them: --store sqlite:///dev.db, then agentgrad rollouts show ID)"
+        return "  (to read rollouts whole, keep them: --store dev.db, then agentgrad rollouts show ID --store dev.db)"
     return f"  the whole rollout: agentgrad rollouts show {rollout_id} --store {store}"
 
 

@@ -1,6 +1,6 @@
 """``agentgrad store serve``: the store service, with the dashboard mounted beside its API.
 
-``agentgrad store serve --backend sqlite:///runs/store.db --port 8765 --token T`` serves a store
+``agentgrad store serve --backend runs/store.db --port 8765 --token T`` serves a store
 to runners and trainers on other machines, logs the URL it listens on, and shuts down cleanly
 (closing the store) on SIGTERM or SIGINT.
 """
@@ -21,8 +21,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     serve = commands.add_parser("serve", help="serve a store over HTTP (REST API, OTLP ingestion, metrics)")
     serve.add_argument(
         "--backend",
-        default="sqlite:///agentgrad-store.db",
-        help="memory | sqlite:///path.db | postgresql://user@host/db | redis://host:6379/0 (default: %(default)s)",
+        default="agentgrad-store.db",
+        help="memory | path/to/file.db | sqlite:///abs/path.db | postgresql://user@host/db | redis://host:6379/0 "
+        "(default: %(default)s)",
     )
     serve.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: %(default)s)")
     serve.add_argument("--port", type=int, default=8765, help="0 picks a free port (default: %(default)s)")

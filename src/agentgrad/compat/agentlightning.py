@@ -385,7 +385,7 @@ __all__ = [
     "setup_logging",
 ]
 
-_STORE = "AgentGrad's stores: agentgrad.open_store('memory' | 'sqlite:///file.db' | 'postgresql://…' | 'http://…')"
+_STORE = "AgentGrad's stores: agentgrad.open_store('memory' | 'path/to/file.db' | 'postgresql://…' | 'http://…')"
 _TRACER = "AgentGrad captures LLM calls at its proxy and tags requests with the rollout (agentgrad.instrument())"
 _RUNNER = "AgentGrad's runner: agentgrad.Runner(agent, store), or Trainer(n_runners=N)"
 

@@ -60,7 +60,7 @@ def serve(
 
     from agentgrad.store import open_store
 
-    store = open_store(store_url, watchdog=False)
+    store = open_store(store_url, watchdog=False, existing=True)
     try:
         app = GuardMiddleware(
             create_app(store, token=token, tokenizers=tokenizers), Guard(hosts=HostCheck.for_bind(host, allowed_hosts))

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentgrad.inference.hf import no_progress_bars, quiet_peft
 from agentgrad.inference.kv_cache import cache_kwargs
-from agentgrad.inference.lora import quiet_peft
 
 if TYPE_CHECKING:
     import torch
@@ -202,7 +202,8 @@ class Engine:
         if isinstance(model, (str, Path)):
             self.model_dir: Path | None = Path(model)
             torch_dtype = getattr(torch, dtype) if dtype else (torch.float32 if device == "cpu" else "auto")
-            model = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch_dtype)
+            with no_progress_bars():
+                model = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch_dtype)
             tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(self.model_dir))
         else:
             self.model_dir = None

@@ -33,6 +33,7 @@ from typing import Any
 
 from agentgrad.errors import AgentGradError, InvalidInputError
 from agentgrad.inference.engine import template_renders_tools
+from agentgrad.inference.hf import no_progress_bars
 from agentgrad.models.cache import (
     check_replaceable,
     install_lock,
@@ -267,17 +268,9 @@ def _digest(text: str) -> str:
 def _quiet() -> Iterator[None]:
     """No per-tensor progress bars from transformers' GGUF reader, no warnings about the
     dequantization it does on purpose."""
-    from transformers.utils import logging as hf_logging
-
-    enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        if enabled:
-            hf_logging.enable_progress_bar()
+    with no_progress_bars(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
 
 
 __all__ = [

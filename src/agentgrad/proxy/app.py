@@ -128,6 +128,20 @@ def _unreachable(state: ProxyState, exc: Exception) -> Response:
     )
 
 
+def _timed_out(state: ProxyState) -> Response:
+    """The upstream took the connection but no answer came in ``upstream_timeout`` seconds: not
+    unreachable — most often a generation with no ``max_tokens`` running on toward the context's end."""
+    state.metrics.upstream_timeouts += 1
+    message = (
+        f"upstream {state.upstream_url} did not answer within {state.upstream_timeout:g} s "
+        "(a long generation? give the request a max_tokens)"
+    )
+    log.warning("%s", message)
+    return Response(
+        error_body(message, kind="upstream_error", code="upstream_timeout"), status_code=504, media_type=_JSON
+    )
+
+
 async def _handle(state: ProxyState, request: Incoming, api: Api) -> Response | RelayResponse:
     started = time.time()
     state.metrics.calls += 1
@@ -155,12 +169,12 @@ async def _handle(state: ProxyState, request: Incoming, api: Api) -> Response | 
 
 
 async def _forward(state: ProxyState, request: Incoming, call: Call) -> Response | RelayResponse:
-    sent = upstream_body(
-        call.chat,
-        "completions" if call.api == "completions" else "chat",
-        await state.served_model(call.chat.get("model")),
-    )
     try:
+        sent = upstream_body(
+            call.chat,
+            "completions" if call.api == "completions" else "chat",
+            await state.served_model(call.chat.get("model")),
+        )
         response = await state.http().request(
             "POST", _UPSTREAM_PATH[call.api], dumps(sent), state.headers(request.headers)
         )
@@ -175,8 +189,10 @@ async def _forward(state: ProxyState, request: Incoming, call: Call) -> Response
             call.streaming = True
             return RelayResponse(state, call, response)
         raw_answer = await response.read()
-    except (UpstreamUnreachable, TimeoutError) as exc:
+    except UpstreamUnreachable as exc:
         return _unreachable(state, exc)
+    except TimeoutError:
+        return _timed_out(state)
     if call.api != "responses" and call.asked.token_ids and call.asked.logprobs:  # nothing to hide from the client
         await state.record(call, lambda: _answer(raw_answer), streamed=False)
         return Response(raw_answer, media_type=response.headers.get("content-type", _JSON))
@@ -227,8 +243,10 @@ async def _models(state: ProxyState, request: Request) -> Response:
     try:
         response = await state.http().request("GET", "/models", headers=state.headers(request.headers))
         content = await response.read()
-    except (UpstreamUnreachable, TimeoutError) as exc:
+    except UpstreamUnreachable as exc:
         return _unreachable(state, exc)
+    except TimeoutError:
+        return _timed_out(state)
     return Response(content, status_code=response.status_code, media_type=response.headers.get("content-type", _JSON))
 
 

@@ -24,6 +24,8 @@ class ProxyMetrics:
     rejected: int = 0
     upstream_errors: int = 0
     upstream_unreachable: int = 0
+    #: Calls the upstream took longer than ``upstream_timeout`` to answer (answered 504).
+    upstream_timeouts: int = 0
     store_errors: int = 0
     store_batches: int = 0
     store_retries: int = 0

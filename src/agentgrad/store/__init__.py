@@ -1,7 +1,8 @@
 """Stores: where tasks, attempts, spans and resources live.
 
 ``open_store(url)`` turns a URL into a backend, so every CLI command and runner takes the same
-``--store`` argument: ``memory``, ``sqlite:///path/to/file.db``, ``postgresql://…`` (with
+``--store`` argument: ``memory``, a SQLite file (``runs/store.db``, relative, or
+``sqlite:///abs/path/to/file.db``, absolute), ``postgresql://…`` (with
 ``?schema=name`` for tables in a schema of their own), ``redis://host:6379/0`` (with ``?prefix=name``
 for keys of their own) or ``http://host:port`` (the store
 service; its token comes from ``$AGENTGRAD_STORE_TOKEN``).
@@ -9,9 +10,11 @@ service; its token comes from ``$AGENTGRAD_STORE_TOKEN``).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentgrad._lazy import lazy_exports
+from agentgrad.errors import InvalidInputError
 
 if TYPE_CHECKING:
     from agentgrad.store.client import StoreClient as StoreClient
@@ -36,15 +39,18 @@ _EXPORTS = {
     "TOKEN_ENV": "agentgrad.store.wire",
 }
 
-__all__ = list(_EXPORTS) + ["open_store"]
+__all__ = list(_EXPORTS) + ["open_store", "sqlite_path"]
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
-def open_store(url: str, *, watchdog: bool = True, **options: Any) -> Store:
+def open_store(url: str, *, watchdog: bool = True, existing: bool = False, **options: Any) -> Store:
     """Open the store a URL names. Heavy backends are imported only when asked for.
 
     ``watchdog=False`` opens a local backend without its background watchdog — for processes
-    (runners, CLI inspection) that share a store whose owner already runs one.
+    (runners, CLI inspection) that share a store whose owner already runs one. ``existing=True``
+    is for commands that only read a store: a SQLite file that is not there is an
+    :class:`~agentgrad.errors.InvalidInputError` naming the path it looked for, not a new empty
+    store that reads as "0 rollouts" (a mistyped path, or ``sqlite:///`` read as relative).
     """
     if not watchdog and not url.startswith(("http://", "https://")):
         options.setdefault("watchdog_interval", None)
@@ -52,11 +58,15 @@ def open_store(url: str, *, watchdog: bool = True, **options: Any) -> Store:
         from agentgrad.store.memory import MemoryStore
 
         return MemoryStore(**options)
-    if url.startswith("sqlite://"):
+    if (path := sqlite_path(url)) is not None:
         from agentgrad.store.sqlite import SqliteStore
 
-        # sqlite:///abs/path.db → /abs/path.db ; sqlite://rel.db → rel.db
-        return SqliteStore(url[len("sqlite://") :] or ":memory:", **options)
+        if existing and path != ":memory:" and not Path(path).expanduser().is_file():
+            raise InvalidInputError(
+                f"no store at {url}: there is no file {Path(path).expanduser().absolute()} "
+                "(sqlite:///abs/path.db is absolute; a bare path.db or sqlite://rel.db is relative)"
+            )
+        return SqliteStore(path, **options)
     if url.startswith(("postgresql://", "postgres://")):
         from agentgrad.store.postgres import PostgresStore
 
@@ -69,11 +79,19 @@ def open_store(url: str, *, watchdog: bool = True, **options: Any) -> Store:
         from agentgrad.store.client import StoreClient
 
         return StoreClient(url, **options)
-    if url.endswith((".db", ".sqlite", ".sqlite3")):
-        from agentgrad.store.sqlite import SqliteStore
-
-        return SqliteStore(url, **options)
     raise ValueError(
-        f"unknown store URL {url!r}: use memory, sqlite:///path, postgresql://…, redis://host:6379/0 "
+        f"unknown store URL {url!r}: use memory, path/to/file.db, postgresql://…, redis://host:6379/0 "
         "or http://host:port"
     )
+
+
+def sqlite_path(url: str) -> str | None:
+    """The file a SQLite store URL names (``:memory:`` for ``sqlite://``); None for other stores.
+
+    ``sqlite:///abs/path.db`` → ``/abs/path.db``; ``sqlite://rel.db`` and a bare ``rel.db``
+    (ending in ``.db``, ``.sqlite`` or ``.sqlite3``) → ``rel.db``, from the working directory."""
+    if url.startswith("sqlite://"):
+        return url[len("sqlite://") :] or ":memory:"
+    if url.endswith((".db", ".sqlite", ".sqlite3")) and "://" not in url:
+        return url
+    return None

@@ -16,18 +16,16 @@ at every new best); any other non-empty directory is refused.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentgrad.errors import InvalidInputError
-from agentgrad.inference.lora import quiet_peft
+from agentgrad.inference.hf import no_progress_bars, quiet_peft
 from agentgrad.models.cache import check_replaceable, staged_dir
 
 if TYPE_CHECKING:
@@ -132,25 +130,10 @@ def _write(trainer: PolicyTrainer, tmp: Path, disposable: bool) -> None:
     use_cache = model.config.use_cache
     model.config.use_cache = True  # training turns the KV cache off; generation wants it
     try:
-        with torch.no_grad(), _no_progress_bars():
+        with torch.no_grad(), no_progress_bars():
             model.save_pretrained(str(tmp))
     finally:
         model.config.use_cache = use_cache
-
-
-@contextlib.contextmanager
-def _no_progress_bars() -> Iterator[None]:
-    """transformers draws a progress bar per save; a run exports at every new best, and the bars
-    would break into the run's own live progress display."""
-    from transformers.utils import logging as hf_logging
-
-    enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if enabled:
-            hf_logging.enable_progress_bar()
 
 
 def _merged_copy(trainer: PolicyTrainer) -> Any:

@@ -41,8 +41,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from agentgrad.inference.hf import no_progress_bars, quiet_peft
 from agentgrad.inference.kv_cache import cache_kwargs, prefix_cache
-from agentgrad.inference.lora import quiet_peft
 from agentgrad.training.checkpoints import commit_checkpoint, latest_checkpoint
 
 if TYPE_CHECKING:
@@ -367,7 +367,8 @@ def load_policy(model_dir: str | Path, config: TrainConfig) -> Any:
 
     device, dtype = _device_and_dtype(config)
     torch.manual_seed(config.seed)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device)
+    with no_progress_bars():
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device)
     if config.lora is not None:
         from peft import LoraConfig, get_peft_model
 
