@@ -98,7 +98,8 @@ def test_dev_then_inspect_rollouts(tmp_path, tasks_file):
 def test_reading_commands_refuse_a_store_file_that_is_not_there(tmp_path):
     """A mistyped path (or ``sqlite:///runs/x.db`` meant as relative) names the file looked for,
     instead of creating an empty store that lists "0 of 0"; nothing is created."""
-    for command in (("rollouts", "list"), ("rollouts", "show", "ro-1"), ("export", "--output", "out.jsonl")):
+    commands = (("rollouts", "list"), ("rollouts", "show", "ro-1"), ("export", "--output", "o.jsonl"), ("dashboard",))
+    for command in commands:
         for url in ("runs/missing.db", f"sqlite://{tmp_path}/missing.db"):
             result = agentgrad(*command, "--store", url, cwd=tmp_path)
             assert result.returncode == 1, (command, url, result.stdout)
