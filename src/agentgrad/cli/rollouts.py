@@ -37,6 +37,7 @@ def add_commands(commands: Any) -> None:
 
 
 def _cmd_rollouts_list(args: argparse.Namespace) -> int:
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
@@ -56,9 +57,17 @@ def _cmd_rollouts_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([r.model_dump(mode="json") for r in rollouts]))
         return 0
-    table = Table(title=f"rollouts {args.offset + 1}–{args.offset + len(rollouts)} of {total}")
-    for column in ("rollout_id", "status", "mode", "reward", "attempts", "llm calls", "duration s"):
-        table.add_column(column, no_wrap=column == "rollout_id")  # ids are for copy-paste: never cut
+    # Short headers and no column rules: the seven columns fit an 80-column terminal uncut (ids
+    # are for copy-paste, statuses for reading).
+    table = Table(
+        title=f"rollouts {args.offset + 1}–{args.offset + len(rollouts)} of {total}",
+        box=box.SIMPLE_HEAD,
+        collapse_padding=True,
+        show_edge=False,
+        pad_edge=False,
+    )
+    for column in ("rollout_id", "status", "mode", "reward", "attempts", "LLM calls", "seconds"):
+        table.add_column(column, no_wrap=True)
     for r in rollouts:
         duration = f"{r.end_time - r.start_time:.2f}" if r.end_time and r.start_time else ""
         table.add_row(
