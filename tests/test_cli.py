@@ -66,7 +66,7 @@ def test_dev_then_inspect_rollouts(tmp_path, tasks_file):
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["total"] == summary["succeeded"] == 4 and summary["failed"] == 0
-    assert summary["reward_mean"] == pytest.approx(0.15)
+    assert summary["reward_mean"] == summary["score"] == pytest.approx(0.15)
     assert summary["rollouts_without_llm_calls"] == 4
     assert "AgentGrad dev run" in result.stdout and "captured no LLM call" in result.stdout
 

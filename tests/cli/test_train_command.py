@@ -96,6 +96,7 @@ def test_train_runs_exports_and_records_its_config(tmp_path: Path, tasks: Path, 
     assert scored.returncode in (0, 1), scored.stdout + scored.stderr
     report = json.loads(scored.stdout.strip().splitlines()[-1])
     assert report["total"] == 8 and report["llm_calls_per_rollout"] == 1.0
+    assert 0 <= report["score"] <= 1 and "AgentGrad evaluation" in scored.stdout and "dev run" not in scored.stdout
 
 
 def assert_test_rollouts(store_path: Path, expected: dict[str, int]) -> None:

@@ -116,6 +116,8 @@ class EvaluationReport:
     calls_cut_at_token_limit: int = 0
     #: The lowest-rewarded rollout's last LLM call (None: no rollout had a reward).
     lowest: RolloutExample | None = None
+    #: The evaluation run's id when it was recorded as one (``agentgrad eval``), else None (``dev``).
+    run_id: str | None = None
 
     @property
     def total(self) -> int:
@@ -154,6 +156,7 @@ class EvaluationReport:
             "failed": self.failed,
             "timed_out": self.timed_out,
             "reward_mean": self.reward_mean,
+            "score": self.score,
             "spans_per_rollout": _mean(self.spans_per_rollout),
             "llm_calls_per_rollout": _mean(self.llm_calls_per_rollout),
             "rollouts_without_llm_calls": self.no_llm_calls,
@@ -178,12 +181,13 @@ class EvaluationReport:
 
     def print(self, console: Console | None = None) -> None:
         console = console or Console()
-        table = Table(title="AgentGrad dev run", show_header=False)
+        title = f"AgentGrad evaluation {self.run_id}" if self.run_id else "AgentGrad dev run"
+        table = Table(title=title, show_header=False)
         for key, value in self.as_dict().items():
             if key in ("failure_reasons", "llm_calls_at_other_temperature", "llm_calls_cut_at_token_limit"):
                 continue
             table.add_row(
-                key.replace("_", " "),
+                "score (a failure counts 0)" if key == "score" else key.replace("_", " "),
                 "—" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value),
             )
         console.print(table)
@@ -310,6 +314,7 @@ class Evaluate(Algorithm):
         report = summarize(
             store, batch.rollouts, batch.cancelled, temperature=resource_temperature(store, self.resources_id)
         )
+        report.run_id = self.run_id
         if self.run_id:
             values = {"eval/succeeded": report.succeeded / report.total, "eval/rollouts": float(report.total)}
             if report.reward_mean is not None:
