@@ -71,6 +71,10 @@ def _start(args: list[str], tmp_path: Path, env: dict[str, str]) -> tuple[subpro
 @pytest.mark.parametrize("command", ["dashboard", "store"])
 def test_cli_servers_check_hosts_and_take_allowed_host(tmp_path: Path, command: str) -> None:
     db = f"sqlite:///{tmp_path / 'store.db'}"
+    if command == "dashboard":  # the dashboard reads a store that is there; the service makes its own
+        from agentgrad.store import open_store
+
+        open_store(db).close()
     args = (["dashboard", "--store", db] if command == "dashboard" else ["store", "serve", "--backend", db]) + [
         "--host",
         "127.0.0.1",

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentgrad._lazy import lazy_exports
-from agentgrad.errors import InvalidInputError
 
 if TYPE_CHECKING:
     from agentgrad.store.client import StoreClient as StoreClient
@@ -62,6 +61,8 @@ def open_store(url: str, *, watchdog: bool = True, existing: bool = False, **opt
         from agentgrad.store.sqlite import SqliteStore
 
         if existing and path != ":memory:" and not Path(path).expanduser().is_file():
+            from agentgrad.errors import InvalidInputError
+
             raise InvalidInputError(
                 f"no store at {url}: there is no file {Path(path).expanduser().absolute()} "
                 "(sqlite:///abs/path.db is absolute; a bare path.db or sqlite://rel.db is relative)"
