@@ -79,6 +79,7 @@ def test_grpo_trains_logs_checkpoints_and_resumes(tiny_model_dir, tmp_path):
     before = fresh.sequence_logprob([Sample(PROMPT + [40], GOOD)])[0]
     state = fresh.load_checkpoint(tmp_path / "checkpoints")
     assert state["step"] == 3 and state["cursor"] == 6
+    assert state["extra"]["trained"] is True  # a resumed run knows its weights moved (identical-rewards hint)
     assert fresh.sequence_logprob([Sample(PROMPT + [40], GOOD)])[0] > before
     # Resuming continues from the checkpoint's step (and republishes its weights first).
     grpo2 = GRPO(

@@ -437,6 +437,9 @@ class GRPO(Algorithm):
         self.versions, self.model_name = [], None
         self.result = GRPOResult(steps=self.trainer.step, output_dir=self.output_dir)
         if state:  # the engine must serve the checkpoint's weights, not the initial ones
+            # whether the steps before the checkpoint updated the weights (older checkpoints do not
+            # say: a step done before is the likelier case)
+            self._has_trained = bool((state.get("extra") or {}).get("trained", self.trainer.step > 0))
             self.publish()
             self.best.load()
             self._sync_best()
@@ -687,8 +690,10 @@ class GRPO(Algorithm):
         return self.store.add_resources(items)
 
     def checkpoint(self) -> None:
-        """Save the trainer (weights, optimizer, step) and the task cursor under ``checkpoints/``."""
-        self.trainer.save_checkpoint(self.checkpoint_dir, cursor=self.cursor, extra={"version": self.versions[-1]})
+        """Save the trainer (weights, optimizer, step), the task cursor and whether a step has
+        updated the weights (what identical rewards mean after a resume) under ``checkpoints/``."""
+        extra = {"version": self.versions[-1], "trained": self._has_trained}
+        self.trainer.save_checkpoint(self.checkpoint_dir, cursor=self.cursor, extra=extra)
 
     # ---- 6. evaluate ------------------------------------------------------------------------------
     def evaluate(self, step: int) -> dict[str, float]:
