@@ -27,6 +27,28 @@ from agentgrad import semconv
 from agentgrad.adapters.timeline import by_start, done_at
 from agentgrad.types import Span
 
+#: The finish reason of a reply the server cut at the request's token limit (``max_tokens``).
+CUT_AT_TOKEN_LIMIT = "length"
+
+
+def content_text(content: Any) -> str | None:
+    """A message's content as text: ``""`` for none, a string as it is, a content-part list's parts
+    one per line (a part's text, else its refusal, else its type in brackets); None for any other
+    shape, which each reader shows its own way."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict):
+                parts.append(str(part.get("text") or part.get("refusal") or f"[{part.get('type', 'part')}]"))
+            else:
+                parts.append(str(part))
+        return "\n".join(parts)
+    return None
+
 
 @dataclass
 class LLMCall:

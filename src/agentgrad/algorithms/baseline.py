@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from agentgrad.adapters.calls import LLMCall, extract_calls
+from agentgrad.adapters.calls import CUT_AT_TOKEN_LIMIT, LLMCall, content_text, extract_calls
 from agentgrad.algorithms.base import Algorithm, AlgorithmContext
 from agentgrad.algorithms.batch import run_batch
 from agentgrad.store.protocol import RolloutRequest, Store
@@ -24,9 +24,6 @@ from agentgrad.types import LLM, MetricRecord, Rollout, RolloutConfig, RolloutMo
 
 #: The temperature of a request that names none: the OpenAI API's default, and the local model server's.
 DEFAULT_TEMPERATURE = 1.0
-
-#: The finish reason of a reply the server cut at the request's token limit (``max_tokens``).
-CUT_AT_TOKEN_LIMIT = "length"
 
 
 @dataclass
@@ -52,7 +49,9 @@ class RolloutExample:
         messages = last.request_messages
         asked = None
         if messages and isinstance(messages[-1], dict):
-            asked = (str(messages[-1].get("role", "?")), _message_text(messages[-1].get("content")))
+            content = messages[-1].get("content")
+            text = content_text(content)
+            asked = (str(messages[-1].get("role", "?")), str(content) if text is None else text)
         tools = [
             f"{function.get('name', '?')}({function.get('arguments', '')})"
             for call in last.tool_calls
@@ -85,13 +84,6 @@ class RolloutExample:
         if self.finish_reason == CUT_AT_TOKEN_LIMIT:
             lines.append("    (cut at the token limit: max_tokens)")
         return lines
-
-
-def _message_text(content: Any) -> str:
-    """A message's content as text (a string, or the text parts of a content-part list)."""
-    if isinstance(content, list):
-        return " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-    return "" if content is None else str(content)
 
 
 def _one_line(text: str, width: int) -> str:

@@ -13,6 +13,7 @@ import json
 import time
 from collections.abc import Iterator, Sequence
 
+from agentgrad.adapters.calls import CUT_AT_TOKEN_LIMIT
 from agentgrad.dashboard import views
 from agentgrad.types import Attempt, Rollout, Span
 
@@ -70,7 +71,7 @@ def _call_header(number: int, call: views.CallView) -> str:
         f"{call.completion_tokens if call.completion_tokens is not None else '?'} tokens"
     )
     if call.finish_reason:
-        cut = " (cut at the token limit)" if call.finish_reason == "length" else ""
+        cut = " (cut at the token limit)" if call.finish_reason == CUT_AT_TOKEN_LIMIT else ""
         parts.append(f"finish: {call.finish_reason}{cut}")
     if call.tools:
         parts.append("tools: " + ", ".join(call.tools))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentgrad import semconv
-from agentgrad.adapters.calls import LLMCall, extract_calls
+from agentgrad.adapters.calls import LLMCall, content_text, extract_calls
 from agentgrad.adapters.timeline import done_at
 from agentgrad.dashboard.frameworks import FrameworkIO, framework_io
 from agentgrad.dashboard.tokens import TokenDecoder, surprisal_level
@@ -328,20 +328,10 @@ class CallView:
 
 
 def _text(content: Any) -> str:
-    """Message content as text: a string, or the text parts of a content-part list."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, dict):
-                parts.append(str(part.get("text") or part.get("refusal") or f"[{part.get('type', 'part')}]"))
-            else:
-                parts.append(str(part))
-        return "\n".join(parts)
-    return pretty_json(content)
+    """Message content as text (:func:`~agentgrad.adapters.calls.content_text`); any other shape
+    as indented JSON."""
+    text = content_text(content)
+    return pretty_json(content) if text is None else text
 
 
 def _tool_calls(raw: Any) -> list[ToolCall]:

@@ -120,20 +120,21 @@ def _write(trainer: PolicyTrainer, tmp: Path, disposable: bool) -> None:
     """Full weights and config into ``tmp``; a LoRA adapter is merged with ``merge_and_unload``."""
     import torch
 
-    model = trainer.model
-    if trainer.is_lora:
-        with quiet_peft():
-            if disposable:  # our own copy: merge in place
-                model = model.merge_and_unload()
-            else:  # a live trainer keeps its adapter: merge into a fresh CPU copy of the base model
-                model = _merged_copy(trainer)
-    use_cache = model.config.use_cache
-    model.config.use_cache = True  # training turns the KV cache off; generation wants it
-    try:
-        with torch.no_grad(), no_progress_bars():
-            model.save_pretrained(str(tmp))
-    finally:
-        model.config.use_cache = use_cache
+    with no_progress_bars():  # the merged copy's load and the save alike
+        model = trainer.model
+        if trainer.is_lora:
+            with quiet_peft():
+                if disposable:  # our own copy: merge in place
+                    model = model.merge_and_unload()
+                else:  # a live trainer keeps its adapter: merge into a fresh CPU copy of the base model
+                    model = _merged_copy(trainer)
+        use_cache = model.config.use_cache
+        model.config.use_cache = True  # training turns the KV cache off; generation wants it
+        try:
+            with torch.no_grad():
+                model.save_pretrained(str(tmp))
+        finally:
+            model.config.use_cache = use_cache
 
 
 def _merged_copy(trainer: PolicyTrainer) -> Any:
