@@ -856,8 +856,8 @@ class RunnerPool:
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM every runner (they finish or hand back work), then wait; kill stragglers."""
         for process in self.processes:
-            if process.is_alive() and process.pid is not None:
-                os.kill(process.pid, signal.SIGTERM)
+            if process.is_alive():
+                process.terminate()  # SIGTERM; a process that exits meanwhile is no error (an os.kill was)
         for process in self.processes:
             process.join(timeout)
             if process.is_alive():
