@@ -32,6 +32,12 @@ Per configuration:
 * ``agent_ms_per_rollout``: the agent's own time per rollout;
 * ``cpu_ms_per_rollout``: CPU per rollout of this process (store, proxy, in-process runners), of
   each runner process (``runner_process``, their mean, start-up included), and of the stub;
+* ``agent_client``: the async agent's HTTP client (``--clients``: ``httpx``, which the OpenAI SDK
+  calls through, or ``aiohttp``); and once per run, ``agent_client_cpu_ms_per_request``: each
+  client's own CPU per request, measured alone against the stub. With an upstream that answers at
+  once, an async runner's slots can only overlap the wait for the proxy and the stub, while its
+  one interpreter spends the agent's client CPU and the framework's on every rollout: the async
+  speed-up is bounded by (CPU + wait) / CPU of that process, which the client's cost decides;
 * ``startup_s``: from starting the runners to each one's first agent call (max and median);
 * ``captured_llm_calls``: LLM-call spans the store counted; a run with fewer than 3 × N, or with
   a rollout that did not succeed, is marked ``"valid": false``.
@@ -52,7 +58,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -123,23 +129,76 @@ def sync_agent(task: Any, llm: Any) -> float:
 
 
 async def async_agent(task: Any, llm: Any) -> float:
-    """:func:`sync_agent` on an ``httpx.AsyncClient`` (one per event loop)."""
+    """:func:`sync_agent` on an async HTTP client (one per event loop): ``httpx.AsyncClient``, the
+    client the OpenAI SDK calls through, or ``aiohttp`` (``BENCH_ROLLOUTS_CLIENT``, see ``--clients``)."""
     import asyncio
-
-    import httpx
 
     started = time.time()
     loop = asyncio.get_running_loop()
-    client = _clients.get(loop)
-    if client is None:
-        client = _clients[loop] = httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_keepalive_connections=64))
+    post = _clients.get(loop)
+    if post is None:
+        post = _clients[loop] = await _async_post(os.environ.get("BENCH_ROLLOUTS_CLIENT", "httpx"))
     for turn in range(CALLS_PER_ROLLOUT):
-        response = await client.post(
-            llm.endpoint + "/chat/completions", json={**_BODY, "messages": _messages(task, turn)}
-        )
-        response.raise_for_status()
+        await post(llm.endpoint + "/chat/completions", {**_BODY, "messages": _messages(task, turn)})
     _record(started, time.time())
     return 1.0
+
+
+async def _async_post(client: str) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
+    """``post(url, body)`` on a new async client of the kind named, for the running event loop; it
+    raises on an error status and reads the whole answer, as an SDK does. The client is closed
+    when the loop shuts down (``asyncio.run`` closes the async generator that holds it)."""
+    if client == "httpx":
+        import httpx
+
+        session: Any = httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_keepalive_connections=64))
+
+        async def post(url: str, body: dict[str, Any]) -> None:
+            (await session.post(url, json=body)).raise_for_status()
+
+        close = session.aclose
+    else:
+        import aiohttp
+
+        session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
+
+        async def post(url: str, body: dict[str, Any]) -> None:
+            async with session.post(url, json=body) as response:
+                response.raise_for_status()
+                await response.read()
+
+        close = session.close
+
+    async def hold() -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await close()
+
+    holder = hold()
+    await holder.__anext__()  # started: the loop's shutdown now finalizes it
+    _clients[("holder", id(holder))] = holder
+    return post
+
+
+def client_cost(upstream: str, client: str, requests: int = 1000) -> float:
+    """CPU (ms) one request costs the async ``client`` on its own: ``requests`` chat calls in a row
+    straight to the stub, in this process, timed by this thread's CPU clock (the stub answers in
+    its own process). What an async agent's runner spends on the agent's HTTP calls, apart from
+    the framework."""
+    import asyncio
+
+    async def measure() -> float:
+        post = await _async_post(client)
+        body = {**_BODY, "messages": _messages({"i": 0}, 0)}
+        for _ in range(50):  # connect, warm up
+            await post(upstream + "/chat/completions", body)
+        began = time.thread_time()
+        for _ in range(requests):
+            await post(upstream + "/chat/completions", body)
+        return (time.thread_time() - began) * 1e3 / requests
+
+    return round(asyncio.run(measure()), 3)
 
 
 # ---- the harness ----------------------------------------------------------------------------------
@@ -175,7 +234,9 @@ def _parse(config: str) -> tuple[str, int]:
     return kind, int(count)
 
 
-def run_config(config: str, n: int, upstream: str, stub_pid: int, timeout: float) -> dict[str, Any]:
+def run_config(
+    config: str, n: int, upstream: str, stub_pid: int, timeout: float, client: str = "httpx"
+) -> dict[str, Any]:
     import threading
 
     from agentgrad.agents import rollout
@@ -191,6 +252,7 @@ def run_config(config: str, n: int, upstream: str, stub_pid: int, timeout: float
     agent = rollout(async_agent if is_async else sync_agent)
     with tempfile.TemporaryDirectory(prefix="bench-rollouts-") as tmp:
         os.environ["BENCH_ROLLOUTS_DIR"] = tmp
+        os.environ["BENCH_ROLLOUTS_CLIENT"] = client  # runner processes get this environment
         store = SqliteStore(Path(tmp) / "store.db")
         proxy = LLMProxy(store, upstream)
         proxy.start()
@@ -244,6 +306,7 @@ def run_config(config: str, n: int, upstream: str, stub_pid: int, timeout: float
         "runners": runners,
         "concurrency": concurrency,
         "process_pool": in_processes,
+        "agent_client": client if is_async else "httpx (sync)",
         "n": n,
         "valid": succeeded == n and captured >= CALLS_PER_ROLLOUT * n and len(done) == n,
         "succeeded": succeeded,
@@ -271,12 +334,28 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds one configuration may take")
     parser.add_argument("--summary", action="store_true", help="print one line of the main figures per run")
     parser.add_argument(
+        "--clients",
+        default="httpx",
+        help="the async agent's HTTP client, comma-separated, each run in turn: httpx (the OpenAI SDK's) "
+        "and/or aiohttp (installed separately)",
+    )
+    parser.add_argument(
         "--cold-start", action="store_true", help="do not start the runner processes' fork server ahead, off the clock"
     )
     args = parser.parse_args()
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     for config in configs:
         _parse(config)
+    clients = [c.strip() for c in args.clients.split(",") if c.strip()]
+    for client in clients:
+        if client not in ("httpx", "aiohttp"):
+            raise SystemExit(f"unknown client {client!r} (httpx, aiohttp)")
+    if "aiohttp" in clients:
+        try:
+            import aiohttp  # noqa: F401
+        except ImportError:
+            raise SystemExit("--clients aiohttp needs aiohttp: pip install aiohttp") from None
+    is_async = {config: _parse(config)[0].startswith("async") for config in configs}
     import agentgrad
     from agentgrad.runner import RunnerPool
 
@@ -285,9 +364,10 @@ def main() -> None:
 
     runs: list[dict[str, Any]] = []
     with _stub() as (upstream, stub_pid):
+        costs = {client: client_cost(upstream, client) for client in clients} if any(is_async.values()) else {}
         for round_ in range(args.rounds):
-            for config in configs:
-                result = run_config(config, args.n, upstream, stub_pid, args.timeout)
+            for config, client in [(c, k) for c in configs for k in (clients if is_async[c] else clients[:1])]:
+                result = run_config(config, args.n, upstream, stub_pid, args.timeout, client)
                 result["round"] = round_
                 runs.append(result)
                 if args.summary:
@@ -297,6 +377,7 @@ def main() -> None:
                                 k: result[k]
                                 for k in (
                                     "config",
+                                    "agent_client",
                                     "round",
                                     "valid",
                                     "rollouts_per_s",
@@ -317,6 +398,7 @@ def main() -> None:
         "agentgrad": str(Path(agentgrad.__file__).parent),
         "cpu_count": os.cpu_count(),
         "load_average": os.getloadavg(),
+        "agent_client_cpu_ms_per_request": costs,
         "runs": runs,
     }
     print(json.dumps(report, indent=2))
