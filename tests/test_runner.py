@@ -15,6 +15,8 @@ from typing import Any
 import agents_for_tests
 import pytest
 
+from agentgrad import runner as runner_module
+from agentgrad.agents import rollout
 from agentgrad.errors import InvalidInputError
 from agentgrad.runner import Runner, RunnerDiedError, RunnerPool
 from agentgrad.store.client import StoreUnavailableError
@@ -110,6 +112,50 @@ def test_heartbeats_advance_for_a_slow_agent(local_store):
     assert local_store.get_rollout(rollout.rollout_id).status == RolloutStatus.SUCCEEDED
     assert len(beats) >= 3, beats  # claim/start, then heartbeats while the agent sleeps
     assert beats == sorted(beats) and beats[-1] - attempt.start_time >= 0.5
+
+
+@rollout
+async def quiet_async_agent(task: Any) -> None:
+    """Sleeps ``task["sleep"]`` seconds; no span, no reward."""
+    await asyncio.sleep(task["sleep"])
+
+
+@rollout
+def quiet_sync_agent(task: Any) -> None:
+    time.sleep(task["sleep"])
+
+
+@pytest.mark.parametrize("agent", [quiet_async_agent, quiet_sync_agent], ids=["async", "sync"])
+@pytest.mark.parametrize(("sleep", "start_after", "marked"), [(0.0, 30.0, False), (0.6, 0.05, True)])
+def test_an_attempt_is_marked_running_once_its_agent_has_run_a_while_without_a_span(
+    local_store, monkeypatch, agent, sleep, start_after, marked
+):
+    """A rollout done before ``START_AFTER_SECONDS`` costs the store no write to start it: it goes
+    from preparing to its end. One that runs longer (and wrote no span, which would have done it)
+    is marked running by the runner while its agent runs."""
+    monkeypatch.setattr(runner_module, "START_AFTER_SECONDS", start_after)
+    written: list[AttemptStatus] = []
+    update = local_store.update_attempt
+
+    def recording(rollout_id: str, attempt_id: str, status: Any, *args: Any, **kwargs: Any) -> Any:
+        written.append(AttemptStatus(status))
+        return update(rollout_id, attempt_id, status, *args, **kwargs)
+
+    monkeypatch.setattr(local_store, "update_attempt", recording)
+    rollout_id = local_store.enqueue_rollout({"sleep": sleep}).rollout_id
+    seen: set[AttemptStatus] = set()
+
+    def ended() -> bool:
+        attempt = local_store.get_latest_attempt(rollout_id)
+        if attempt is not None:
+            seen.add(attempt.status)
+        return local_store.get_rollout(rollout_id).status.is_terminal
+
+    with running(Runner(agent, local_store, poll_timeout=0.05)):
+        wait_for(ended)
+    assert local_store.get_rollout(rollout_id).status == RolloutStatus.SUCCEEDED
+    assert written == [AttemptStatus.RUNNING, AttemptStatus.SUCCEEDED] if marked else [AttemptStatus.SUCCEEDED]
+    assert (AttemptStatus.RUNNING in seen) is marked
 
 
 # ---- failures --------------------------------------------------------------------------------------

@@ -7,6 +7,9 @@ concurrently on its event loop; sync agents run in threads). A :class:`RunnerPoo
 Failure model:
 * an agent exception fails the attempt with its type, message and traceback;
 * a non-numeric reward fails that rollout with a message, never the runner;
+* an attempt goes from ``preparing`` to ``running`` with its first span (the store's rule), or
+  when its agent has run ``START_AFTER_SECONDS`` without one: a rollout shorter than that costs
+  the store no write for it;
 * heartbeats go to the store every ``heartbeat_interval``; if the store says the attempt is over
   (cancelled, timed out), the agent's task is cancelled;
 * SIGTERM/SIGINT stop dequeuing, give in-flight rollouts ``grace_seconds`` to finish, then hand
@@ -63,6 +66,7 @@ from agentgrad.store.outage import OUTAGE_ERRORS, PatientStore
 from agentgrad.store.protocol import RolloutFilter, Store
 from agentgrad.types import (
     HEARTBEAT_INTERVAL_SECONDS,
+    Attempt,
     AttemptedRollout,
     AttemptError,
     AttemptStatus,
@@ -73,6 +77,10 @@ from agentgrad.types import (
 )
 
 log = logging.getLogger(__name__)
+
+#: Seconds an agent runs before the runner marks its attempt ``running`` (if no span did), and
+#: the period at which the runner looks at an agent in flight (for a stop, a heartbeat).
+START_AFTER_SECONDS = 0.25
 
 
 class RewardError(TypeError):
@@ -233,8 +241,8 @@ class Runner:
 
     async def _slot(self) -> None:
         while self._take_ticket():
-            # One thread hop per claim: the claim, its resources and its start, in a row (each hop
-            # between the loop and a thread costs a GIL hand-off, ~0.3 ms on a busy machine).
+            # One thread hop per claim: the claim and its resources, in a row (each hop between
+            # the loop and a thread costs a GIL hand-off, ~0.3 ms on a busy machine).
             claimed, prepared = await self._to_thread(self._dequeue_and_prepare)
             if claimed is None:
                 self._claimed -= 1  # nothing came: the ticket is not spent
@@ -258,10 +266,9 @@ class Runner:
             return claimed, exc
 
     def _prepare(self, claimed: AttemptedRollout) -> Resources:
-        """The attempt's resources, and the attempt marked running; through store outages."""
-        resources = self._resources_for(claimed)
-        self.store.update_attempt(claimed.rollout.rollout_id, claimed.attempt.attempt_id, AttemptStatus.RUNNING)
-        return resources
+        """The attempt's resources; through store outages. The attempt stays ``preparing`` until
+        its first span or :meth:`_supervise`'s start mark."""
+        return self._resources_for(claimed)
 
     def _dequeue(self) -> AttemptedRollout | None:
         """One long-polling claim; through a store outage until it ends or the runner is told to stop
@@ -375,12 +382,18 @@ class Runner:
     async def _supervise(
         self, work: asyncio.Future, claimed: AttemptedRollout, abandoned: threading.Event
     ) -> BaseException | None:
-        """Await the agent while heartbeating; returns its exception (None on success)."""
+        """Await the agent while heartbeating; returns its exception (None on success).
+
+        An agent still running after ``START_AFTER_SECONDS`` has its attempt marked ``running``
+        (which is a heartbeat too), unless a span did that first. Marking it at the claim instead
+        cost every rollout a store write — on a fast agent's runner, one write transaction in
+        five, and the writes of all runners and of the capture proxy queue for one lock."""
         rollout_id, attempt_id = claimed.rollout.rollout_id, claimed.attempt.attempt_id
         last_beat = now()
+        started = False
         grace_deadline: float | None = None
         while True:
-            done, _ = await asyncio.wait({work}, timeout=0.25)
+            done, _ = await asyncio.wait({work}, timeout=START_AFTER_SECONDS)
             if done:
                 return work.exception()
             if self.stopping:
@@ -390,11 +403,13 @@ class Runner:
                     work.cancel()
                     return _Handback()
                 continue
-            if now() - last_beat < self.heartbeat_interval:
+            if started and now() - last_beat < self.heartbeat_interval:
                 continue
             last_beat = now()
-            # One try: during an outage a heartbeat is skipped (the next is due soon), not waited for.
-            state = await self._to_thread(self.store.try_once, self.store.inner.heartbeat, rollout_id, attempt_id)
+            # One try: during an outage a heartbeat (or the start mark) is skipped, not waited for.
+            beat = self._heartbeat if started else self._mark_started
+            state = await self._to_thread(beat, rollout_id, attempt_id)
+            started = started or state is not None
             if state is not None and state.status.is_terminal:
                 log.warning(
                     "attempt %s of %s ended in the store (%s); cancelling the agent",
@@ -405,6 +420,18 @@ class Runner:
                 abandoned.set()
                 work.cancel()
                 return _Superseded(state.status.value)
+
+    def _heartbeat(self, rollout_id: str, attempt_id: str) -> Attempt | None:
+        """One heartbeat: the attempt as the store has it, or None during an outage."""
+        return self.store.try_once(self.store.inner.heartbeat, rollout_id, attempt_id)
+
+    def _mark_started(self, rollout_id: str, attempt_id: str) -> Attempt | None:
+        """The attempt marked ``running`` (a no-op once a span did so); a heartbeat when it has
+        ended in the store meanwhile, to read how. None during an outage."""
+        try:
+            return self.store.try_once(self.store.inner.update_attempt, rollout_id, attempt_id, AttemptStatus.RUNNING)
+        except InvalidTransitionError:
+            return self._heartbeat(rollout_id, attempt_id)
 
     async def _flush_llm_calls(self, claimed: AttemptedRollout) -> None:
         """Wait (in a thread) until the proxy has stored every LLM call of the attempt."""
