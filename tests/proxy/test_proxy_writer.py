@@ -301,3 +301,23 @@ def test_runner_reports_the_attempt_when_the_flush_fails(memory_store, caplog) -
     assert any("could not confirm its calls are stored" in r.getMessage() for r in caplog.records)
     (rollout,) = memory_store.query_rollouts()
     assert rollout.status.value == "succeeded"
+
+
+def test_attempts_with_calls_counts_each_attempt_once_in_bounded_memory(monkeypatch) -> None:
+    """A proxy serves long runs: it remembers only the latest attempts to count each once, where
+    it kept every attempt it ever saw (~250 bytes each)."""
+    from agentgrad.proxy import metrics as metrics_module
+
+    monkeypatch.setattr(metrics_module, "ATTEMPTS_REMEMBERED", 4)
+    metrics = metrics_module.ProxyMetrics()
+    metrics.recorded_calls_of([("r1", "a1"), ("r1", "a1"), ("r2", "a1")])
+    metrics.recorded_calls_of([("r1", "a1"), ("r1", "a2")])  # a retry is another attempt
+    assert (metrics.recorded, metrics.attempts_with_calls) == (5, 3)
+    metrics.recorded_calls_of([(f"r{i}", "a1") for i in range(3, 13)])
+    assert (metrics.recorded, metrics.attempts_with_calls) == (15, 13)
+    assert len(metrics._recent) == 4
+    metrics.recorded_calls_of([("r12", "a1")])  # still remembered: not counted again
+    assert metrics.attempts_with_calls == 13
+    values = metrics.as_dict()
+    assert values["attempts_with_calls"] == 13 and values["recorded"] == 16
+    assert all(isinstance(v, int) for v in values.values())

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
+
+#: Attempts :meth:`ProxyMetrics.recorded_calls_of` remembers to count each once: a proxy serves
+#: long runs, and a set of every attempt it ever saw grew by ~250 bytes an attempt (a GB in four
+#: million). An attempt recorded again after this many others is counted twice.
+ATTEMPTS_REMEMBERED = 65_536
 
 
 @dataclass
@@ -30,9 +37,25 @@ class ProxyMetrics:
     store_batches: int = 0
     store_retries: int = 0
     streams_aborted: int = 0
-    attempts: set[tuple[str, str]] = field(default_factory=set, repr=False)
+    #: Distinct attempts with a recorded call (see :data:`ATTEMPTS_REMEMBERED`).
+    attempts_with_calls: int = 0
+    _recent: OrderedDict[tuple[str, str], None] = field(default_factory=OrderedDict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def recorded_calls_of(self, keys: list[tuple[str, str]]) -> None:
+        """Count recorded calls, by their ``(rollout_id, attempt_id)`` (from the span writer's
+        thread, or the serving thread in ``sync`` record mode)."""
+        with self._lock:
+            self.recorded += len(keys)
+            recent = self._recent
+            for key in keys:
+                if key in recent:
+                    recent.move_to_end(key)
+                    continue
+                self.attempts_with_calls += 1
+                recent[key] = None
+                if len(recent) > ATTEMPTS_REMEMBERED:
+                    recent.popitem(last=False)
 
     def as_dict(self) -> dict[str, int]:
-        values = {k: v for k, v in vars(self).items() if isinstance(v, int)}
-        values["attempts_with_calls"] = len(self.attempts)
-        return values
+        return {k: v for k, v in vars(self).items() if isinstance(v, int)}

@@ -129,7 +129,7 @@ class SpanWriter:
             self._record_failure([key], exc)
             raise
         else:
-            self._stored([key])
+            self.metrics.recorded_calls_of([key])
         finally:
             self._settle([key])
 
@@ -234,13 +234,13 @@ class SpanWriter:
             return
         try:
             if self._add(spans):
-                self._stored(keys)
+                self.metrics.recorded_calls_of(keys)
                 return
             # The batch failed for good (a refused batch stores nothing): isolate the bad span(s).
             if len(spans) > 1:
                 for key, span in zip(keys, spans, strict=True):
                     if self._add([span]):
-                        self._stored([key])
+                        self.metrics.recorded_calls_of([key])
                     else:
                         self._record_failure([key], self._last_error)
             else:
@@ -269,11 +269,6 @@ class SpanWriter:
                 time.sleep(delay)
                 delay = min(delay * 2, self.max_backoff)
         return False
-
-    def _stored(self, keys: list[Key]) -> None:
-        metrics = self.metrics
-        metrics.recorded += len(keys)
-        metrics.attempts.update(keys)
 
     def _record_failure(self, keys: list[Key], exc: BaseException | None) -> None:
         message = f"{type(exc).__name__}: {exc}" if exc is not None else "unknown error"
