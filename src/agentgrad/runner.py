@@ -185,6 +185,7 @@ class Runner:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._async_agent = _returns_coroutine(self.agent)
         self._resources: dict[str, Resources] = {}  # snapshots by id: immutable in the store
+        self._proxy_recorded: set[str] = set()  # attempts whose flush said the proxy recorded a call
 
     # ---- control ----------------------------------------------------------------------------
     def stop(self) -> None:
@@ -334,6 +335,7 @@ class Runner:
             self.stats.errors.append(f"{rollout.rollout_id}: {type(exc).__name__}: {exc}")
         finally:
             self._in_flight.pop(key, None)
+            self._proxy_recorded.discard(key)
 
     async def _store_back(self, claimed: AttemptedRollout) -> None:
         """Wait until the store answers again (a heartbeat of the attempt) in a thread, so the
@@ -439,15 +441,18 @@ class Runner:
             await self._to_thread(self._flush_now, claimed)
 
     def _flush_now(self, claimed: AttemptedRollout) -> None:
-        """Wait until the proxy has stored every LLM call of the attempt; a failure is logged, not fatal."""
+        """Wait until the proxy has stored every LLM call of the attempt; a failure is logged, not fatal.
+        An answer that the proxy recorded a call of the attempt spares :meth:`_finish` its store read."""
         if self.llm_proxy is None and not self.llm_proxy_url:
             return
         rollout_id, attempt_id = claimed.rollout.rollout_id, claimed.attempt.attempt_id
         try:
             if self.llm_proxy is not None:
-                self.llm_proxy.flush(rollout_id, attempt_id, self.flush_timeout)
+                recorded = self.llm_proxy.flush(rollout_id, attempt_id, self.flush_timeout)
             else:
-                self._flush_over_http(rollout_id, attempt_id)
+                recorded = self._flush_over_http(rollout_id, attempt_id)
+            if recorded is True:  # a duck-typed proxy's flush may return nothing
+                self._proxy_recorded.add(attempt_id)
         except Exception as exc:
             log.warning(
                 "rollout %s attempt %s: the LLM proxy could not confirm its calls are stored (%s: %s); "
@@ -459,9 +464,10 @@ class Runner:
             )
             self.stats.errors.append(f"{rollout_id}: flush: {type(exc).__name__}: {exc}")
 
-    def _flush_over_http(self, rollout_id: str, attempt_id: str) -> None:
+    def _flush_over_http(self, rollout_id: str, attempt_id: str) -> bool:
         """``POST /agentgrad/flush`` through the package's sync transport, whose one retry (a pooled
-        connection the proxy closed while idle) is all a flush needs: it is idempotent anyway."""
+        connection the proxy closed while idle) is all a flush needs: it is idempotent anyway.
+        Returns whether the proxy says it recorded a call of the attempt."""
         wait = self.flush_timeout + 10
         with self._flush_transport_lock:  # slots flush from several threads at once
             if self._flush_transport is None:
@@ -475,6 +481,7 @@ class Runner:
         status, answer = transport.request("POST", "/agentgrad/flush", body.encode(), timeout=wait)
         if status != 200:
             raise RuntimeError(f"POST /agentgrad/flush answered {status}: {answer[:500].decode('utf-8', 'replace')}")
+        return b'"recorded_calls":true' in answer  # the proxy's own fixed answer (an older one has no such field)
 
     def _finish(self, claimed: AttemptedRollout, outcome: BaseException | None) -> None:
         rollout_id, attempt_id = claimed.rollout.rollout_id, claimed.attempt.attempt_id
@@ -487,7 +494,8 @@ class Runner:
         if outcome is None:
             self.store.update_attempt(rollout_id, attempt_id, AttemptStatus.SUCCEEDED)
             self.stats.succeeded += 1
-            self._warn_if_no_llm_calls(rollout_id)
+            if attempt_id not in self._proxy_recorded:
+                self._warn_if_no_llm_calls(rollout_id)
             return
         error = AttemptError(
             type=type(outcome).__name__,

@@ -83,11 +83,18 @@ def test_answer_does_not_wait_for_the_store_and_flush_is_the_barrier(memory_stor
             timeout=10,
             json={"rollout_id": attempt.rollout.rollout_id, "attempt_id": attempt.attempt.attempt_id, "timeout": 10},
         )
-        assert done.status_code == 200
+        assert done.status_code == 200 and done.json() == {"status": "stored", "recorded_calls": True}
         assert stored(memory_store, attempt) == 1
         assert proxy.metrics.recorded == 1 and proxy.metrics.as_dict()["store_batches"] == 1
+        assert proxy.flush(*ids(attempt), timeout=0) is True
         other = new_attempt(memory_store)  # an attempt with no calls flushes at once
-        proxy.flush(*ids(other), timeout=0)
+        assert proxy.flush(*ids(other), timeout=0) is False
+        answer = httpx.post(
+            proxy.url + "/agentgrad/flush",
+            timeout=10,
+            json={"rollout_id": other.rollout.rollout_id, "attempt_id": other.attempt.attempt_id, "timeout": 0},
+        )
+        assert answer.json() == {"status": "stored", "recorded_calls": False}
 
 
 def test_flush_endpoint_refuses_bad_bodies(proxy) -> None:
@@ -265,6 +272,11 @@ class ObservedStore(WrappedStore):
     def __init__(self, inner: Store) -> None:
         super().__init__(inner)
         self.calls_when_reported: list[int] = []
+        self.counts = 0
+
+    def count_rollouts(self, *args: Any, **kwargs: Any) -> int:
+        self.counts += 1
+        return self.inner.count_rollouts(*args, **kwargs)
 
     def update_attempt(self, rollout_id: str, attempt_id: str, status: Any, *args: Any, **kwargs: Any) -> Any:
         if status in (AttemptStatus.SUCCEEDED, AttemptStatus.FAILED):
@@ -272,8 +284,16 @@ class ObservedStore(WrappedStore):
         return self.inner.update_attempt(rollout_id, attempt_id, status, *args, **kwargs)
 
 
+@pytest.mark.parametrize("remembered", [True, False], ids=["remembered", "forgotten"])
 @pytest.mark.parametrize("via", ["http", "in_process"])
-def test_runner_flushes_before_reporting(memory_store, via) -> None:
+def test_runner_flushes_before_reporting(memory_store, via, remembered, monkeypatch) -> None:
+    """Every call is stored before the attempt is reported; the flush's answer that the proxy
+    recorded calls spares the runner its store read ("did this rollout make an LLM call?"),
+    which it makes when the proxy no longer remembers the attempt."""
+    from agentgrad.proxy import metrics as metrics_module
+
+    if not remembered:
+        monkeypatch.setattr(metrics_module, "ATTEMPTS_REMEMBERED", 0)
     slow = WrappedStore(memory_store)
     original = slow.add_spans
     slow.add_spans = lambda spans: (time.sleep(0.3), original(spans))[1]  # type: ignore[method-assign]
@@ -286,6 +306,22 @@ def test_runner_flushes_before_reporting(memory_store, via) -> None:
         stats = runner.run()
     assert stats.succeeded == 2 and stats.no_llm_calls == 0 and not stats.errors
     assert observed.calls_when_reported == [2, 2]
+    assert observed.counts == (0 if remembered else 2)
+
+
+def quiet_agent(task: dict, llm: LLM) -> float:
+    return 1.0  # never calls its LLM endpoint
+
+
+@pytest.mark.parametrize("via", ["http", "in_process"])
+def test_a_rollout_without_a_call_through_the_proxy_is_still_counted(memory_store, via) -> None:
+    memory_store.enqueue_rollout({"q": "x"})
+    observed = ObservedStore(memory_store)
+    with StubUpstream(["The answer is 5."]) as stub, LLMProxy(memory_store, stub.start()) as proxy:
+        extra = {"llm_proxy": proxy} if via == "in_process" else {}
+        runner = Runner(quiet_agent, observed, max_rollouts=1, llm_proxy_url=proxy.url, poll_timeout=0.1, **extra)
+        stats = runner.run()
+    assert stats.succeeded == 1 and stats.no_llm_calls == 1 and observed.counts == 1
 
 
 def test_runner_reports_the_attempt_when_the_flush_fails(memory_store, caplog) -> None:

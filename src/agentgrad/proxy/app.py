@@ -227,16 +227,17 @@ async def flush_response(state: ProxyState, rollout_id: str, attempt_id: str, ti
     writer = state.writer
     try:
         if writer.pending((rollout_id, attempt_id)):  # only then block (in a thread, off the loop)
-            await asyncio.to_thread(writer.flush, rollout_id, attempt_id, timeout)
+            result = await asyncio.to_thread(writer.flush, rollout_id, attempt_id, timeout)
         else:
-            writer.flush(rollout_id, attempt_id, 0)
+            result = writer.flush(rollout_id, attempt_id, 0)
     except FlushTimeout as exc:
         return Response(
             error_body(str(exc), kind="timeout_error", code="flush_timeout"), status_code=504, media_type=_JSON
         )
     except FlushError as exc:
         return Response(error_body(str(exc), kind="store_error", code="store_error"), status_code=500, media_type=_JSON)
-    return Response(b'{"status":"stored"}', media_type=_JSON)
+    recorded = b"true" if result.recorded_calls else b"false"
+    return Response(b'{"status":"stored","recorded_calls":' + recorded + b"}", media_type=_JSON)
 
 
 async def _models(state: ProxyState, request: Request) -> Response:

@@ -57,5 +57,11 @@ class ProxyMetrics:
                 if len(recent) > ATTEMPTS_REMEMBERED:
                     recent.popitem(last=False)
 
+    def recorded_a_call_of(self, key: tuple[str, str]) -> bool:
+        """Whether a call of the attempt was recorded (False also once it is forgotten: see
+        :data:`ATTEMPTS_REMEMBERED`)."""
+        with self._lock:
+            return key in self._recent
+
     def as_dict(self) -> dict[str, int]:
         return {k: v for k, v in vars(self).items() if isinstance(v, int)}

@@ -83,13 +83,14 @@ class LLMProxy:
         """The OpenAI base URL of the proxy without a rollout prefix (``…/v1``)."""
         return self.url + "/v1"
 
-    def flush(self, rollout_id: str, attempt_id: str, timeout: float | None = 30.0) -> None:
-        """Block until every call of the attempt the proxy has accepted is stored.
+    def flush(self, rollout_id: str, attempt_id: str, timeout: float | None = 30.0) -> bool:
+        """Block until every call of the attempt the proxy has accepted is stored. Returns whether
+        the proxy recorded a call of it (False: none, or too many attempts ago to remember).
 
         Raises :class:`~agentgrad.proxy.writer.FlushTimeout` (calls still in flight or queued after
         ``timeout``) or :class:`~agentgrad.proxy.writer.FlushError` (spans lost after retries).
         """
-        self.app.state.proxy.writer.flush(rollout_id, attempt_id, timeout)
+        return self.app.state.proxy.writer.flush(rollout_id, attempt_id, timeout).recorded_calls
 
     def endpoint_for(self, rollout_id: str, attempt_id: str) -> str:
         """The OpenAI base URL that attributes calls to one attempt."""

@@ -68,10 +68,13 @@ class FlushError(RuntimeError):
 
 @dataclass
 class FlushResult:
-    """What one flush saw: spans of the attempt that were lost since the previous flush."""
+    """What one flush saw: spans of the attempt that were lost since the previous flush, and
+    whether a call of the attempt was recorded (as far as the proxy remembers: a False is not a
+    "no", see :data:`~agentgrad.proxy.metrics.ATTEMPTS_REMEMBERED`)."""
 
     failed: int = 0
     last_error: str | None = None
+    recorded_calls: bool = False
 
 
 class SpanWriter:
@@ -161,7 +164,7 @@ class SpanWriter:
             result = self._failed.pop(key, None)
         if result is not None and result.failed:
             raise FlushError(rollout_id, attempt_id, result.failed, result.last_error)
-        return FlushResult()
+        return FlushResult(recorded_calls=self.metrics.recorded_a_call_of(key))
 
     def flush_all(self, timeout: float | None = 30.0) -> bool:
         """Wait until nothing at all is pending; False on timeout."""
