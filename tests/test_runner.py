@@ -16,6 +16,7 @@ import agents_for_tests
 import pytest
 
 from agentgrad import runner as runner_module
+from agentgrad import semconv
 from agentgrad.agents import rollout
 from agentgrad.errors import InvalidInputError
 from agentgrad.runner import Runner, RunnerDiedError, RunnerPool
@@ -156,6 +157,27 @@ def test_an_attempt_is_marked_running_once_its_agent_has_run_a_while_without_a_s
     assert local_store.get_rollout(rollout_id).status == RolloutStatus.SUCCEEDED
     assert written == [AttemptStatus.RUNNING, AttemptStatus.SUCCEEDED] if marked else [AttemptStatus.SUCCEEDED]
     assert (AttemptStatus.RUNNING in seen) is marked
+
+
+@pytest.mark.parametrize("agent", [agents_for_tests.failing_agent, quiet_async_agent], ids=["sync", "async"])
+def test_a_returned_reward_is_stored_with_the_attempts_success_in_one_write(local_store, monkeypatch, agent):
+    writes: list[tuple[str, list[str]]] = []
+    update, add_span, add_spans = local_store.update_attempt, local_store.add_span, local_store.add_spans
+
+    def recording_update(rollout_id: str, attempt_id: str, status: Any, *args: Any, spans: Any = (), **kw: Any) -> Any:
+        writes.append((AttemptStatus(status).value, [span.name for span in spans]))
+        return update(rollout_id, attempt_id, status, *args, spans=spans, **kw)
+
+    monkeypatch.setattr(local_store, "update_attempt", recording_update)
+    monkeypatch.setattr(local_store, "add_span", lambda span: (writes.append(("span", [span.name])), add_span(span))[1])
+    monkeypatch.setattr(local_store, "add_spans", lambda spans: (writes.append(("spans", [])), add_spans(spans))[1])
+    rollout_id = local_store.enqueue_rollout({"x": 1, "sleep": 0.0}).rollout_id
+    with running(Runner(agent, local_store, poll_timeout=0.05)):
+        wait_for(lambda: local_store.get_rollout(rollout_id).status.is_terminal)
+    rollout = local_store.get_rollout(rollout_id)
+    expected = 1.0 if agent is agents_for_tests.failing_agent else None
+    assert rollout.status == RolloutStatus.SUCCEEDED and rollout.reward == expected
+    assert writes == [("succeeded", [semconv.SPAN_REWARD] if expected is not None else [])]
 
 
 # ---- failures --------------------------------------------------------------------------------------

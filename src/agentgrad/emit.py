@@ -72,6 +72,16 @@ def emit_reward(value: float | Mapping[str, float], *, primary: str | None = Non
     reward emitted is the rollout's reward.
     """
     context = require_context("emit_reward")
+    return _write(context, _reward_span(context, value, primary))
+
+
+def reward_span(value: float | Mapping[str, float], *, primary: str | None = None) -> Span:
+    """The span :func:`emit_reward` writes, built but not written: for a writer that stores it
+    with something else in one transaction (the runner: with the attempt's success)."""
+    return _reward_span(require_context("reward_span"), value, primary)
+
+
+def _reward_span(context: RolloutContext, value: float | Mapping[str, float], primary: str | None) -> Span:
     attributes: dict[str, Any] = {}
     if isinstance(value, Mapping):
         dims = {str(k): _reward_number(v, f"reward dimension {k!r}") for k, v in value.items()}
@@ -94,7 +104,7 @@ def emit_reward(value: float | Mapping[str, float], *, primary: str | None = Non
         attributes[semconv.REWARD_VALUE] = dims[primary]
     else:
         attributes[semconv.REWARD_VALUE] = _reward_number(value, "reward")
-    return _write(context, _span(context, semconv.SPAN_REWARD, attributes))
+    return _span(context, semconv.SPAN_REWARD, attributes)
 
 
 def emit_message(message: str, **attributes: Any) -> Span:

@@ -57,7 +57,7 @@ import httpx  # noqa: F401
 
 from agentgrad.agents import Agent, FunctionAgent, as_agent
 from agentgrad.context import RolloutContext, use_context
-from agentgrad.emit import emit_reward
+from agentgrad.emit import reward_span
 from agentgrad.errors import AgentGradError, InvalidTransitionError
 from agentgrad.http.guard import PROXY_TOKEN_ENV, env_token
 from agentgrad.http.transport import Transport, transport_for
@@ -71,6 +71,7 @@ from agentgrad.types import (
     AttemptError,
     AttemptStatus,
     Resources,
+    Span,
     Worker,
     new_id,
     now,
@@ -314,12 +315,12 @@ class Runner:
                 # The agent failed only because its store call gave up waiting out an outage when
                 # the runner's grace ran out: not the agent's failure, and the store cannot be told.
                 outcome = _Handback()
-            reward_stored = outcome is None and work.result() is not None  # _invoke flushed before it
-            if not isinstance(outcome, (_Superseded, _Handback)) and not reward_stored:
+            reward = work.result() if outcome is None else None  # its span, built once _invoke had flushed
+            if not isinstance(outcome, (_Superseded, _Handback)) and reward is None:
                 await self._flush_llm_calls(claimed)  # its calls are stored before it is reported
             if self.store.outage.down and not isinstance(outcome, (_Superseded, _Handback)):
                 await self._store_back(claimed)
-            self._finish(claimed, outcome)
+            self._finish(claimed, outcome, reward)
         except InvalidTransitionError as exc:  # the store ended the attempt first: a watchdog, a cancel
             log.warning(
                 "runner %s: rollout %s attempt %s was ended in the store before the runner could report "
@@ -348,6 +349,8 @@ class Runner:
             pass  # stopping, out of grace: the report makes its one try
 
     async def _invoke(self, claimed: AttemptedRollout, resources: Resources, abandoned: threading.Event) -> Any:
+        """The agent's run; returns the span of the reward it returned (None: it returned none),
+        which :meth:`_finish` stores with the attempt's success."""
         # Sync agents run in a thread (the context variable travels with it) so heartbeats and
         # other slots keep going; async agents return a coroutine that runs on this loop.
         if self._async_agent:
@@ -355,31 +358,31 @@ class Runner:
         else:
             result = await self._to_thread(self._run_sync_agent, claimed, resources, abandoned)
             if not isinstance(result, _Awaitable):
-                return result  # the thread stored the reward too
+                return result  # the thread flushed and built the reward's span too
             result = await result.awaitable
         reward = reward_of(result)
-        if reward is not None:
-            await self._to_thread(self._store_reward, claimed, reward)  # off the loop the other slots share
-        return reward
+        if reward is None:
+            return None
+        return await self._to_thread(self._flushed_reward, claimed, reward)  # off the loop the slots share
 
-    def _store_reward(self, claimed: AttemptedRollout, reward: float) -> None:
-        """The reward follows every call of the attempt: store the calls first (the proxy writes
-        them behind its answers), so even the store's own order says so."""
+    def _flushed_reward(self, claimed: AttemptedRollout, reward: float) -> Span:
+        """The reward's span, once every call of the attempt is stored (the proxy writes them
+        behind its answers): reported after them, the reward follows them in the store's order too."""
         self._flush_now(claimed)
-        emit_reward(reward)
+        return reward_span(reward)
 
     def _run_sync_agent(self, claimed: AttemptedRollout, resources: Resources, abandoned: threading.Event) -> Any:
-        """The agent, then its reward stored (after its calls: the flush first), in one thread hop
-        instead of three; not once the loop has ``abandoned`` the attempt (the store ended it, or
-        the runner's grace ran out), as a cancelled coroutine would not. An agent that returned an
-        awaitable after all gets it back wrapped, for the loop to await."""
+        """The agent, then the flush and its reward's span, in one thread hop instead of two; not
+        once the loop has ``abandoned`` the attempt (the store ended it, or the runner's grace ran
+        out), which is not reported as a success. An agent that returned an awaitable after all
+        gets it back wrapped, for the loop to await."""
         result = self.agent.run_for(claimed.rollout, resources)
         if inspect.isawaitable(result):
             return _Awaitable(result)
         reward = reward_of(result)
-        if reward is not None and not abandoned.is_set():
-            self._store_reward(claimed, reward)
-        return reward
+        if reward is None or abandoned.is_set():
+            return None
+        return self._flushed_reward(claimed, reward)
 
     async def _supervise(
         self, work: asyncio.Future, claimed: AttemptedRollout, abandoned: threading.Event
@@ -483,7 +486,9 @@ class Runner:
             raise RuntimeError(f"POST /agentgrad/flush answered {status}: {answer[:500].decode('utf-8', 'replace')}")
         return b'"recorded_calls":true' in answer  # the proxy's own fixed answer (an older one has no such field)
 
-    def _finish(self, claimed: AttemptedRollout, outcome: BaseException | None) -> None:
+    def _finish(self, claimed: AttemptedRollout, outcome: BaseException | None, reward: Span | None = None) -> None:
+        """Report the attempt: a success with its reward's span in one store write, a failure
+        with the error, a hand-back; nothing when the store ended it first."""
         rollout_id, attempt_id = claimed.rollout.rollout_id, claimed.attempt.attempt_id
         if isinstance(outcome, _Superseded):
             self.stats.failed += 1
@@ -492,7 +497,8 @@ class Runner:
             self._hand_back(claimed)
             return
         if outcome is None:
-            self.store.update_attempt(rollout_id, attempt_id, AttemptStatus.SUCCEEDED)
+            spans = () if reward is None else (reward,)
+            self.store.update_attempt(rollout_id, attempt_id, AttemptStatus.SUCCEEDED, spans=spans)
             self.stats.succeeded += 1
             if attempt_id not in self._proxy_recorded:
                 self._warn_if_no_llm_calls(rollout_id)

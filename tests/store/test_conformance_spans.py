@@ -247,6 +247,36 @@ def test_reward_span_sets_rollout_reward(store, kit):
     assert store.get_rollout(rid).reward == pytest.approx(0.75)
 
 
+@pytest.mark.parametrize("phase", ["preparing", "running"])
+def test_an_attempt_reported_with_its_reward_span_stores_both_at_once(store, kit, phase):
+    """``update_attempt(..., spans=[reward])``: how a runner reports a success, one write."""
+    claimed = kit.claim(store) if phase == "preparing" else kit.start(store)
+    rid, aid = claimed.rollout.rollout_id, claimed.attempt.attempt_id
+    attempt = store.update_attempt(rid, aid, "succeeded", spans=[_reward_span(kit, rid, aid, 0.75)])
+    assert attempt.status == "succeeded" and attempt.end_time is not None
+    rollout = store.get_rollout(rid)
+    assert rollout.status == "succeeded" and rollout.reward == pytest.approx(0.75)
+    (span,) = store.query_spans(rid, aid)
+    assert span.name == semconv.SPAN_REWARD and span.sequence_id == 1
+    # A retry of the same report (an answer lost on the way) changes nothing.
+    again = store.update_attempt(rid, aid, "succeeded", spans=[span.model_copy(update={"sequence_id": None})])
+    assert again.status == "succeeded" and len(store.query_spans(rid, aid)) == 1
+
+
+def test_a_refused_attempt_update_stores_none_of_its_spans(store, kit):
+    started = kit.start(store)
+    rid, aid = started.rollout.rollout_id, started.attempt.attempt_id
+    other = kit.start(store)
+    foreign = _reward_span(kit, other.rollout.rollout_id, other.attempt.attempt_id, 1.0)
+    with pytest.raises(InvalidInputError, match="not to the attempt being updated"):
+        store.update_attempt(rid, aid, "succeeded", spans=[_reward_span(kit, rid, aid, 0.5), foreign])
+    store.update_attempt(rid, aid, "failed")
+    with pytest.raises(AgentGradError, match="cannot go from 'failed' to 'succeeded'"):
+        store.update_attempt(rid, aid, "succeeded", spans=[_reward_span(kit, rid, aid, 0.5)])
+    assert store.query_spans(rid, aid) == [] and store.query_spans(other.rollout.rollout_id) == []
+    assert store.get_rollout(rid).reward is None and store.get_latest_attempt(rid).status == "failed"
+
+
 def test_other_spans_do_not_set_reward(store, kit):
     started = kit.start(store)
     rid, aid = started.rollout.rollout_id, started.attempt.attempt_id

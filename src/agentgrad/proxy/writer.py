@@ -14,8 +14,8 @@ Correctness rests on the **flush barrier**: :meth:`SpanWriter.flush` waits until
 attempt that the proxy has accepted — including calls still streaming — has been stored (or has
 ended without a span, e.g. an upstream error or an aborted stream). The runner calls it (in
 process, or through ``POST /agentgrad/flush``) before it reports an attempt, and before it stores
-the reward of a value the agent returned, so "when an agent returns, all its calls are stored"
-holds where it matters.
+the reward of a value the agent returned (with the attempt's success), so "when an agent
+returns, all its calls are stored" holds where it matters.
 
 What the barrier does not give is an order: a span reaches the store (and gets its
 ``sequence_id``) when this thread writes it, so a reward the agent emits right after a call is

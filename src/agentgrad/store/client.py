@@ -304,13 +304,17 @@ class StoreClient(Store):
         attempt_id: str,
         status: AttemptStatus | str,
         error: AttemptError | None = None,
+        *,
+        spans: Sequence[Span | dict[str, Any]] = (),
     ) -> Attempt:
-        body = {
+        body: dict[str, Any] = {
             "rollout_id": rollout_id,
             "attempt_id": attempt_id,
             "status": status.value if isinstance(status, AttemptStatus) else status,
             "error": error,
         }
+        if spans:  # only then: a service from before spans could be sent refuses the field
+            body["spans"] = list(spans)
         return self._call(Attempt, "POST", "/v1/attempts/update", body)
 
     def heartbeat(self, rollout_id: str, attempt_id: str) -> Attempt:

@@ -238,6 +238,13 @@ _LLM_CALL, _REWARD = semconv.SPAN_LLM_CALL, semconv.SPAN_REWARD
 _FRESH: Any = object()
 
 
+def _refuse_transition(attempt: Attempt, status: AttemptStatus) -> None:
+    """Raise :class:`InvalidTransitionError` for a change the state machine forbids (an ended
+    attempt, or back to ``preparing``); staying in the same status is no change."""
+    if attempt.status != status and (attempt.status.is_terminal or status == AttemptStatus.PREPARING):
+        raise InvalidTransitionError("attempt", attempt.attempt_id, attempt.status.value, status.value)
+
+
 def _heard_from(attempt_id: str, attempts: dict[str, Attempt], spans: list[Span]) -> bool:
     """Whether one of ``spans`` (all of them of the named ``attempts``) is of ``attempt_id``."""
     return len(attempts) == 1 or any(span.attempt_id == attempt_id for span in spans)
@@ -508,16 +515,34 @@ class TransactionalStore(Store):
         attempt_id: str,
         status: AttemptStatus | str,
         error: AttemptError | None = None,
+        *,
+        spans: Sequence[Span | dict[str, Any]] = (),
     ) -> Attempt:
         known = _ATTEMPT_STATUS.get(status) if isinstance(status, str) else None
         if known is None:
             allowed = ", ".join(_ATTEMPT_STATUS)
             raise InvalidInputError(f"unknown attempt status {status!r} (allowed: {allowed})")
         status = known
+        parsed = [s if isinstance(s, Span) else Span.model_validate(s) for s in spans]
+        for index, span in enumerate(parsed):
+            normalize_span(span, index if len(parsed) > 1 else None)
+            if (span.rollout_id, span.attempt_id) != (rollout_id, attempt_id):
+                raise InvalidInputError(
+                    f"span {span.span_id!r} belongs to rollout {span.rollout_id!r} attempt {span.attempt_id!r}, "
+                    f"not to the attempt being updated ({rollout_id!r}, {attempt_id!r})"
+                )
         with self._transaction() as tx:
             rollout = self._require_rollout(tx, rollout_id, view=True)
             attempt = self._require_attempt(tx, rollout_id, attempt_id, view=True)
+            absorbed = False
+            if parsed:
+                _refuse_transition(attempt, status)  # before writing: the memory store has no rollback
+                results = tx.insert_spans(rollout_id, parsed)
+                absorbed = self._absorb_spans(tx, rollout, {attempt_id: attempt}, [s for s, new in results if new])
+                rollout = self._require_rollout(tx, rollout_id, view=True)  # as the spans left them
+                attempt = self._require_attempt(tx, rollout_id, attempt_id, view=True)
             saved, wake = self._transition(tx, rollout, attempt, status, error)
+            wake |= absorbed
             if saved is None:  # already in that status: hand out a copy, not the view
                 saved = self._require_attempt(tx, rollout_id, attempt_id)
         if wake or status.is_terminal:
@@ -535,8 +560,7 @@ class TransactionalStore(Store):
         """
         if attempt.status == status:
             return None, False
-        if attempt.status.is_terminal or status == AttemptStatus.PREPARING:
-            raise InvalidTransitionError("attempt", attempt.attempt_id, attempt.status.value, status.value)
+        _refuse_transition(attempt, status)
         stamp = self._clock()
         if status.is_terminal:
             attempt = evolved(attempt, status=status, end_time=stamp, error=error or attempt.error)

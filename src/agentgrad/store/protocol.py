@@ -188,8 +188,15 @@ class Store(abc.ABC):
         attempt_id: str,
         status: AttemptStatus,
         error: AttemptError | None = None,
+        *,
+        spans: Sequence[Span] = (),
     ) -> Attempt:
-        """Move an attempt to ``status`` (and its rollout, if it is the latest attempt)."""
+        """Move an attempt to ``status`` (and its rollout, if it is the latest attempt).
+
+        ``spans`` of the attempt are stored first, in the same transaction: all or nothing (a
+        refused change stores none of them). A runner reports an attempt's success with its
+        reward span this way: one write where there were two, on every rollout.
+        """
 
     @abc.abstractmethod
     def heartbeat(self, rollout_id: str, attempt_id: str) -> Attempt:

@@ -174,6 +174,8 @@ class AttemptUpdateBody(AttemptRef):
     #: Plain text, validated by the store so an unknown status is refused like a local call.
     status: str = Field(json_schema_extra={"enum": [s.value for s in AttemptStatus]})
     error: AttemptError | None = None
+    #: Spans of the attempt stored with the change, in its transaction (a reward with a success).
+    spans: list[Span] = []
 
 
 class SpanList(BaseModel):

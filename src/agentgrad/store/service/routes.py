@@ -125,10 +125,13 @@ def get_attempts(ctx: Context, query: wire.RolloutQuery) -> wire.AttemptList:
 
 
 def update_attempt(ctx: Context, body: wire.AttemptUpdateBody) -> Attempt:
-    """Move an attempt to a new status."""
-    return ctx.store.update_attempt(
-        body.rollout_id, body.attempt_id, cast(AttemptStatus, body.status), body.error
+    """Move an attempt to a new status; ``spans`` of the attempt are stored with the change, in
+    its transaction (all or nothing)."""
+    attempt = ctx.store.update_attempt(
+        body.rollout_id, body.attempt_id, cast(AttemptStatus, body.status), body.error, spans=body.spans
     )  # the store checks it
+    ctx.count_spans(len(body.spans))
+    return attempt
 
 
 def heartbeat(ctx: Context, body: wire.AttemptRef) -> Attempt:
