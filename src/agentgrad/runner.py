@@ -391,8 +391,8 @@ class Runner:
 
         An agent still running after ``START_AFTER_SECONDS`` has its attempt marked ``running``
         (which is a heartbeat too), unless a span did that first. Marking it at the claim instead
-        cost every rollout a store write — on a fast agent's runner, one write transaction in
-        five, and the writes of all runners and of the capture proxy queue for one lock."""
+        cost every rollout a store write — one in four of a runner's then — and the writes of all
+        runners and of the capture proxy queue for one lock."""
         rollout_id, attempt_id = claimed.rollout.rollout_id, claimed.attempt.attempt_id
         last_beat = now()
         started = False
