@@ -233,7 +233,12 @@ def test_worker_records_show_busy_and_idle(local_store):
     assert worker.status == "stopped" and worker.metadata["pid"] == os.getpid()
 
 
-def test_cancelling_in_the_store_cancels_the_agent(local_store):
+@pytest.mark.parametrize("phase", [RolloutStatus.RUNNING, RolloutStatus.PREPARING])
+def test_cancelling_in_the_store_cancels_the_agent(local_store, monkeypatch, phase):
+    """Seen by a heartbeat while running, or before the attempt was marked running by the start
+    mark, which reads how it ended as a heartbeat does."""
+    if phase == RolloutStatus.PREPARING:
+        monkeypatch.setattr(runner_module, "START_AFTER_SECONDS", 0.5)
     cancelled = threading.Event()
 
     async def agent(task, resources):
@@ -248,7 +253,7 @@ def test_cancelling_in_the_store_cancels_the_agent(local_store):
     runner = Runner(agent, local_store, heartbeat_interval=0.05, poll_timeout=0.05)
     started = time.monotonic()
     with running(runner):
-        wait_for(lambda: local_store.get_rollout(rollout.rollout_id).status == RolloutStatus.RUNNING)
+        wait_for(lambda: local_store.get_rollout(rollout.rollout_id).status == phase)
         local_store.cancel_rollout(rollout.rollout_id)
         assert cancelled.wait(5), "the agent was not cancelled"
         wait_for(lambda: runner.stats.failed == 1)
@@ -256,29 +261,6 @@ def test_cancelling_in_the_store_cancels_the_agent(local_store):
     (attempt,) = local_store.get_attempts(rollout.rollout_id)
     assert attempt.status == AttemptStatus.FAILED and attempt.error.type == "Cancelled"
     assert local_store.get_rollout(rollout.rollout_id).status == RolloutStatus.CANCELLED
-
-
-def test_an_attempt_cancelled_before_it_was_marked_running_cancels_the_agent(local_store, monkeypatch):
-    """The start mark of an attempt the store ended meanwhile reads how it ended, as a heartbeat does."""
-    monkeypatch.setattr(runner_module, "START_AFTER_SECONDS", 0.5)
-    cancelled = threading.Event()
-
-    async def agent(task, resources):
-        try:
-            await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-
-    rollout = local_store.enqueue_rollout("long")
-    runner = Runner(agent, local_store, poll_timeout=0.05)
-    with running(runner):
-        wait_for(lambda: local_store.get_rollout(rollout.rollout_id).status == RolloutStatus.PREPARING)
-        local_store.cancel_rollout(rollout.rollout_id)
-        assert cancelled.wait(5), "the agent was not cancelled"
-        wait_for(lambda: runner.stats.failed == 1)
-    (attempt,) = local_store.get_attempts(rollout.rollout_id)
-    assert attempt.status == AttemptStatus.FAILED and attempt.error.type == "Cancelled"
 
 
 def test_stop_hands_back_in_flight_rollouts(local_store):
