@@ -38,7 +38,7 @@ from agentgrad.http.transport import transport_for
 from agentgrad.store import wire
 from agentgrad.store.core import evolved
 from agentgrad.store.idempotency import check_key
-from agentgrad.store.jsoncheck import normalize_json, normalize_span
+from agentgrad.store.jsoncheck import normalize_json, normalized_spans
 from agentgrad.store.protocol import RolloutFilter, RolloutRequest, Store
 from agentgrad.types import (
     Attempt,
@@ -330,11 +330,9 @@ class StoreClient(Store):
         """Normalized here exactly as a local store does it, so the JSON sent (written by
         pydantic's serializer: nothing left in the spans needs checking) round-trips to these
         very spans, and the service answers with sequence ids only (see ``wire.SpanReceipt``)."""
-        parsed = [s if isinstance(s, Span) else Span.model_validate(s) for s in spans]
+        parsed = normalized_spans(spans)
         if not parsed:
             return []
-        for index, span in enumerate(parsed):
-            normalize_span(span, index if len(parsed) > 1 else None)
         body = b'{"spans":' + _SPAN_LIST.dump_json(parsed) + b"}"
         receipt = self._call(wire.SpanReceipt, "POST", "/v1/spans/receipt", body)
         return [

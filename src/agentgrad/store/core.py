@@ -29,7 +29,7 @@ from agentgrad.errors import (
 from agentgrad.rewards import reward_number
 from agentgrad.store import idempotency
 from agentgrad.store.idempotency import Replay
-from agentgrad.store.jsoncheck import normalize_field, normalize_json, normalize_span
+from agentgrad.store.jsoncheck import normalize_field, normalize_json, normalize_span, normalized_spans
 from agentgrad.store.protocol import RolloutFilter, RolloutRequest, Store
 from agentgrad.types import (
     Attempt,
@@ -523,9 +523,8 @@ class TransactionalStore(Store):
             allowed = ", ".join(_ATTEMPT_STATUS)
             raise InvalidInputError(f"unknown attempt status {status!r} (allowed: {allowed})")
         status = known
-        parsed = [s if isinstance(s, Span) else Span.model_validate(s) for s in spans]
-        for index, span in enumerate(parsed):
-            normalize_span(span, index if len(parsed) > 1 else None)
+        parsed = normalized_spans(spans)
+        for span in parsed:
             if (span.rollout_id, span.attempt_id) != (rollout_id, attempt_id):
                 raise InvalidInputError(
                     f"span {span.span_id!r} belongs to rollout {span.rollout_id!r} attempt {span.attempt_id!r}, "
@@ -644,10 +643,9 @@ class TransactionalStore(Store):
         return stored
 
     def add_spans(self, spans: Sequence[Span | dict[str, Any]]) -> list[Span]:
-        parsed = [s if isinstance(s, Span) else Span.model_validate(s) for s in spans]
+        parsed = normalized_spans(spans)
         positions: dict[str, list[int]] = {}  # rollout_id → indexes into parsed
         for index, span in enumerate(parsed):
-            normalize_span(span, index if len(parsed) > 1 else None)
             positions.setdefault(span.rollout_id, []).append(index)
         stored = list(parsed)  # each replaced by its stored copy below
         wake = False

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import pydantic_core
@@ -108,6 +109,15 @@ def normalize_span(span: Span, index: int | None) -> None:
     except InvalidInputError as exc:  # name the span only when something is wrong
         where = f"span {index} ({span.name}): " if index is not None else f"span {span.name!r}: "
         raise InvalidInputError(f"{where}{exc}") from None
+
+
+def normalized_spans(spans: Sequence[Span | dict[str, Any]]) -> list[Span]:
+    """Spans as given (models or their dicts), parsed and each normalized (:func:`normalize_span`),
+    a batch's error naming the span's place in it."""
+    parsed = [s if isinstance(s, Span) else Span.model_validate(s) for s in spans]
+    for index, span in enumerate(parsed):
+        normalize_span(span, index if len(parsed) > 1 else None)
+    return parsed
 
 
 def _check_finite(value: float | None, field: str) -> None:
