@@ -6,7 +6,9 @@ process kill. Pass ``synchronous="FULL"`` to also survive power loss, at some co
 
 Several processes may open the same file (runner pools do): claims run inside ``BEGIN
 IMMEDIATE`` transactions, so a rollout is never handed out twice, and waiters re-check every
-``external_poll_interval`` seconds for changes other processes made.
+``external_poll_interval`` seconds for changes other processes made. A write that finds another
+process's write under way retries within a tenth of a millisecond (:func:`_begin_immediate`), not
+after SQLite's own sleeps of 1, 2, 5, 10… ms.
 
 Reads run apart from writes: every call that only reads (:data:`agentgrad.store.sql.READ_ONLY_CALLS`)
 takes a snapshot on a read connection of its own (WAL lets readers and the writer work at once),
@@ -21,6 +23,7 @@ import contextlib
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal
@@ -31,6 +34,10 @@ from agentgrad.store.sql import SCHEMA_VERSION, SQLITE, RowViews, SqlTx, reads_a
 from agentgrad.types import now
 
 _MIN_SQLITE = (3, 35, 0)  # the documented floor (upserts, partial indexes and json_extract need less)
+#: A write waiting for another process's write lock tries again after this many seconds, then
+#: after twice as long each time, up to :data:`BUSY_PAUSE_MAX` (see :func:`_begin_immediate`).
+BUSY_PAUSE_FIRST = 50e-6
+BUSY_PAUSE_MAX = 1e-3
 
 
 @reads_apart
@@ -57,6 +64,7 @@ class SqliteStore(TransactionalStore):
         self._lock = threading.RLock()
         self._local = threading.local()
         self._views = RowViews()
+        self._busy_timeout = busy_timeout_seconds
         self._conn = self._open(busy_timeout_seconds, synchronous)
         self._readers = None if self.path == ":memory:" else _Readers(self.path, busy_timeout_seconds)
         super().__init__(
@@ -69,8 +77,10 @@ class SqliteStore(TransactionalStore):
             self._refuse_foreign(conn)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={synchronous}")
-            conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_seconds * 1000)}")
-            with _immediate(conn) as cur:
+            # The writer waits for the write lock in _begin_immediate, not in SQLite's busy
+            # handler; once BEGIN IMMEDIATE holds it, nothing in a WAL transaction waits again.
+            conn.execute("PRAGMA busy_timeout=0")
+            with _immediate(conn, busy_timeout_seconds) as cur:
                 for statement in SQLITE.schema():
                     cur.execute(statement)
                 cur.execute(
@@ -109,7 +119,7 @@ class SqliteStore(TransactionalStore):
             with self._readers.snapshot() as cur:
                 yield SqlTx(cur, SQLITE, self._views)
         else:
-            with self._lock, _immediate(self._conn) as cur:
+            with self._lock, _immediate(self._conn, self._busy_timeout) as cur:
                 yield SqlTx(cur, SQLITE, self._views)
 
     def _close_backend(self) -> None:
@@ -175,11 +185,11 @@ class _Readers:
 
 
 @contextlib.contextmanager
-def _immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Cursor]:
+def _immediate(conn: sqlite3.Connection, busy_timeout_seconds: float) -> Iterator[sqlite3.Cursor]:
     """A write transaction taken up front, so concurrent processes serialize instead of
     deadlocking on lock upgrades."""
     cur = conn.cursor()
-    cur.execute("BEGIN IMMEDIATE")
+    _begin_immediate(cur, busy_timeout_seconds)
     try:
         yield cur
     except BaseException:
@@ -189,3 +199,28 @@ def _immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Cursor]:
         conn.commit()
     finally:
         cur.close()
+
+
+def _begin_immediate(cur: sqlite3.Cursor, busy_timeout_seconds: float) -> None:
+    """``BEGIN IMMEDIATE``, waiting up to ``busy_timeout_seconds`` while another process writes.
+
+    SQLite's busy handler sleeps 1, 2, 5, 10, 15, 20, 25… ms between tries, while a write here
+    holds the lock for about a tenth of a millisecond. With a runner and the capture proxy writing
+    one file a few hundred times a second, a tenth of the writes waited over 1 ms and one in a
+    hundred 3–8 ms (measured, ``bench/bench_rollouts.py``'s four async slots) — on an async
+    runner's event loop, a stall of every slot. Tries here follow each other from 50 µs apart,
+    doubling to 1 ms."""
+    pause, deadline = BUSY_PAUSE_FIRST, None
+    while True:
+        try:
+            cur.execute("BEGIN IMMEDIATE")
+            return
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:
+                raise
+            clock = time.monotonic()
+            deadline = deadline or clock + busy_timeout_seconds
+            if clock >= deadline:
+                raise
+            time.sleep(min(pause, deadline - clock))
+            pause = min(2 * pause, BUSY_PAUSE_MAX)
