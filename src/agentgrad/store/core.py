@@ -488,15 +488,19 @@ class TransactionalStore(Store):
         pending = dict.fromkeys(ids)  # in order; a rollout that ended stays ended: looked at no more
 
         def all_done() -> bool:
-            # Read-only views, no copies: this runs after every change while anyone waits, and
-            # copying every rollout of a batch each time made a 200-rollout wait cost as much CPU
-            # as the rollouts themselves (issue 24).
+            # This runs after every change while anyone waits (each span the capture proxy
+            # writes), so it reads as little as it can: read-only views, no copies (copying every
+            # rollout of a batch made a 200-rollout wait cost as much CPU as the rollouts
+            # themselves), and it stops at the first rollout still going — rollouts end about in
+            # the order they were queued, and reading every pending one after every change took
+            # a trainer process's whole core while 2,000 were queued (issue 24).
             with self._transaction() as tx:
                 for rollout_id in list(pending):
                     view = tx.peek_rollout(rollout_id)
-                    if view is not None and view.status.is_terminal:
-                        del pending[rollout_id]
-            return not pending
+                    if view is None or not view.status.is_terminal:
+                        return False
+                    del pending[rollout_id]
+            return True
 
         self._wait_until(all_done, timeout)
         with self._transaction() as tx:  # copies, as they are now (a late reward span may have come)
