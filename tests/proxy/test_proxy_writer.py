@@ -97,6 +97,37 @@ def test_answer_does_not_wait_for_the_store_and_flush_is_the_barrier(memory_stor
         assert answer.json() == {"status": "stored", "recorded_calls": False}
 
 
+def test_concurrent_http_flushes_wait_on_the_loop_and_all_return_once_stored(memory_store, stub, attempt) -> None:
+    """``POST /agentgrad/flush`` waits on a future the writer resolves: several flushes of one
+    attempt (and one of another attempt that has nothing pending) are answered while the store
+    is held, each at the right time, and none is left waiting behind."""
+    slow = WrappedStore(memory_store)
+    slow.gate.clear()
+    idle = new_attempt(memory_store)
+    with LLMProxy(slow, stub.start()) as proxy:
+        assert httpx.post(url_for(proxy, attempt), json={"model": "m", "messages": MESSAGES}).status_code == 200
+        assert slow.entered.wait(5)
+
+        async def flush(claimed: AttemptedRollout, client: httpx.AsyncClient, timeout: float) -> httpx.Response:
+            body = {"rollout_id": claimed.rollout.rollout_id, "attempt_id": claimed.attempt.attempt_id}
+            return await client.post(proxy.url + "/agentgrad/flush", json={**body, "timeout": timeout}, timeout=30)
+
+        async def main() -> list[httpx.Response]:
+            async with httpx.AsyncClient() as client:
+                waiting = [asyncio.ensure_future(flush(attempt, client, 20)) for _ in range(3)]
+                timed_out = await flush(attempt, client, 0.1)  # gives up; the others go on waiting
+                assert timed_out.status_code == 504
+                assert (await flush(idle, client, 20)).json() == {"status": "stored", "recorded_calls": False}
+                assert not any(w.done() for w in waiting)
+                slow.gate.set()
+                return list(await asyncio.gather(*waiting))
+
+        answers = asyncio.run(main())
+        assert [a.json() for a in answers] == [{"status": "stored", "recorded_calls": True}] * 3
+        assert stored(memory_store, attempt) == 1
+        assert not proxy.app.state.proxy.writer._waiters  # every waiter was resolved or withdrawn
+
+
 def test_flush_endpoint_refuses_bad_bodies(proxy) -> None:
     for body in (
         b"nope",

@@ -224,12 +224,8 @@ def _answer(raw: bytes) -> tuple[dict[str, Any], Capture]:
 
 async def flush_response(state: ProxyState, rollout_id: str, attempt_id: str, timeout: float) -> Response:
     """200 once every accepted call of the attempt is stored; 504 on timeout; 500 if spans were lost."""
-    writer = state.writer
     try:
-        if writer.pending((rollout_id, attempt_id)):  # only then block (in a thread, off the loop)
-            result = await asyncio.to_thread(writer.flush, rollout_id, attempt_id, timeout)
-        else:
-            result = writer.flush(rollout_id, attempt_id, 0)
+        result = await state.writer.flushed(rollout_id, attempt_id, timeout)
     except FlushTimeout as exc:
         return Response(
             error_body(str(exc), kind="timeout_error", code="flush_timeout"), status_code=504, media_type=_JSON

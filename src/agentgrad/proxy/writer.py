@@ -28,6 +28,8 @@ cannot be written is counted (``store_errors``), logged, and reported by the att
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -102,6 +104,8 @@ class SpanWriter:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._cond = threading.Condition(threading.Lock())
         self._pending: dict[Key, int] = {}  # accepted, not yet stored or dropped
+        #: :meth:`flushed` calls waiting, each with the loop its future belongs to.
+        self._waiters: dict[Key, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]] = {}
         self._failed: OrderedDict[Key, FlushResult] = OrderedDict()
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()  # of the running thread
@@ -153,17 +157,51 @@ class SpanWriter:
                 self._flushing += 1
                 self._hurry.set()  # the writer may be lingering with this attempt's spans
                 try:
-                    done = self._cond.wait_for(lambda: not self._pending.get(key), timeout)
+                    self._cond.wait_for(lambda: not self._pending.get(key), timeout)
                 finally:
                     self._flushing -= 1
-                if not done:
-                    raise FlushTimeout(
-                        f"{self._pending.get(key, 0)} LLM call(s) of rollout {rollout_id} attempt "
-                        f"{attempt_id} still in flight or unstored after {timeout} s"
-                    )
+        return self._flush_result(key, timeout)
+
+    async def flushed(self, rollout_id: str, attempt_id: str, timeout: float | None = 30.0) -> FlushResult:
+        """:meth:`flush` for the proxy's event loop: it waits on a future the writer resolves, not
+        in a thread of its own. Handing a flush to a thread and back cost the proxy process a
+        thread hop each way per attempt, ~0.3 and ~0.2 ms apiece with four runner slots (measured),
+        on the loop that serves the calls."""
+        key = (rollout_id, attempt_id)
+        waiter: asyncio.Future[None] | None = None
+        with self._cond:
+            if self._pending.get(key):
+                loop = asyncio.get_running_loop()
+                waiter = loop.create_future()
+                self._waiters.setdefault(key, []).append((loop, waiter))
+                self._flushing += 1
+                self._hurry.set()
+        if waiter is not None:
+            try:
+                await asyncio.wait_for(waiter, timeout)
+            except TimeoutError:
+                pass  # _flush_result says so
+            finally:
+                with self._cond:
+                    self._flushing -= 1
+                    waiting = self._waiters.get(key, [])
+                    waiting[:] = [w for w in waiting if w[1] is not waiter]
+                    if not waiting:
+                        self._waiters.pop(key, None)
+        return self._flush_result(key, timeout)
+
+    def _flush_result(self, key: Key, timeout: float | None) -> FlushResult:
+        """After a flush's wait: :class:`FlushTimeout` if calls of the attempt are still pending,
+        :class:`FlushError` if spans of it were lost since the previous flush."""
+        with self._cond:
+            if self._pending.get(key):
+                raise FlushTimeout(
+                    f"{self._pending[key]} LLM call(s) of rollout {key[0]} attempt "
+                    f"{key[1]} still in flight or unstored after {timeout} s"
+                )
             result = self._failed.pop(key, None)
         if result is not None and result.failed:
-            raise FlushError(rollout_id, attempt_id, result.failed, result.last_error)
+            raise FlushError(key[0], key[1], result.failed, result.last_error)
         return FlushResult(recorded_calls=self.metrics.recorded_a_call_of(key))
 
     def flush_all(self, timeout: float | None = 30.0) -> bool:
@@ -295,4 +333,12 @@ class SpanWriter:
                     self._pending[key] = left
                 else:
                     self._pending.pop(key, None)
+                    for loop, waiter in self._waiters.pop(key, ()):
+                        with contextlib.suppress(RuntimeError):  # its loop closed: nobody waits
+                            loop.call_soon_threadsafe(_wake, waiter)
             self._cond.notify_all()
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():  # it may have timed out meanwhile
+        waiter.set_result(None)
