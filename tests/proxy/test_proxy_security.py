@@ -149,12 +149,21 @@ def token_agent(task: dict, llm: LLM) -> float:
     return 1.0
 
 
+async def async_token_agent(task: dict, llm: LLM) -> float:
+    async with openai.AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key or "none", max_retries=0) as client:
+        await client.chat.completions.create(**CHAT)
+    return 1.0
+
+
+@pytest.mark.parametrize("agent", [token_agent, async_token_agent], ids=["sync", "async"])
 def test_a_runner_reaches_a_guarded_proxy_with_the_token_from_its_environment(
-    guarded, memory_store, monkeypatch
+    guarded, memory_store, agent, monkeypatch
 ) -> None:
+    """The agent's calls and the runner's flush (from its thread for a sync agent, from its event
+    loop for an async one) both carry the token."""
     monkeypatch.setenv(PROXY_TOKEN_ENV, TOKEN)  # what `agentgrad runner` inherits
     memory_store.enqueue_rollout({"q": "x"})
-    runner = Runner(token_agent, memory_store, max_rollouts=1, llm_proxy_url=guarded.url, poll_timeout=0.1)
+    runner = Runner(agent, memory_store, max_rollouts=1, llm_proxy_url=guarded.url, poll_timeout=0.1)
     stats = runner.run()
     assert stats.succeeded == 1 and not stats.errors  # the agent's call and the runner's flush both got in
     (rollout,) = memory_store.query_rollouts()

@@ -297,6 +297,17 @@ def calling_agent(task: dict, llm: LLM) -> float:
     return 1.0
 
 
+async def async_calling_agent(task: dict, llm: LLM) -> float:
+    """:func:`calling_agent` as an async agent: the runner flushes its calls from its event loop."""
+    async with openai.AsyncOpenAI(base_url=llm.endpoint, api_key="k") as client:
+        for _ in range(2):
+            await client.chat.completions.create(model=llm.model, messages=MESSAGES)
+    return 1.0
+
+
+AGENTS = pytest.mark.parametrize("agent", [calling_agent, async_calling_agent], ids=["sync", "async"])
+
+
 class ObservedStore(WrappedStore):
     """The runner's view of the store: notes ``llm_calls`` at the instant an attempt is reported."""
 
@@ -315,9 +326,10 @@ class ObservedStore(WrappedStore):
         return self.inner.update_attempt(rollout_id, attempt_id, status, *args, **kwargs)
 
 
+@AGENTS
 @pytest.mark.parametrize("remembered", [True, False], ids=["remembered", "forgotten"])
 @pytest.mark.parametrize("via", ["http", "in_process"])
-def test_runner_flushes_before_reporting(memory_store, via, remembered, monkeypatch) -> None:
+def test_runner_flushes_before_reporting(memory_store, via, remembered, agent, monkeypatch) -> None:
     """Every call is stored before the attempt is reported; the flush's answer that the proxy
     recorded calls spares the runner its store read ("did this rollout make an LLM call?"),
     which it makes when the proxy no longer remembers the attempt."""
@@ -333,7 +345,7 @@ def test_runner_flushes_before_reporting(memory_store, via, remembered, monkeypa
         memory_store.enqueue_rollout({"q": "x"})
     with StubUpstream(["The answer is 5."]) as stub, LLMProxy(slow, stub.start()) as proxy:
         extra = {"llm_proxy": proxy} if via == "in_process" else {}
-        runner = Runner(calling_agent, observed, max_rollouts=2, llm_proxy_url=proxy.url, poll_timeout=0.1, **extra)
+        runner = Runner(agent, observed, max_rollouts=2, llm_proxy_url=proxy.url, poll_timeout=0.1, **extra)
         stats = runner.run()
     assert stats.succeeded == 2 and stats.no_llm_calls == 0 and not stats.errors
     assert observed.calls_when_reported == [2, 2]
@@ -355,13 +367,14 @@ def test_a_rollout_without_a_call_through_the_proxy_is_still_counted(memory_stor
     assert stats.succeeded == 1 and stats.no_llm_calls == 1 and observed.counts == 1
 
 
-def test_runner_reports_the_attempt_when_the_flush_fails(memory_store, caplog) -> None:
+@AGENTS
+def test_runner_reports_the_attempt_when_the_flush_fails(memory_store, agent, caplog) -> None:
     broken = WrappedStore(memory_store, fail=10**6)
     memory_store.enqueue_rollout({"q": "x"})
     with StubUpstream(["The answer is 5."]) as stub, LLMProxy(broken, stub.start()) as proxy:
         writer = proxy.app.state.proxy.writer
         writer.backoff, writer.retries = 0.001, 1
-        runner = Runner(calling_agent, memory_store, max_rollouts=1, llm_proxy_url=proxy.url, poll_timeout=0.1)
+        runner = Runner(agent, memory_store, max_rollouts=1, llm_proxy_url=proxy.url, poll_timeout=0.1)
         with caplog.at_level(logging.WARNING, logger="agentgrad.runner"):
             stats = runner.run()
     assert stats.succeeded == 1 and len(stats.errors) == 1 and "flush" in stats.errors[0]
