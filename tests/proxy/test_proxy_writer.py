@@ -141,6 +141,7 @@ def test_flush_endpoint_refuses_bad_bodies(proxy) -> None:
         )
         assert response.status_code == 400, body
         assert "rollout_id" in response.json()["error"]["message"]
+    assert httpx.get(proxy.url + "/agentgrad/flush").status_code == 405  # only a POST is a flush
 
 
 def test_flush_waits_for_an_in_flight_stream(memory_store, stub, proxy, attempt) -> None:

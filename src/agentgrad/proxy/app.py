@@ -29,7 +29,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
@@ -44,7 +44,7 @@ from agentgrad.http.jsonbody import BadJson, dumps, loads, parse_object
 from agentgrad.http.openai_errors import OpenAIError, error_body, openai_refusal
 from agentgrad.http.upstream import UpstreamUnreachable
 from agentgrad.proxy.capture import Api, CallContext, Capture, Requested, strip_for_client, upstream_body
-from agentgrad.proxy.incoming import API_ROUTES, ROLLOUT_PREFIX, Incoming, api_route
+from agentgrad.proxy.incoming import API_ROUTES, FLUSH_PATH, ROLLOUT_PREFIX, Incoming, api_route, is_flush
 from agentgrad.proxy.relay import RelayResponse, responses_view
 from agentgrad.proxy.responses import to_chat_request
 from agentgrad.proxy.state import Call, ProxyState, RecordMode
@@ -222,6 +222,15 @@ def _answer(raw: bytes) -> tuple[dict[str, Any], Capture]:
     return data, Capture.of_body(data)
 
 
+async def _flush(state: ProxyState, body: Callable[[], Awaitable[bytes]]) -> Response:
+    """``POST /agentgrad/flush``: its body read and checked, then :func:`flush_response`."""
+    try:
+        rollout_id, attempt_id, timeout = _flush_request(await body())
+    except OpenAIError as exc:
+        return _error(exc)
+    return await flush_response(state, rollout_id, attempt_id, timeout)
+
+
 async def flush_response(state: ProxyState, rollout_id: str, attempt_id: str, timeout: float) -> Response:
     """200 once every accepted call of the attempt is stored; 504 on timeout; 500 if spans were lost."""
     try:
@@ -310,11 +319,7 @@ def create_proxy_app(
         return Response(json.dumps(state.metrics.as_dict()), media_type=_JSON)
 
     async def flush(request: Request) -> Response:
-        try:
-            rollout_id, attempt_id, timeout = _flush_request(await request.body())
-        except OpenAIError as exc:
-            return _error(exc)
-        return await flush_response(state, rollout_id, attempt_id, timeout)
+        return await _flush(state, request.body)
 
     async def health(request: Request) -> Response:
         return Response(b'{"status":"ok"}', media_type=_JSON)
@@ -329,7 +334,7 @@ def create_proxy_app(
     async def bug(request: Request, exc: Exception) -> Response:
         return _internal_error(exc)
 
-    routes = [Route("/metrics", metrics), Route("/health", health), Route("/agentgrad/flush", flush, methods=["POST"])]
+    routes = [Route("/metrics", metrics), Route("/health", health), Route(FLUSH_PATH, flush, methods=["POST"])]
     for prefix in ("", ROLLOUT_PREFIX):
         routes += [Route(prefix + path, endpoint(api), methods=["POST"]) for path, api in API_ROUTES.items()]
         routes.append(Route(prefix + "/v1/models", models, methods=["GET"]))
@@ -394,12 +399,16 @@ class _ProxyApp(Starlette):
 
     async def dispatch(self, scope: Any, receive: Any, send: Any) -> None:
         route = api_route(scope)
-        if route is None:
+        if route is None and not is_flush(scope):
             await super().__call__(scope, receive, send)
             return
-        api, rollout_id, attempt_id = route
+        response: Response | RelayResponse
         try:
-            response = await _handle(self.state.proxy, Incoming(scope, receive, rollout_id, attempt_id), api)
+            if route is None:
+                response = await _flush(self.state.proxy, Incoming(scope, receive).body)
+            else:
+                api, rollout_id, attempt_id = route
+                response = await _handle(self.state.proxy, Incoming(scope, receive, rollout_id, attempt_id), api)
         except Exception as exc:  # a bug: still JSON, as every other answer
             response = _internal_error(exc)
         await response(scope, receive, send)
