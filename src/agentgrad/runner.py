@@ -62,6 +62,7 @@ from agentgrad.errors import AgentGradError, InvalidTransitionError
 from agentgrad.http.guard import PROXY_TOKEN_ENV, env_token
 from agentgrad.http.transport import Transport, transport_for
 from agentgrad.http.upstream import Upstream
+from agentgrad.proxy.incoming import FLUSH_PATH
 from agentgrad.rewards import reward_number
 from agentgrad.store.outage import OUTAGE_ERRORS, PatientStore
 from agentgrad.store.protocol import RolloutFilter, Store
@@ -454,7 +455,7 @@ class Runner:
                 if self._flush_upstream is None:
                     self._flush_upstream = Upstream(self._flush_root(), timeout=self.flush_timeout + 10)
                 body, headers = self._flush_request(rollout_id, attempt_id)
-                answer = await self._flush_upstream.request("POST", "/agentgrad/flush", body, headers)
+                answer = await self._flush_upstream.request("POST", FLUSH_PATH, body, headers)
                 recorded = _flush_answer(answer.status_code, await answer.read())
             except Exception as exc:
                 self._flush_failed(claimed, exc)
@@ -518,7 +519,7 @@ class Runner:
             if self._flush_transport is None:
                 self._flush_transport = transport_for(self._flush_root(), timeout=wait)
             transport = self._flush_transport
-        status, answer = transport.request("POST", "/agentgrad/flush", body, headers=headers, timeout=wait)
+        status, answer = transport.request("POST", FLUSH_PATH, body, headers=headers, timeout=wait)
         return _flush_answer(status, answer)
 
     def _finish(self, claimed: AttemptedRollout, outcome: BaseException | None, reward: Span | None = None) -> None:
@@ -626,7 +627,7 @@ def _flush_answer(status: int, answer: bytes) -> bool:
     """Whether the proxy's answer to a flush says it recorded a call of the attempt; raises on an
     error answer."""
     if status != 200:
-        raise RuntimeError(f"POST /agentgrad/flush answered {status}: {answer[:500].decode('utf-8', 'replace')}")
+        raise RuntimeError(f"POST {FLUSH_PATH} answered {status}: {answer[:500].decode('utf-8', 'replace')}")
     return b'"recorded_calls":true' in answer  # the proxy's own fixed answer (an older one has no such field)
 
 
