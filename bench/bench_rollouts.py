@@ -42,6 +42,10 @@ Per configuration:
 * ``captured_llm_calls``: LLM-call spans the store counted; a run with fewer than 3 × N, or with
   a rollout that did not succeed, is marked ``"valid": false``.
 
+``--store service`` puts the SQLite file behind ``agentgrad store serve`` in a process of its
+own, as several machines share a store: the proxy, the runners and the trainer reach it over HTTP
+(a :class:`~agentgrad.store.client.StoreClient`), and the service's CPU is ``store_service``.
+
 Compare two versions of the code by alternating runs on a noisy machine: the first ``PYTHONPATH``
 entry is measured when one is set, e.g. ``PYTHONPATH=/tmp/before/src python bench/bench_rollouts.py``.
 ``--rounds K`` repeats every configuration K times (interleaved).
@@ -50,13 +54,16 @@ entry is measured when one is set, e.g. ``PYTHONPATH=/tmp/before/src python benc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -216,6 +223,25 @@ def _stub() -> Iterator[tuple[str, int]]:
         process.wait(30)
 
 
+@contextmanager
+def _store_service(db: Path) -> Iterator[tuple[str, int]]:
+    """``agentgrad store serve`` over the SQLite file ``db``, in a process of its own: its URL and pid."""
+    harness = "import sys\nfrom agentgrad.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    argv = [sys.executable, "-c", harness, "store", "serve", "--backend", f"sqlite:///{db}", "--port", "0"]
+    process = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in process.stderr:  # type: ignore[union-attr]
+            if found := re.search(r"listening on (http://\S+)", line):
+                threading.Thread(target=process.stderr.read, daemon=True).start()  # type: ignore[union-attr]
+                yield found.group(1), process.pid
+                break
+        else:
+            raise RuntimeError("agentgrad store serve exited before printing its URL")
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
 def _cpu_of(pid: int) -> float:
     """CPU seconds (user + system) a process has used so far (Linux ``/proc``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -235,13 +261,12 @@ def _parse(config: str) -> tuple[str, int]:
 
 
 def run_config(
-    config: str, n: int, upstream: str, stub_pid: int, timeout: float, client: str = "httpx"
+    config: str, n: int, upstream: str, stub_pid: int, timeout: float, client: str = "httpx", backend: str = "sqlite"
 ) -> dict[str, Any]:
-    import threading
-
     from agentgrad.agents import rollout
     from agentgrad.proxy.server import LLMProxy
     from agentgrad.runner import Runner, RunnerPool
+    from agentgrad.store.client import StoreClient
     from agentgrad.store.protocol import RolloutFilter
     from agentgrad.store.sqlite import SqliteStore
     from agentgrad.types import LLM
@@ -250,10 +275,15 @@ def run_config(
     is_async, in_processes = kind.startswith("async"), kind in IN_PROCESSES
     runners, concurrency = (1, count) if is_async else (count, 1)
     agent = rollout(async_agent if is_async else sync_agent)
-    with tempfile.TemporaryDirectory(prefix="bench-rollouts-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-rollouts-") as tmp, contextlib.ExitStack() as service:
         os.environ["BENCH_ROLLOUTS_DIR"] = tmp
         os.environ["BENCH_ROLLOUTS_CLIENT"] = client  # runner processes get this environment
-        store = SqliteStore(Path(tmp) / "store.db")
+        service_pid = None
+        if backend == "service":
+            url, service_pid = service.enter_context(_store_service(Path(tmp) / "store.db"))
+            store: Any = StoreClient(url)
+        else:
+            store = SqliteStore(Path(tmp) / "store.db")
         proxy = LLMProxy(store, upstream)
         proxy.start()
         try:
@@ -263,6 +293,7 @@ def run_config(
             ids = [r.rollout_id for r in store.enqueue_rollouts(requests)]
             options: dict[str, Any] = {"concurrency": concurrency, "llm_proxy_url": proxy.url}
             cpu_self, cpu_stub = _cpu(resource.RUSAGE_SELF), _cpu_of(stub_pid)
+            cpu_service = _cpu_of(service_pid) if service_pid else 0.0
             began = time.time()
             if in_processes:
                 pool = RunnerPool(agent, store.shared_url, n_runners=runners, **options).start()
@@ -285,6 +316,7 @@ def run_config(
                     thread.join(30)
             cpu_self = _cpu(resource.RUSAGE_SELF) - cpu_self
             cpu_stub = _cpu_of(stub_pid) - cpu_stub
+            cpu_service = _cpu_of(service_pid) - cpu_service if service_pid else 0.0
             finished = store.query_rollouts(RolloutFilter(rollout_ids=ids))
         finally:
             proxy.stop()
@@ -321,6 +353,7 @@ def run_config(
             "this_process": ms(cpu_self),
             "stub": ms(cpu_stub),
             **({"runner_process": ms(statistics.mean(cpu_runners))} if in_processes else {}),
+            **({"store_service": ms(cpu_service)} if backend == "service" else {}),
         },
         "startup_s": {"max": round(max(firsts), 3), "median": round(statistics.median(firsts), 3)} if firsts else None,
     }
@@ -338,6 +371,12 @@ def main() -> None:
         default="httpx",
         help="the async agent's HTTP client, comma-separated, each run in turn: httpx (the OpenAI SDK's) "
         "and/or aiohttp (installed separately)",
+    )
+    parser.add_argument(
+        "--store",
+        choices=("sqlite", "service"),
+        default="sqlite",
+        help="the SQLite file opened by every process, or served by `agentgrad store serve` to all of them",
     )
     parser.add_argument(
         "--cold-start", action="store_true", help="do not start the runner processes' fork server ahead, off the clock"
@@ -367,7 +406,7 @@ def main() -> None:
         costs = {client: client_cost(upstream, client) for client in clients} if any(is_async.values()) else {}
         for round_ in range(args.rounds):
             for config, client in [(c, k) for c in configs for k in (clients if is_async[c] else clients[:1])]:
-                result = run_config(config, args.n, upstream, stub_pid, args.timeout, client)
+                result = run_config(config, args.n, upstream, stub_pid, args.timeout, client, args.store)
                 result["round"] = round_
                 runs.append(result)
                 if args.summary:
@@ -393,7 +432,7 @@ def main() -> None:
     report = {
         "upstream": "agentgrad.testing.stub.StubUpstream (a fake upstream that answers at once; a stand-in, "
         "not a model)",
-        "store": "SQLite file (WAL)",
+        "store": "SQLite file (WAL)" if args.store == "sqlite" else "agentgrad store serve over an SQLite file (WAL)",
         "fork_server": "started by the first pool, on the clock" if args.cold_start else "started ahead, off the clock",
         "agentgrad": str(Path(agentgrad.__file__).parent),
         "cpu_count": os.cpu_count(),

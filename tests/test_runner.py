@@ -292,6 +292,8 @@ class Unplugged:
     """``store`` behind a plug: while :attr:`down` is set, every call fails the way a store service
     that cannot be reached does once the client's own retries are spent."""
 
+    in_process = False  # it stands for a store behind a network, whose calls the runner makes in threads
+
     def __init__(self, store: MemoryStore, error: Exception | None = None) -> None:
         self.store = store
         self.down = threading.Event()
@@ -570,11 +572,12 @@ def test_sigkill_is_caught_by_the_watchdog_and_retried(tmp_path):
 
 
 class Counting:
-    """``store`` with a count of the calls made to it, by method name."""
+    """``store`` with a count of the calls made to it, and the threads that made them, by method name."""
 
     def __init__(self, store: Any) -> None:
         self.store = store
         self.calls: dict[str, int] = {}
+        self.threads: dict[str, set[str]] = {}
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.store, name)
@@ -583,6 +586,7 @@ class Counting:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             self.calls[name] = self.calls.get(name, 0) + 1
+            self.threads.setdefault(name, set()).add(threading.current_thread().name)
             return attr(*args, **kwargs)
 
         return call
@@ -626,6 +630,35 @@ def test_an_async_agent_runs_on_the_runners_loop_not_in_a_thread(local_store):
     thread.join(15)
     assert runner.stats.succeeded == 1
     assert agents_for_runner_start.THREADS == ["the-loop-thread"]
+
+
+class Remote(Counting):
+    """:class:`Counting` standing for a store behind a network (``in_process`` False)."""
+
+    in_process = False
+
+
+@pytest.mark.parametrize("where", ["in process", "remote"])
+def test_a_runner_asks_an_in_process_store_on_its_loop_and_a_remote_one_from_threads(local_store, where):
+    """A claim of what is queued and an attempt's report are made on the loop when the store answers
+    in this process (a thread hop costs more than such a call), and in the runner's threads when it
+    is behind a network (a slow answer must not stall the loop's other slots)."""
+    import agents_for_runner_start
+
+    store = Counting(local_store) if where == "in process" else Remote(local_store)
+    ids = [local_store.enqueue_rollout({"x": x}).rollout_id for x in range(3)]
+    runner = Runner(agents_for_runner_start.thread_name_agent, store, max_rollouts=3, poll_timeout=0.05)
+    thread = threading.Thread(target=runner.run, name="the-loop-thread")
+    thread.start()
+    thread.join(15)
+    assert runner.stats.succeeded == 3
+    assert [r.reward for r in local_store.wait_for_rollouts(ids, timeout=5)] == [1.0] * 3
+    claims, reports = store.threads["dequeue_rollout"], store.threads["update_attempt"]
+    if where == "in process":
+        assert claims == reports == {"the-loop-thread"}
+    else:
+        assert "the-loop-thread" not in claims | reports
+        assert all(name.startswith("agentgrad-runner-") for name in claims | reports), claims | reports
 
 
 def test_async_agents_are_told_apart_from_sync_ones():

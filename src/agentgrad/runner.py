@@ -248,10 +248,18 @@ class Runner:
         return True
 
     async def _slot(self) -> None:
+        report: Callable[[], None] | None = None  # the last attempt's, when the next claim's hop makes it
         while self._take_ticket():
-            # One thread hop per claim: the claim and its resources, in a row (each hop between
-            # the loop and a thread costs a GIL hand-off, ~0.3 ms on a busy machine).
-            claimed, prepared = await self._to_thread(self._dequeue_and_prepare)
+            # The store's calls stay off the loop the slots share, unless it answers in this
+            # process (:attr:`Store.in_process`): a call over the network may be slow, but a thread
+            # hop costs a GIL hand-off each way, and the thread's Python contends for the GIL with
+            # the loop's. So an in-process store is asked on the loop for what is queued now;
+            # otherwise — or when nothing is queued — one thread hop makes the last attempt's
+            # report, then long-polls for a claim and prepares its resources.
+            claimed, prepared = self._claim_queued() if self.store.in_process else (None, None)
+            if claimed is None:
+                claimed, prepared = await self._to_thread(self._report_and_claim, report)
+                report = None
             if claimed is None:
                 self._claimed -= 1  # nothing came: the ticket is not spent
                 if not self._in_flight:
@@ -260,12 +268,33 @@ class Runner:
             if self.stopping or prepared is None:  # the stop arrived while we long-polled: hand it straight back
                 self._hand_back(claimed)
                 continue
-            await self._run_attempt(claimed, prepared)
+            report = await self._run_attempt(claimed, prepared)
+            if report is not None and self.store.in_process:
+                report()
+                report = None
+        if report is not None:
+            await self._to_thread(report)
 
-    def _dequeue_and_prepare(self) -> tuple[AttemptedRollout | None, Resources | BaseException | None]:
+    def _report_and_claim(
+        self, report: Callable[[], None] | None
+    ) -> tuple[AttemptedRollout | None, Resources | BaseException | None]:
+        if report is not None:
+            report()
+        return self._dequeue_and_prepare()
+
+    def _claim_queued(self) -> tuple[AttemptedRollout | None, Resources | BaseException | None]:
+        """:meth:`_dequeue_and_prepare` without waiting: one try at what is queued now, none while
+        the store is down (the thread's long poll waits that out)."""
+        if self.store.outage.down:
+            return None, None
+        return self._dequeue_and_prepare(wait=False)
+
+    def _dequeue_and_prepare(
+        self, *, wait: bool = True
+    ) -> tuple[AttemptedRollout | None, Resources | BaseException | None]:
         """A claim (:meth:`_dequeue`) and, unless the runner is stopping (then the claim is handed
         back), its preparation (:meth:`_prepare`): the resources, or the exception preparing raised."""
-        claimed = self._dequeue()
+        claimed = self._dequeue(wait=wait)
         if claimed is None or self.stopping:
             return claimed, None
         try:
@@ -278,12 +307,15 @@ class Runner:
         its first span or :meth:`_supervise`'s start mark."""
         return self._resources_for(claimed)
 
-    def _dequeue(self) -> AttemptedRollout | None:
+    def _dequeue(self, *, wait: bool = True) -> AttemptedRollout | None:
         """One long-polling claim; through a store outage until it ends or the runner is told to stop
         (then None: nothing was claimed). Every try carries the same idempotency key, so a claim the
         store made but whose answer was lost (it died before replying) is answered to the retry,
-        not left claimed by nobody."""
+        not left claimed by nobody. Without ``wait``: one try at what is queued now, None on an
+        outage."""
         key = new_id("claim")
+        if not wait:
+            return self.store.try_once(self.store.inner.dequeue_rollout, self.worker_id, 0.0, idempotency_key=key)
         try:
             return self.store.call(
                 self.store.inner.dequeue_rollout,
@@ -295,10 +327,13 @@ class Runner:
         except OUTAGE_ERRORS:
             return None
 
-    async def _run_attempt(self, claimed: AttemptedRollout, prepared: Resources | BaseException) -> None:
+    async def _run_attempt(
+        self, claimed: AttemptedRollout, prepared: Resources | BaseException
+    ) -> Callable[[], None] | None:
+        """Run the attempt's agent and flush its LLM calls; returns its report (:meth:`_report`)
+        for the slot to make, or None when the attempt cannot be reported."""
         rollout, attempt = claimed.rollout, claimed.attempt
-        key = attempt.attempt_id
-        self._in_flight[key] = claimed
+        self._in_flight[attempt.attempt_id] = claimed
         self._report_worker("busy", claimed)
         try:
             # Prepared in the claim's thread: during an outage that waits, and the loop keeps
@@ -324,35 +359,41 @@ class Runner:
             reward = work.result() if outcome is None else None  # its span, built once _invoke had flushed
             if not isinstance(outcome, (_Superseded, _Handback)) and reward is None:
                 await self._flush_llm_calls(claimed)  # its calls are stored before it is reported
-            if self.store.outage.down and not isinstance(outcome, (_Superseded, _Handback)):
-                await self._store_back(claimed)
+        except Exception as exc:
+            self._not_reported(claimed, exc)
+            self._done_with(claimed)
+            return None
+        return functools.partial(self._report, claimed, outcome, reward)
+
+    def _report(self, claimed: AttemptedRollout, outcome: BaseException | None, reward: Span | None) -> None:
+        """:meth:`_finish`, with its store errors logged. Over a store behind a network it runs in
+        a thread (:meth:`_slot`): there a store outage is waited out while the loop heartbeats the
+        other slots, until the store is back or the runner's grace runs out."""
+        try:
             self._finish(claimed, outcome, reward)
-        except InvalidTransitionError as exc:  # the store ended the attempt first: a watchdog, a cancel
+        except Exception as exc:
+            self._not_reported(claimed, exc)
+        finally:
+            self._done_with(claimed)
+
+    def _not_reported(self, claimed: AttemptedRollout, exc: Exception) -> None:
+        rollout_id = claimed.rollout.rollout_id
+        if isinstance(exc, InvalidTransitionError):  # the store ended the attempt first: a watchdog, a cancel
             log.warning(
                 "runner %s: rollout %s attempt %s was ended in the store before the runner could report "
                 "it (%s); its result is dropped",
                 self.worker_id,
-                rollout.rollout_id,
-                attempt.attempt_id,
+                rollout_id,
+                claimed.attempt.attempt_id,
                 exc,
             )
-            self.stats.errors.append(f"{rollout.rollout_id}: {type(exc).__name__}: {exc}")
-        except Exception as exc:  # a store error while reporting: log, keep the runner alive
-            log.exception("runner %s could not report rollout %s", self.worker_id, rollout.rollout_id)
-            self.stats.errors.append(f"{rollout.rollout_id}: {type(exc).__name__}: {exc}")
-        finally:
-            self._in_flight.pop(key, None)
-            self._proxy_recorded.discard(key)
+        else:  # a store error while reporting: log, keep the runner alive
+            log.error("runner %s could not report rollout %s", self.worker_id, rollout_id, exc_info=exc)
+        self.stats.errors.append(f"{rollout_id}: {type(exc).__name__}: {exc}")
 
-    async def _store_back(self, claimed: AttemptedRollout) -> None:
-        """Wait until the store answers again (a heartbeat of the attempt) in a thread, so the
-        report that follows does not wait out the outage on the loop the other slots share."""
-        try:
-            await self._to_thread(
-                self.store.call, self.store.inner.heartbeat, claimed.rollout.rollout_id, claimed.attempt.attempt_id
-            )
-        except OUTAGE_ERRORS:
-            pass  # stopping, out of grace: the report makes its one try
+    def _done_with(self, claimed: AttemptedRollout) -> None:
+        self._in_flight.pop(claimed.attempt.attempt_id, None)
+        self._proxy_recorded.discard(claimed.attempt.attempt_id)
 
     async def _invoke(self, claimed: AttemptedRollout, resources: Resources, abandoned: threading.Event) -> Any:
         """The agent's run; returns the span of the reward it returned (None: it returned none),

@@ -329,3 +329,7 @@ class MemoryStore(TransactionalStore):
 
     def _transaction(self) -> _Locked:
         return self._locked
+
+    @property
+    def in_process(self) -> bool:
+        return True

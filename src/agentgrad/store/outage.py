@@ -160,6 +160,10 @@ class PatientStore(Store):
     def shared_url(self) -> str | None:
         return self.inner.shared_url
 
+    @property
+    def in_process(self) -> bool:
+        return self.inner.in_process
+
     def close(self) -> None:
         self.inner.close()
 

@@ -270,6 +270,14 @@ class Store(abc.ABC):
         of :class:`~agentgrad.store.client.StoreClient`)."""
         return None
 
+    @property
+    def in_process(self) -> bool:
+        """Whether this store answers in this process, with no network round trip (an SQLite
+        file, memory): a runner then makes its short calls on its event loop, where a hand-off to
+        a thread and back would cost more than the call. A store behind a network is called from
+        threads, so that a slow answer never stalls the loop's other rollouts."""
+        return False
+
     def close(self) -> None:  # noqa: B027 - a no-op default: a backend holding nothing need not override it
         """Release connections and stop background threads."""
 

@@ -132,6 +132,10 @@ class SqliteStore(TransactionalStore):
     def shared_url(self) -> str | None:
         return None if self.path == ":memory:" else "sqlite://" + str(Path(self.path).resolve())
 
+    @property
+    def in_process(self) -> bool:
+        return True
+
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r})"
 
