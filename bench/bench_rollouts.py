@@ -44,7 +44,9 @@ Per configuration:
 
 ``--store service`` puts the SQLite file behind ``agentgrad store serve`` in a process of its
 own, as several machines share a store: the proxy, the runners and the trainer reach it over HTTP
-(a :class:`~agentgrad.store.client.StoreClient`), and the service's CPU is ``store_service``.
+(a :class:`~agentgrad.store.client.StoreClient`), and the service's CPU is ``store_service``;
+``--store-delay SECONDS`` puts a relay in front of it that holds every chunk that long each way, a
+stand-in for the network between machines.
 
 Compare two versions of the code by alternating runs on a noisy machine: the first ``PYTHONPATH``
 entry is measured when one is set, e.g. ``PYTHONPATH=/tmp/before/src python bench/bench_rollouts.py``.
@@ -100,6 +102,35 @@ stub = StubUpstream(["The answer is 5."])
 print(stub.start(), flush=True)
 signal.sigwait([signal.SIGTERM, signal.SIGINT])
 stub.stop()
+"""
+
+#: A TCP relay that holds every chunk ``delay`` seconds before passing it on, each way: a stand-in
+#: for the network between machines, in front of the store service (``--store-delay``).
+_SERVE_RELAY = """
+import asyncio, sys
+target, delay = int(sys.argv[1]), float(sys.argv[2])
+
+async def pipe(reader, writer):
+    try:
+        while data := await reader.read(65536):
+            await asyncio.sleep(delay)
+            writer.write(data)
+            await writer.drain()
+    except OSError:
+        pass
+    finally:
+        writer.close()
+
+async def handle(client_reader, client_writer):
+    reader, writer = await asyncio.open_connection("127.0.0.1", target)
+    await asyncio.gather(pipe(client_reader, writer), pipe(reader, client_writer))
+
+async def main():
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await server.serve_forever()
+
+asyncio.run(main())
 """
 
 # ---- the agent (module level: runner processes import it by reference) -----------------------------
@@ -224,6 +255,23 @@ def _stub() -> Iterator[tuple[str, int]]:
 
 
 @contextmanager
+def _delayed(url: str, delay: float) -> Iterator[str]:
+    """``url`` behind :data:`_SERVE_RELAY` (a process of its own): the relay's URL."""
+    port = url.rstrip("/").rsplit(":", 1)[1]
+    process = subprocess.Popen(
+        [sys.executable, "-c", _SERVE_RELAY, port, str(delay)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        line = process.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            raise RuntimeError("the relay exited before printing its port")
+        yield f"http://127.0.0.1:{line.strip()}"
+    finally:
+        process.kill()
+        process.wait(30)
+
+
+@contextmanager
 def _store_service(db: Path) -> Iterator[tuple[str, int]]:
     """``agentgrad store serve`` over the SQLite file ``db``, in a process of its own: its URL and pid."""
     harness = "import sys\nfrom agentgrad.cli import main\nsys.exit(main(sys.argv[1:]))\n"
@@ -261,7 +309,14 @@ def _parse(config: str) -> tuple[str, int]:
 
 
 def run_config(
-    config: str, n: int, upstream: str, stub_pid: int, timeout: float, client: str = "httpx", backend: str = "sqlite"
+    config: str,
+    n: int,
+    upstream: str,
+    stub_pid: int,
+    timeout: float,
+    client: str = "httpx",
+    backend: str = "sqlite",
+    store_delay: float = 0.0,
 ) -> dict[str, Any]:
     from agentgrad.agents import rollout
     from agentgrad.proxy.server import LLMProxy
@@ -281,6 +336,8 @@ def run_config(
         service_pid = None
         if backend == "service":
             url, service_pid = service.enter_context(_store_service(Path(tmp) / "store.db"))
+            if store_delay:
+                url = service.enter_context(_delayed(url, store_delay))
             store: Any = StoreClient(url)
         else:
             store = SqliteStore(Path(tmp) / "store.db")
@@ -379,9 +436,19 @@ def main() -> None:
         help="the SQLite file opened by every process, or served by `agentgrad store serve` to all of them",
     )
     parser.add_argument(
+        "--store-delay",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="with --store service: hold every chunk this long each way on its way to and from the store "
+        "(a relay standing in for a network between machines)",
+    )
+    parser.add_argument(
         "--cold-start", action="store_true", help="do not start the runner processes' fork server ahead, off the clock"
     )
     args = parser.parse_args()
+    if args.store_delay and args.store != "service":
+        raise SystemExit("--store-delay needs --store service")
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     for config in configs:
         _parse(config)
@@ -406,7 +473,9 @@ def main() -> None:
         costs = {client: client_cost(upstream, client) for client in clients} if any(is_async.values()) else {}
         for round_ in range(args.rounds):
             for config, client in [(c, k) for c in configs for k in (clients if is_async[c] else clients[:1])]:
-                result = run_config(config, args.n, upstream, stub_pid, args.timeout, client, args.store)
+                result = run_config(
+                    config, args.n, upstream, stub_pid, args.timeout, client, args.store, args.store_delay
+                )
                 result["round"] = round_
                 runs.append(result)
                 if args.summary:
@@ -433,6 +502,7 @@ def main() -> None:
         "upstream": "agentgrad.testing.stub.StubUpstream (a fake upstream that answers at once; a stand-in, "
         "not a model)",
         "store": "SQLite file (WAL)" if args.store == "sqlite" else "agentgrad store serve over an SQLite file (WAL)",
+        "store_delay_s": args.store_delay,
         "fork_server": "started by the first pool, on the clock" if args.cold_start else "started ahead, off the clock",
         "agentgrad": str(Path(agentgrad.__file__).parent),
         "cpu_count": os.cpu_count(),
