@@ -485,23 +485,29 @@ class Runner:
 
     async def _flush_llm_calls(self, claimed: AttemptedRollout) -> None:
         """Wait until the proxy has stored every LLM call of the attempt (:meth:`_flush_now`),
-        without blocking the loop the slots share: a proxy behind a URL is asked on the loop
-        itself, an in-process one in a thread (its flush blocks). The thread hop there and back
-        cost an async runner ~0.3 ms of CPU per rollout with four slots (measured)."""
-        if self.llm_proxy is not None:
+        without blocking the loop the slots share: an in-process proxy's writer is awaited on the
+        loop (one with only a blocking ``flush`` is flushed in a thread), a proxy behind a URL is
+        asked on the loop itself. A thread hop there and back cost an async runner ~0.3 ms of CPU
+        per rollout with four slots (measured)."""
+        if self.llm_proxy is None and not self.llm_proxy_url:
+            return
+        if self.llm_proxy is not None and not hasattr(self.llm_proxy, "flushed"):
             await self._to_thread(self._flush_now, claimed)
-        elif self.llm_proxy_url:
-            rollout_id, attempt_id = claimed.rollout.rollout_id, claimed.attempt.attempt_id
-            try:
+            return
+        rollout_id, attempt_id = claimed.rollout.rollout_id, claimed.attempt.attempt_id
+        try:
+            if self.llm_proxy is not None:
+                recorded = await self.llm_proxy.flushed(rollout_id, attempt_id, self.flush_timeout)
+            else:
                 if self._flush_upstream is None:
                     self._flush_upstream = Upstream(self._flush_root(), timeout=self.flush_timeout + 10)
                 body, headers = self._flush_request(rollout_id, attempt_id)
                 answer = await self._flush_upstream.request("POST", FLUSH_PATH, body, headers)
                 recorded = _flush_answer(answer.status_code, await answer.read())
-            except Exception as exc:
-                self._flush_failed(claimed, exc)
-            else:
-                self._flushed(claimed, recorded)
+        except Exception as exc:
+            self._flush_failed(claimed, exc)
+        else:
+            self._flushed(claimed, recorded)
 
     def _flush_now(self, claimed: AttemptedRollout) -> None:
         """Wait until the proxy has stored every LLM call of the attempt; a failure is logged, not fatal.

@@ -78,6 +78,17 @@ def emits_then_returns(task: dict, llm: LLM) -> float:
     return 1.0  # the runner stores it as the last reward span
 
 
+async def emits_then_returns_async(task: dict, llm: LLM) -> float:
+    """:func:`emits_then_returns` as an async agent: the runner flushes the proxy on its loop."""
+    client = openai.AsyncOpenAI(base_url=llm.endpoint, api_key="k", max_retries=0)
+    for question, reward in ((f"{task['i']}: first", 0.25), (f"{task['i']}: second", None)):
+        await client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": question}])
+        if reward is not None:
+            emit_reward(reward)
+    await client.close()
+    return 1.0
+
+
 def _run(store: Store, proxy: LLMProxy, agent: Any, *, over_http: bool) -> None:
     for i in range(ROLLOUTS):
         store.enqueue_rollout({"i": i})
@@ -121,9 +132,10 @@ def test_emitted_rewards_credit_the_call_they_follow_with_slow_write_behind(
     assert credits == [[0.25, 1.0]] * ROLLOUTS
 
 
+@pytest.mark.parametrize("agent", [emits_then_returns, emits_then_returns_async], ids=["sync agent", "async agent"])
 @pytest.mark.parametrize("over_http", [False, True], ids=["in-process flush", "flush over HTTP"])
-def test_returned_reward_is_stored_after_every_call(memory_store, slow_proxy, over_http) -> None:
-    _run(memory_store, slow_proxy, emits_then_returns, over_http=over_http)
+def test_returned_reward_is_stored_after_every_call(memory_store, slow_proxy, over_http, agent) -> None:
+    _run(memory_store, slow_proxy, agent, over_http=over_http)
     credits, misordered = _credits(memory_store)
     assert misordered > 0, "the slow writer never stored a call after its reward: this test tests nothing"
     assert credits == [[0.25, 1.0]] * ROLLOUTS

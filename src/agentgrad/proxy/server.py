@@ -92,6 +92,11 @@ class LLMProxy:
         """
         return self.app.state.proxy.writer.flush(rollout_id, attempt_id, timeout).recorded_calls
 
+    async def flushed(self, rollout_id: str, attempt_id: str, timeout: float | None = 30.0) -> bool:
+        """:meth:`flush` for an event loop (any loop, not only the proxy's): it awaits the span
+        writer instead of blocking a thread."""
+        return (await self.app.state.proxy.writer.flushed(rollout_id, attempt_id, timeout)).recorded_calls
+
     def endpoint_for(self, rollout_id: str, attempt_id: str) -> str:
         """The OpenAI base URL that attributes calls to one attempt."""
         return rollout_endpoint(self.url, rollout_id, attempt_id)
