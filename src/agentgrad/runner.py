@@ -336,8 +336,8 @@ class Runner:
         self._in_flight[attempt.attempt_id] = claimed
         self._report_worker("busy", claimed)
         try:
-            # Prepared in the claim's thread: during an outage that waits, and the loop keeps
-            # heartbeating other slots.
+            # Prepared with the claim — in its thread when the store is behind a network: during
+            # an outage that waits there, and the loop keeps heartbeating other slots.
             if isinstance(prepared, BaseException):
                 raise prepared
             resources = prepared
