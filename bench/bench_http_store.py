@@ -24,7 +24,6 @@ import argparse
 import gc
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,8 @@ from pathlib import Path
 
 SRC = os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] or str(Path(__file__).resolve().parents[1] / "src")
 sys.path.insert(0, SRC)
+
+from serving import cpu_seconds, start_listening  # noqa: E402 (bench/ is on sys.path)
 
 from agentgrad.store.client import StoreClient  # noqa: E402
 from agentgrad.types import Span  # noqa: E402
@@ -60,26 +61,12 @@ def run_threads(worker, n: int) -> float:
 
 
 def start_server(store_url: str) -> tuple[subprocess.Popen, str]:
-    env = {**os.environ, "PYTHONPATH": SRC}
-    proc = subprocess.Popen([sys.executable, "-c", SERVER, store_url], stderr=subprocess.PIPE, text=True, env=env)
-    for line in proc.stderr:
-        found = re.search(r"listening on (http://\S+)", line)
-        if found:
-            threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
-            return proc, found.group(1)
-    raise RuntimeError("server did not start")
+    return start_listening([sys.executable, "-c", SERVER, store_url], env={**os.environ, "PYTHONPATH": SRC})
 
 
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (Linux ``/proc``). Unlike wall time it barely moves
-    with the load of a shared machine, so it compares versions measured minutes apart."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run(

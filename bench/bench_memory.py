@@ -43,6 +43,7 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 sys.path.insert(0, SRC)
 
 import httpx
+from serving import start_listening  # bench/ is on sys.path
 
 from agentgrad import semconv
 from agentgrad.store import wire
@@ -51,28 +52,8 @@ from agentgrad.types import Span
 
 
 def start_server(db: Path) -> tuple[subprocess.Popen[str], str]:
-    env = {**os.environ, "PYTHONPATH": SRC}
-    command = [
-        sys.executable,
-        "-m",
-        "agentgrad",
-        "store",
-        "serve",
-        "--backend",
-        f"sqlite:///{db}",
-        "--port",
-        "0",
-        "--log-level",
-        "info",
-    ]
-    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        found = re.search(r"listening on (http://\S+)", line)
-        if found:
-            threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
-            return proc, found.group(1)
-    raise RuntimeError("the store service did not start")
+    command = [sys.executable, "-m", "agentgrad", "store", "serve", "--backend", f"sqlite:///{db}", "--port", "0"]
+    return start_listening([*command, "--log-level", "info"], env={**os.environ, "PYTHONPATH": SRC})
 
 
 def peak_mb(pid: int | str) -> float:

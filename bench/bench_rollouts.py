@@ -59,7 +59,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import resource
 import statistics
 import subprocess
@@ -75,6 +74,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 if not os.environ.get("PYTHONPATH"):
     sys.path.insert(0, str(REPO / "src"))
+
+from serving import cpu_seconds, start_listening  # noqa: E402 (bench/ is on sys.path)
 
 CALLS_PER_ROLLOUT = 3
 CONFIGS = (
@@ -275,25 +276,14 @@ def _delayed(url: str, delay: float) -> Iterator[str]:
 def _store_service(db: Path) -> Iterator[tuple[str, int]]:
     """``agentgrad store serve`` over the SQLite file ``db``, in a process of its own: its URL and pid."""
     harness = "import sys\nfrom agentgrad.cli import main\nsys.exit(main(sys.argv[1:]))\n"
-    argv = [sys.executable, "-c", harness, "store", "serve", "--backend", f"sqlite:///{db}", "--port", "0"]
-    process = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    process, url = start_listening(
+        [sys.executable, "-c", harness, "store", "serve", "--backend", f"sqlite:///{db}", "--port", "0"]
+    )
     try:
-        for line in process.stderr:  # type: ignore[union-attr]
-            if found := re.search(r"listening on (http://\S+)", line):
-                threading.Thread(target=process.stderr.read, daemon=True).start()  # type: ignore[union-attr]
-                yield found.group(1), process.pid
-                break
-        else:
-            raise RuntimeError("agentgrad store serve exited before printing its URL")
+        yield url, process.pid
     finally:
         process.terminate()
         process.wait(30)
-
-
-def _cpu_of(pid: int) -> float:
-    """CPU seconds (user + system) a process has used so far (Linux ``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _cpu(who: int) -> float:
@@ -349,8 +339,8 @@ def run_config(
             requests = [{"input": {"i": i}, "resources_id": resources.resources_id} for i in range(n)]
             ids = [r.rollout_id for r in store.enqueue_rollouts(requests)]
             options: dict[str, Any] = {"concurrency": concurrency, "llm_proxy_url": proxy.url}
-            cpu_self, cpu_stub = _cpu(resource.RUSAGE_SELF), _cpu_of(stub_pid)
-            cpu_service = _cpu_of(service_pid) if service_pid else 0.0
+            cpu_self, cpu_stub = _cpu(resource.RUSAGE_SELF), cpu_seconds(stub_pid)
+            cpu_service = cpu_seconds(service_pid) if service_pid else 0.0
             began = time.time()
             if in_processes:
                 pool = RunnerPool(agent, store.shared_url, n_runners=runners, **options).start()
@@ -364,7 +354,7 @@ def run_config(
             wall = time.time() - began
             if in_processes:
                 # Read before they exit (a fork server's children are not ours to wait for).
-                cpu_runners = [_cpu_of(process.pid) for process in pool.processes]
+                cpu_runners = [cpu_seconds(process.pid) for process in pool.processes]
                 pool.stop()
             else:
                 for worker in workers:
@@ -372,8 +362,8 @@ def run_config(
                 for thread in threads:
                     thread.join(30)
             cpu_self = _cpu(resource.RUSAGE_SELF) - cpu_self
-            cpu_stub = _cpu_of(stub_pid) - cpu_stub
-            cpu_service = _cpu_of(service_pid) - cpu_service if service_pid else 0.0
+            cpu_stub = cpu_seconds(stub_pid) - cpu_stub
+            cpu_service = cpu_seconds(service_pid) - cpu_service if service_pid else 0.0
             finished = store.query_rollouts(RolloutFilter(rollout_ids=ids))
         finally:
             proxy.stop()
