@@ -249,6 +249,15 @@ class _Run:
     store_url: str
 
 
+def _load_agent(args: argparse.Namespace) -> Any:
+    """The agent ``args.agent`` names; fills in what ``train`` and ``eval`` read after it: the
+    device (``cpu`` unless given) and the agent's LLM resource name."""
+    args.device = args.device or "cpu"
+    agent = load_cli_agent(args.agent)
+    args.llm_resource = llm_resource_name(args.llm_resource, agent)
+    return agent
+
+
 def _prepare(args: argparse.Namespace) -> _Run:
     """Read and check everything a run needs (settings, agent, task files, model) before anything
     starts, then create the output directory with the resolved ``config.yaml`` in it."""
@@ -269,9 +278,7 @@ def _prepare(args: argparse.Namespace) -> _Run:
     if args.device is not None and config.train.device == "auto":
         # `--device cpu` on a GPU machine keeps the trainer on the CPU too (train.device set to another wins)
         config = dataclasses.replace(config, train=dataclasses.replace(config.train, device=args.device))
-    args.device = args.device or "cpu"
-    agent = load_cli_agent(args.agent)
-    args.llm_resource = llm_resource_name(args.llm_resource, agent)
+    agent = _load_agent(args)
     trained = getattr(agent, "trained_agents", None)  # an agentlightning LitAgent's own agent_match
     if config.agent_match is None and trained:
         config = dataclasses.replace(config, agent_match=trained)
@@ -584,9 +591,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     if (args.model is None) == (args.upstream is None):
         raise SystemExit("eval needs exactly one of --model (a local model, run or checkpoint) and --upstream URL")
-    args.device = args.device or "cpu"
-    agent = load_cli_agent(args.agent)
-    args.llm_resource = llm_resource_name(args.llm_resource, agent)
+    agent = _load_agent(args)
     tasks = read_tasks(args.tasks)
     run_id = getattr(args, "run_id", None) or time.strftime("eval-%Y%m%d-%H%M%S")
     with tempfile.TemporaryDirectory(prefix="agentgrad-eval-") as work:
