@@ -10,7 +10,8 @@
 Each backend runs in a fresh child process (so peak RSS is its own), on N rollouts of 10 spans
 each, as the issue states the workload. The lifecycle phases, in order: enqueue (one call per
 rollout), dequeue+start (dequeue_rollout + update_attempt running), spans one by one (add_span,
-10 per rollout), update status (succeeded), query spans (the 10 spans of each rollout).
+10 per rollout), a dequeue that finds nothing queued (an idle runner slot's look), update status
+(succeeded), query spans (the 10 spans of each rollout).
 "mixed_unbatched" is every call of that lifecycle over their total time. The batched phases
 write to N other rollouts (claimed and started untimed): 10 spans per rollout in one call each,
 then 10 more per rollout in calls of 1000 — so that every phase measures just what it names, and
@@ -166,6 +167,9 @@ def run_backend(backend: str, n: int, freeze: bool = True, counter: Any = None, 
 
         claimed = phase("dequeue_start", 2 * n, dequeue_start)
         results["dequeue_start"]["rollouts_per_s"] = round(n / seconds["dequeue_start"])
+        # A look that finds nothing queued: what each idle runner slot's long poll makes every
+        # ``external_poll_interval`` (SQL, Redis) or after every change (memory).
+        phase("dequeue_empty", n, lambda: [store.dequeue_rollout("bench") for _ in range(n)])
         pairs = [(c.rollout.rollout_id, c.attempt.attempt_id) for c in claimed]
 
         # Spans are built outside the timed block: the phase measures the store, not pydantic.
@@ -301,6 +305,7 @@ def count_instructions(backends: list[str], n: int, options: list[str]) -> dict[
     ops = {
         "enqueue": n,
         "dequeue_start": 2 * n,
+        "dequeue_empty": n,
         "add_span_single": n * SPANS_PER_ROLLOUT,
         "update_succeeded": n,
         "query_spans": n,

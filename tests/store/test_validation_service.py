@@ -42,17 +42,26 @@ HANG = 20.0
 
 
 class HeldReads(SqliteStore):
-    """An SQLite store whose reads, once ``hold`` is set, stop inside their snapshot (the read
-    transaction open) until ``release`` is set: a read as long as the test wants."""
+    """An SQLite store whose span reads, once ``hold`` is set, stop inside their snapshot (the read
+    transaction open) until ``release`` is set: a read as long as the test wants. Other reads (a
+    claim's look at the queue among them) go on as usual."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.hold, self.inside, self.release = threading.Event(), threading.Event(), threading.Event()
 
+    def query_spans(self, *args: Any, **kwargs: Any) -> Any:
+        self._local.span_read = True
+        try:
+            return super().query_spans(*args, **kwargs)
+        finally:
+            self._local.span_read = False
+
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[StoreTx]:
         with super()._transaction() as tx:
-            if self.hold.is_set() and getattr(self._local, "read_only", False):
+            if self.hold.is_set() and getattr(self._local, "span_read", False):
+                assert self._local.read_only  # a read apart from the writer's lock: what is tested
                 self.inside.set()
                 self.release.wait(HANG)
             yield tx

@@ -181,6 +181,9 @@ class _MemoryTx(StoreTx):
         for rollout_id in rollout_ids:
             self.d.queue[rollout_id] = None
 
+    def has_queued(self) -> bool:
+        return bool(self.d.queue)
+
     def pop_queue(self, limit: int) -> list[str]:
         return [self.d.queue.popitem(last=False)[0] for _ in range(min(limit, len(self.d.queue)))]
 

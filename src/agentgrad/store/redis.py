@@ -376,6 +376,9 @@ class RedisTx(StoreTx):
         if rollout_ids:
             self._write("RPUSH", self.k.queue, *rollout_ids)
 
+    def has_queued(self) -> bool:
+        return bool(self.conn.call("LLEN", self.k.queue))
+
     def pop_queue(self, limit: int) -> list[str]:
         # The only read of the queue, and the core's first queue operation in its transaction.
         ids = [value.decode() for value in self.conn.call("LRANGE", self.k.queue, 0, limit - 1)]

@@ -245,6 +245,9 @@ class SqlTx(StoreTx):
             [(top + 1 + i, rollout_id) for i, rollout_id in enumerate(rollout_ids)],
         )
 
+    def has_queued(self) -> bool:
+        return bool(self._rows("SELECT 1 FROM rollouts WHERE queue_pos IS NOT NULL LIMIT 1"))
+
     def pop_queue(self, limit: int) -> list[str]:
         rows = self._rows(
             "SELECT rollout_id FROM rollouts WHERE queue_pos IS NOT NULL "
@@ -518,14 +521,17 @@ READ_ONLY_CALLS = (
     "query_workers",
     "query_metrics",
 )
+#: The core's looks that only read inside a call that may write, run apart the same way: a
+#: claim's look at whether anything is queued (``TransactionalStore._claimable``).
+READ_ONLY_LOOKS = ("_claimable",)
 _Store = TypeVar("_Store", bound=TransactionalStore)
 
 
 def reads_apart(cls: type[_Store]) -> type[_Store]:
-    """Class decorator: while one of :data:`READ_ONLY_CALLS` runs, ``self._local.read_only`` is
-    true in its thread (``_local``: a ``threading.local`` of the store), which the backend's
-    ``_transaction`` reads."""
-    for name in READ_ONLY_CALLS:
+    """Class decorator: while one of :data:`READ_ONLY_CALLS` or :data:`READ_ONLY_LOOKS` runs,
+    ``self._local.read_only`` is true in its thread (``_local``: a ``threading.local`` of the
+    store), which the backend's ``_transaction`` reads."""
+    for name in (*READ_ONLY_CALLS, *READ_ONLY_LOOKS):
         setattr(cls, name, _read_only(getattr(TransactionalStore, name)))
     return cls
 

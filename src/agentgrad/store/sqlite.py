@@ -62,6 +62,9 @@ class SqliteStore(TransactionalStore):
         if self.path != ":memory:":
             Path(self.path).resolve().parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
+        self._watch_lock = threading.Lock()
+        self._watch: sqlite3.Connection | None = None  # reads data_version (_outside_version)
+        self._watch_closed = False
         self._local = threading.local()
         self._views = RowViews()
         self._busy_timeout = busy_timeout_seconds
@@ -122,9 +125,26 @@ class SqliteStore(TransactionalStore):
             with self._lock, _immediate(self._conn, self._busy_timeout) as cur:
                 yield SqlTx(cur, SQLITE, self._views)
 
+    def _outside_version(self) -> object | None:
+        """SQLite's ``data_version`` on a connection that only reads it: it moves with every
+        change committed by any other connection — another process's, and this store's writer's
+        too (those also notify the waiters at once)."""
+        if self._readers is None:
+            return None  # a private ":memory:" database: only this store writes it
+        with self._watch_lock:
+            if self._watch_closed:
+                return None
+            if self._watch is None:
+                self._watch = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            return self._watch.execute("PRAGMA data_version").fetchone()[0]
+
     def _close_backend(self) -> None:
         if self._readers is not None:
             self._readers.close()
+        with self._watch_lock:
+            self._watch_closed = True
+            if self._watch is not None:
+                self._watch.close()
         with self._lock:
             self._conn.close()
 
