@@ -64,7 +64,6 @@ class SqliteStore(TransactionalStore):
         self._lock = threading.RLock()
         self._watch_lock = threading.Lock()
         self._watch: sqlite3.Connection | None = None  # reads data_version (_outside_version)
-        self._watch_closed = False
         self._local = threading.local()
         self._views = RowViews()
         self._busy_timeout = busy_timeout_seconds
@@ -131,8 +130,8 @@ class SqliteStore(TransactionalStore):
         too (those also notify the waiters at once)."""
         if self._readers is None:
             return None  # a private ":memory:" database: only this store writes it
-        with self._watch_lock:
-            if self._watch_closed:
+        with self._watch_lock:  # close() marks the store closed before it closes this connection
+            if self._closed.is_set():
                 return None
             if self._watch is None:
                 self._watch = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -142,7 +141,6 @@ class SqliteStore(TransactionalStore):
         if self._readers is not None:
             self._readers.close()
         with self._watch_lock:
-            self._watch_closed = True
             if self._watch is not None:
                 self._watch.close()
         with self._lock:
