@@ -5,6 +5,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 FRAMEWORKS := $(VENV)/.frameworks
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test` and `make test-fast`: the suite waits on servers and
+# subprocesses more than it computes (12 min serially on 2 cores, 7 with two workers); 0 runs it in
+# one process. The slow, chaos and scale suites stay serial: their cases time real runs.
+TEST_WORKERS ?= 2
 
 .PHONY: demo test test-fast test-slow test-chaos test-scale example-math example-sql example-rag example-smollm2 install frameworks browser model bench lint docs clean
 
@@ -43,13 +47,13 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m agentgrad models build-tiny --if-missing > $(VENV)/tiny-build.log 2>&1 &
 	$(MAKE) --no-print-directory $(FRAMEWORKS) browser
-	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS); status=$$?; \
+	$(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) $(PYTEST_ARGS); status=$$?; \
 	  echo "tiny model (log: $(VENV)/tiny-build.log): $$( (grep -h 'val greedy' $(VENV)/tiny-build.log || tail -n 1 $(VENV)/tiny-build.log) | tail -n 1)"; \
 	  exit $$status
 
 # Without the framework and browser installs (they skip with a reason).
 test-fast: $(STAMP) model
-	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # The slow learning runs: tiny-model build band, SFT and the full RL demo.
 test-slow: $(STAMP) $(FRAMEWORKS) model
