@@ -345,6 +345,14 @@ class TransactionalStore(Store):
                 self._wait_for_change(seen, outside is not None, deadline)
                 if self._closed.is_set():
                     return check()
+                if outside is not None and deadline is not None and deadline - time.monotonic() <= 0:
+                    # At the deadline a backend that can tell says whether anything was committed
+                    # since the look: if not, a last look would find nothing again (an idle long
+                    # poll's second read, every poll).
+                    self._look_outside()
+                    with self._changed:
+                        if self._change_count == seen:
+                            return result
         finally:
             with self._changed:
                 self._waiting -= 1
@@ -358,12 +366,13 @@ class TransactionalStore(Store):
         close or ``deadline``.
 
         Changes made from outside are looked for every ``external_poll_interval``. When the
-        backend can tell them (:meth:`_outside_version`: SQLite), one waiter at a time watches —
-        reads the version each interval and wakes the others when it moved — and the others sleep
-        until woken: the idle slots of a runner, or the long polls a store service holds for many
-        runners, then cost one wake-up and one read of a number per interval between them,
-        instead of a look at the queue each (an idle runner with eight slots made 190 a second).
-        A backend that cannot tell has every waiter look again each interval."""
+        backend can tell them (:meth:`_outside_version`: SQLite, PostgreSQL, Redis), one waiter at
+        a time watches — reads the version each interval and wakes the others when it moved — and
+        the others sleep until woken: the idle slots of a runner, or the long polls a store
+        service holds for many runners, then cost one wake-up and one read of a number per
+        interval between them, instead of a look at the queue each (an idle runner with eight
+        slots made 190 a second). A backend that cannot tell has every waiter look again each
+        interval."""
         me = threading.get_ident()
         while True:
             remaining = None if deadline is None else deadline - time.monotonic()

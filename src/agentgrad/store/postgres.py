@@ -9,7 +9,8 @@ claim query also carries ``FOR UPDATE SKIP LOCKED`` (the POSTGRES dialect), so c
 exclusive even for a future caller that skipped the advisory lock.
 
 Waiters in this process wake on local changes at once; changes made by other processes are seen
-within ``external_poll_interval`` seconds.
+within ``external_poll_interval`` seconds, by one waiter at a time reading the server's snapshot of
+committed transactions (``pg_current_snapshot()``) and waking the others when it moved.
 """
 
 from __future__ import annotations
@@ -170,6 +171,23 @@ class PostgresStore(TransactionalStore):
             if not getattr(self._local, "read_only", False):
                 cur.execute("SELECT pg_advisory_xact_lock(%s)", (self._lock_key,))
             yield SqlTx(cur, POSTGRES, self._views)
+
+    def _outside_version(self) -> object | None:
+        """The server's snapshot of committed transactions, ``pg_current_snapshot()``: it moves
+        whenever a transaction that wrote anything commits — another process's, this store's own
+        (those also notify the waiters at once), or one in another database of the server (a look
+        too many, never one missed) — and not for a call that only read, or a watchdog sweep that
+        found nothing to end. A commit a look after this read does not see was still running when
+        it was taken, so its end moves the snapshot. None when the server cannot be reached: then
+        every waiter looks itself, and meets the outage there."""
+        if self._closed.is_set():
+            return None
+        try:
+            with self._pool.connection() as conn:
+                row = conn.execute("SELECT pg_current_snapshot()::text").fetchone()
+        except (psycopg.Error, StoreFileError):
+            return None
+        return None if row is None else row[0]
 
     def _close_backend(self) -> None:
         self._pool.close()

@@ -25,7 +25,9 @@ settings go (``appendonly yes`` with ``appendfsync everysec`` loses at most abou
 writes on a crash of the host; ``always`` loses none). See ``docs/store-service.md#redis``.
 
 Waiters in this process wake on local changes at once; changes made by other processes are seen
-within ``external_poll_interval`` seconds. A single Redis server (or a replicated primary) is
+within ``external_poll_interval`` seconds, by one waiter at a time reading the store's version
+key (a number every commit that writes increments) and waking the others when it moved. A single
+Redis server (or a replicated primary) is
 supported, not Redis Cluster: the keys of one store live in many hash slots.
 """
 
@@ -151,6 +153,9 @@ class _Keys:
         self.active = f"{p}:active"
         self.resources, self.versions = f"{p}:resources", f"{p}:versions"
         self.workers, self.metrics = f"{p}:workers", f"{p}:metrics"
+        #: a number every commit that writes increments: the waiters of other processes watch it
+        #: (``RedisStore._outside_version``).
+        self.version = f"{p}:version"
         self.replays, self.replay_times = f"{p}:replays", f"{p}:replay_times"
         self._attempts, self._spans, self._span_ids = f"{p}:attempts:", f"{p}:spans:", f"{p}:span_ids:"
         self.pattern = f"{p}:*"
@@ -744,7 +749,21 @@ class RedisStore(TransactionalStore):
             except BaseException:
                 writer.abandon()
                 raise
-            writer.commit(tx.writes)
+            writer.commit([*tx.writes, ("INCR", self._keys.version)] if tx.writes else [])
+
+    def _outside_version(self) -> object | None:
+        """The store's version key, which every commit that writes increments in its ``MULTI``
+        (no round trip of its own): it moves with every change — another process's, and this
+        store's own (those also notify the waiters at once) — and not for a call that found
+        nothing to change. None when Redis cannot be reached: then every waiter looks itself, and
+        meets the outage there."""
+        if self._closed.is_set():
+            return None
+        try:
+            with self._connection() as connection:
+                return _Conn(connection).call("GET", self._keys.version) or b"0"
+        except RedisStoreError:
+            return None
 
     def _close_backend(self) -> None:
         self._pool.disconnect()
