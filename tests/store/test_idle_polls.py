@@ -145,3 +145,31 @@ def test_the_watch_passes_on_when_its_waiter_leaves(backend) -> None:
     other.enqueue_rollout({"q": 3})
     long_.join(10)
     assert not long_.is_alive() and got_long[0].rollout.input == {"q": 3}
+
+
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+def test_a_postgres_without_the_snapshot_function_has_every_waiter_look(backend) -> None:
+    """Before PostgreSQL 13 there is no ``pg_current_snapshot``: the server's error is taken once,
+    and the waiters look each interval themselves, as they did before."""
+    import contextlib
+
+    store = backend.new(**POLL)
+    pool_connection = store._pool.connection
+
+    @contextlib.contextmanager
+    def old_server() -> Any:
+        with pool_connection() as conn:
+            execute = conn.execute
+            conn.execute = lambda query, *a, **k: execute(query.replace("pg_current_snapshot", "no_such_fn"), *a, **k)
+            try:
+                yield conn
+            finally:
+                conn.execute = execute
+
+    store._pool.connection = old_server
+    assert store._outside_version() is None and store._no_snapshot
+    store._pool.connection = pool_connection
+    assert store._outside_version() is None  # not asked again
+    looks = Looks(store)
+    assert store.dequeue_rollout("w", timeout=0.3) is None
+    assert looks.looks >= 10  # every 10 ms, as a backend that cannot tell

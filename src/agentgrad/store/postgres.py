@@ -114,6 +114,7 @@ class PostgresStore(TransactionalStore):
         self._local = threading.local()
         self._pool = _Pool(self._connect, pool_size)
         self._views = RowViews()
+        self._no_snapshot = False  # the server lacks pg_current_snapshot (see _outside_version)
         try:
             self._setup()
         except BaseException:
@@ -178,15 +179,18 @@ class PostgresStore(TransactionalStore):
         (those also notify the waiters at once), or one in another database of the server (a look
         too many, never one missed) — and not for a call that only read, or a watchdog sweep that
         found nothing to end. A commit a look after this read does not see was still running when
-        it was taken, so its end moves the snapshot. None when the server cannot be reached: then
-        every waiter looks itself, and meets the outage there."""
-        if self._closed.is_set():
+        it was taken, so its end moves the snapshot. None when the server cannot be reached, or
+        has no ``pg_current_snapshot`` (before PostgreSQL 13): then every waiter looks itself."""
+        if self._closed.is_set() or self._no_snapshot:
             return None
         try:
             with self._pool.connection() as conn:
                 row = conn.execute("SELECT pg_current_snapshot()::text").fetchone()
-        except (psycopg.Error, StoreFileError):
+        except psycopg.errors.UndefinedFunction:
+            self._no_snapshot = True
             return None
+        except (psycopg.Error, StoreFileError):
+            return None  # an outage: the waiters' own looks meet it
         return None if row is None else row[0]
 
     def _close_backend(self) -> None:
