@@ -27,8 +27,8 @@ writes on a crash of the host; ``always`` loses none). See ``docs/store-service.
 Waiters in this process wake on local changes at once; changes made by other processes are seen
 within ``external_poll_interval`` seconds, by one waiter at a time reading the store's version
 key (a number every commit that writes increments) and waking the others when it moved. A single
-Redis server (or a replicated primary) is
-supported, not Redis Cluster: the keys of one store live in many hash slots.
+Redis server (or a replicated primary) is supported, not Redis Cluster: the keys of one store live
+in many hash slots.
 """
 
 from __future__ import annotations
