@@ -468,8 +468,9 @@ class TransactionalStore(Store):
         """Whether a claim can find anything: a rollout queued, or an answer recorded for its key.
 
         A read, which a backend makes apart from its writes, without the write lock
-        (:func:`~agentgrad.store.sql.reads_apart`): every idle slot of every runner looks again
-        every ``external_poll_interval`` (SQLite, PostgreSQL, Redis), and each look was a write
+        (:func:`~agentgrad.store.sql.reads_apart`): every idle slot of every runner looks when its
+        long poll starts and whenever the store may have changed (each ``external_poll_interval``
+        where the backend cannot tell, :meth:`_wait_for_change`), and each look was a write
         transaction that took the lock to find the queue empty — an idle runner with eight slots
         spent 5 % of a core on it, and held up the capture proxy's and the other runners' writes
         meanwhile."""
