@@ -23,7 +23,7 @@ from agentgrad.runner import Runner, RunnerDiedError, RunnerPool
 from agentgrad.store.client import StoreUnavailableError
 from agentgrad.store.memory import MemoryStore
 from agentgrad.store.sqlite import SqliteStore
-from agentgrad.types import AttemptStatus, RolloutConfig, RolloutStatus
+from agentgrad.types import LLM, AttemptStatus, RolloutConfig, RolloutStatus
 
 
 @contextlib.contextmanager
@@ -659,6 +659,83 @@ def test_a_runner_asks_an_in_process_store_on_its_loop_and_a_remote_one_from_thr
     else:
         assert "the-loop-thread" not in claims | reports
         assert all(name.startswith("agentgrad-runner-") for name in claims | reports), claims | reports
+
+
+class HeldSpanWrites:
+    """The store as the capture proxy sees it: its first span write waits until ``release`` is set
+    (the attempt's calls are still being stored, so its flush waits too)."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.release = threading.Event()
+        self.holding = threading.Event()
+
+    def add_spans(self, spans: list[Any]) -> list[Any]:
+        if not self.holding.is_set():
+            self.holding.set()
+            self.release.wait(10)
+        return self._store.add_spans(spans)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+@pytest.mark.parametrize("over_http", [True, False], ids=["proxy over HTTP", "proxy in process"])
+def test_a_slot_runs_its_next_attempt_while_the_last_one_is_finishing(local_store, kind, over_http):
+    """Behind a URL, the wait for the capture proxy to store an attempt's calls, and the attempt's
+    report, overlap the slot's next agent; the slot waits for them once that agent is done (at most
+    one attempt finishing per slot), and an attempt is reported only after its calls are stored.
+    With the proxy in the runner's process (one GIL) the slot finishes an attempt before the next."""
+    import openai
+
+    from agentgrad.proxy import LLMProxy
+    from agentgrad.testing.stub import StubUpstream
+
+    started: list[int] = []
+
+    async def async_agent(task, llm):
+        started.append(task["i"])
+        client = openai.AsyncOpenAI(base_url=llm.endpoint, api_key="k", max_retries=0)
+        await client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": "hi"}])
+        await client.close()
+        return 1.0
+
+    def sync_agent(task, llm):
+        started.append(task["i"])
+        client = openai.OpenAI(base_url=llm.endpoint, api_key="k", max_retries=0)
+        client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": "hi"}])
+        return 1.0
+
+    held = HeldSpanWrites(local_store)
+    with StubUpstream(["hello"]) as stub, LLMProxy(held, f"http://127.0.0.1:{stub.port}/v1") as proxy:
+        local_store.add_resources({"llm": LLM(endpoint=f"http://127.0.0.1:{stub.port}/v1", model="m")})
+        ids = [local_store.enqueue_rollout({"i": i}).rollout_id for i in range(3)]
+        runner = Runner(
+            async_agent if kind == "async" else sync_agent,
+            local_store,
+            max_rollouts=3,
+            poll_timeout=0.05,
+            llm_proxy_url=proxy.url,
+            llm_proxy=None if over_http else proxy,
+        )
+        with running(runner):
+            wait_for(held.holding.is_set)
+            if over_http:  # the second attempt ran while the first one's calls are being stored
+                wait_for(lambda: started == [0, 1])
+            time.sleep(0.3)
+            assert started == ([0, 1] if over_http else [0]), "a slot ran ahead of an attempt still finishing"
+            assert local_store.get_rollout(ids[0]).status != RolloutStatus.SUCCEEDED  # not reported before its calls
+            held.release.set()
+            rollouts = local_store.wait_for_rollouts(ids, timeout=10)
+    assert started == [0, 1, 2]
+    assert [(r.status, r.reward, r.llm_calls) for r in rollouts] == [(RolloutStatus.SUCCEEDED, 1.0, 1)] * 3
+    for rollout_id in ids:  # each reward span stored after its attempt's call
+        names = [s.name for s in local_store.query_spans(rollout_id)]
+        assert [n for n in names if n in (semconv.SPAN_LLM_CALL, semconv.SPAN_REWARD)] == [
+            semconv.SPAN_LLM_CALL,
+            semconv.SPAN_REWARD,
+        ], names
 
 
 def test_async_agents_are_told_apart_from_sync_ones():

@@ -49,9 +49,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-# Imported up front, though the runner only sends through httpx when the proxy's URL is https or
-# proxied (the flush transport's fallback imports it on first use, from a runner thread): a lazy
-# import from one thread while another thread's openai client inspects ``sys.modules['httpx']``
+# Imported up front, though a runner only sends through httpx when the store service's URL is
+# https or proxied (the store client's transport imports it on first use, from a runner thread): a
+# lazy import from one thread while another thread's openai client inspects ``sys.modules['httpx']``
 # makes that client fail on a half-imported module.
 import httpx  # noqa: F401
 
@@ -60,7 +60,6 @@ from agentgrad.context import RolloutContext, use_context
 from agentgrad.emit import reward_span
 from agentgrad.errors import AgentGradError, InvalidTransitionError
 from agentgrad.http.guard import PROXY_TOKEN_ENV, env_token
-from agentgrad.http.transport import Transport, transport_for
 from agentgrad.http.upstream import Upstream
 from agentgrad.proxy.incoming import FLUSH_PATH
 from agentgrad.rewards import reward_number
@@ -135,9 +134,10 @@ class Runner:
         llm_proxy_url: the capture proxy's URL; every ``LLM`` resource an attempt receives then
             points at ``{proxy}/rollout/{rid}/attempt/{aid}/v1`` (after ``resources_hook``), and
             before an attempt is reported the runner asks the proxy (``POST /agentgrad/flush``)
-            to finish storing its calls.
+            to finish storing its calls — while the attempt's slot runs its next rollout.
         llm_proxy: the in-process proxy object (anything with ``flush(rid, aid, timeout)``, e.g. an
-            :class:`~agentgrad.proxy.LLMProxy`); flushed directly instead of over HTTP.
+            :class:`~agentgrad.proxy.LLMProxy`); flushed directly instead of over HTTP, and each
+            slot finishes an attempt before it claims the next (one GIL: nothing to overlap).
         flush_timeout: how long to wait for the proxy's flush before reporting anyway (logged).
     """
 
@@ -176,8 +176,6 @@ class Runner:
         self.llm_proxy_url = llm_proxy_url
         self.llm_proxy = llm_proxy
         self.flush_timeout = flush_timeout
-        self._flush_transport: Transport | None = None
-        self._flush_transport_lock = threading.Lock()
         self._flush_upstream: Upstream | None = None  # the event loop's: flushes of async work
         self.stats = RunnerStats()
         self._stopping = threading.Event()
@@ -227,9 +225,6 @@ class Runner:
         finally:
             self._report_worker("stopped", force=True)
             self._executor.shutdown(wait=False, cancel_futures=True)
-            if self._flush_transport is not None:
-                self._flush_transport.close()
-                self._flush_transport = None
             if self._flush_upstream is not None:
                 await self._flush_upstream.aclose()
                 self._flush_upstream = None
@@ -248,39 +243,43 @@ class Runner:
         return True
 
     async def _slot(self) -> None:
-        report: Callable[[], None] | None = None  # the last attempt's, when the next claim's hop makes it
-        while self._take_ticket():
-            # The store's calls stay off the loop the slots share, unless it answers in this
-            # process (:attr:`Store.in_process`): a call over the network may be slow, but a thread
-            # hop costs a GIL hand-off each way, and the thread's Python contends for the GIL with
-            # the loop's. So an in-process store is asked on the loop for what is queued now;
-            # otherwise — or when nothing is queued — one thread hop makes the last attempt's
-            # report, then long-polls for a claim and prepares its resources.
-            claimed, prepared = self._claim_queued() if self.store.in_process else (None, None)
-            if claimed is None:
-                claimed, prepared = await self._to_thread(self._report_and_claim, report)
-                report = None
-            if claimed is None:
-                self._claimed -= 1  # nothing came: the ticket is not spent
-                if not self._in_flight:
-                    self._report_worker("idle")  # at once when it just ran out of work, then as a sign of life
-                continue
-            if self.stopping or prepared is None:  # the stop arrived while we long-polled: hand it straight back
-                self._hand_back(claimed)
-                continue
-            report = await self._run_attempt(claimed, prepared)
-            if report is not None and self.store.in_process:
-                report()
-                report = None
-        if report is not None:
-            await self._to_thread(report)
-
-    def _report_and_claim(
-        self, report: Callable[[], None] | None
-    ) -> tuple[AttemptedRollout | None, Resources | BaseException | None]:
-        if report is not None:
-            report()
-        return self._dequeue_and_prepare()
+        # The last attempt's finish (:meth:`_finish_attempt`: the wait for the proxy to store its
+        # LLM calls, then its report) runs while the slot claims and runs the next attempt, unless
+        # the proxy is in this process; the slot waits for it once that agent is done, so at most
+        # one attempt per slot is finishing.
+        finishing: asyncio.Task[None] | None = None
+        try:
+            while self._take_ticket():
+                # The store's calls stay off the loop the slots share, unless it answers in this
+                # process (:attr:`Store.in_process`): a call over the network may be slow, but a
+                # thread hop costs a GIL hand-off each way, and the thread's Python contends for
+                # the GIL with the loop's. So an in-process store is asked on the loop for what is
+                # queued now; otherwise — or when nothing is queued — a thread long-polls for a
+                # claim and prepares its resources.
+                claimed, prepared = self._claim_queued() if self.store.in_process else (None, None)
+                if claimed is None:
+                    claimed, prepared = await self._to_thread(self._dequeue_and_prepare)
+                if claimed is None:
+                    self._claimed -= 1  # nothing came: the ticket is not spent
+                    if not self._in_flight:
+                        self._report_worker("idle")  # at once when it just ran out of work, then as a sign of life
+                    continue
+                if self.stopping or prepared is None:  # the stop arrived while we long-polled: hand it straight back
+                    self._hand_back(claimed)
+                    continue
+                finish = await self._run_attempt(claimed, prepared)
+                if finishing is not None:
+                    await finishing
+                finishing = finish
+                if self.llm_proxy is not None and finishing is not None:
+                    # The proxy is in this process: its loop, its span writer and the next agent
+                    # would contend for one GIL with the finish, for no overlap (measured: a sync
+                    # agent's in-process runner lost a quarter of its rollouts a second).
+                    await finishing
+                    finishing = None
+        finally:
+            if finishing is not None:
+                await finishing
 
     def _claim_queued(self) -> tuple[AttemptedRollout | None, Resources | BaseException | None]:
         """:meth:`_dequeue_and_prepare` without waiting: one try at what is queued now, none while
@@ -329,9 +328,9 @@ class Runner:
 
     async def _run_attempt(
         self, claimed: AttemptedRollout, prepared: Resources | BaseException
-    ) -> Callable[[], None] | None:
-        """Run the attempt's agent and flush its LLM calls; returns its report (:meth:`_report`)
-        for the slot to make, or None when the attempt cannot be reported."""
+    ) -> asyncio.Task[None] | None:
+        """Run the attempt's agent; returns the task that finishes the attempt
+        (:meth:`_finish_attempt`), or None when the attempt cannot be reported."""
         rollout, attempt = claimed.rollout, claimed.attempt
         self._in_flight[attempt.attempt_id] = claimed
         self._report_worker("busy", claimed)
@@ -352,23 +351,47 @@ class Runner:
                 abandoned = threading.Event()  # set when the loop stops waiting for the agent
                 work = asyncio.ensure_future(self._invoke(claimed, resources, abandoned))
                 outcome = await self._supervise(work, claimed, abandoned)
-            if isinstance(outcome, OUTAGE_ERRORS) and self.stopping:
-                # The agent failed only because its store call gave up waiting out an outage when
-                # the runner's grace ran out: not the agent's failure, and the store cannot be told.
-                outcome = _Handback()
-            reward = work.result() if outcome is None else None  # its span, built once _invoke had flushed
-            if not isinstance(outcome, (_Superseded, _Handback)) and reward is None:
-                await self._flush_llm_calls(claimed)  # its calls are stored before it is reported
+                if isinstance(outcome, OUTAGE_ERRORS) and self.stopping:
+                    # The agent failed only because its store call gave up waiting out an outage
+                    # when the runner's grace ran out: not the agent's failure, and the store
+                    # cannot be told.
+                    outcome = _Handback()
+                reward = work.result() if outcome is None else None
+                return asyncio.ensure_future(self._finish_attempt(claimed, outcome, reward))  # in this context
         except Exception as exc:
             self._not_reported(claimed, exc)
             self._done_with(claimed)
             return None
-        return functools.partial(self._report, claimed, outcome, reward)
+
+    async def _finish_attempt(
+        self, claimed: AttemptedRollout, outcome: BaseException | None, reward: float | None
+    ) -> None:
+        """Wait until the proxy has stored every LLM call of the attempt, then report it (a success
+        with its reward's span). Behind a URL the proxy is in another process, and the attempt's
+        slot runs the next attempt meanwhile (:meth:`_slot`): a slot's time per rollout is then its
+        claim's and its agent's, the flush and the report overlapping the next agent (one async
+        slot in a runner process: 136 → 162 rollouts/s, overhead per rollout 2.7 → 1.3 ms; across
+        a network of 2 ms round trips 46 → 72, in ``bench_rollouts.py``). The reward's span is
+        built once the calls are stored (the proxy writes them behind its answers), so it follows
+        them in time and in the store's order."""
+        try:
+            if not isinstance(outcome, (_Superseded, _Handback)):
+                await self._flush_llm_calls(claimed)
+            span = None if reward is None else reward_span(reward)
+        except Exception as exc:
+            self._not_reported(claimed, exc)
+            self._done_with(claimed)
+            return
+        report = functools.partial(self._report, claimed, outcome, span)
+        if self.store.in_process:
+            report()
+        else:  # a store behind a network: its outage is waited out in the thread
+            await self._to_thread(report)
 
     def _report(self, claimed: AttemptedRollout, outcome: BaseException | None, reward: Span | None) -> None:
         """:meth:`_finish`, with its store errors logged. Over a store behind a network it runs in
-        a thread (:meth:`_slot`): there a store outage is waited out while the loop heartbeats the
-        other slots, until the store is back or the runner's grace runs out."""
+        a thread (:meth:`_finish_attempt`): there a store outage is waited out while the loop
+        heartbeats the other slots, until the store is back or the runner's grace runs out."""
         try:
             self._finish(claimed, outcome, reward)
         except Exception as exc:
@@ -396,8 +419,8 @@ class Runner:
         self._proxy_recorded.discard(claimed.attempt.attempt_id)
 
     async def _invoke(self, claimed: AttemptedRollout, resources: Resources, abandoned: threading.Event) -> Any:
-        """The agent's run; returns the span of the reward it returned (None: it returned none),
-        which :meth:`_finish` stores with the attempt's success."""
+        """The agent's run; returns the reward it returned (None: it returned none), which
+        :meth:`_finish_attempt` stores with the attempt's success."""
         # Sync agents run in a thread (the context variable travels with it) so heartbeats and
         # other slots keep going; async agents return a coroutine that runs on this loop.
         if self._async_agent:
@@ -405,29 +428,20 @@ class Runner:
         else:
             result = await self._to_thread(self._run_sync_agent, claimed, resources, abandoned)
             if not isinstance(result, _Awaitable):
-                return result  # the thread flushed and built the reward's span too
+                return result
             result = await result.awaitable
-        reward = reward_of(result)
-        if reward is None:
-            return None
-        # The reward's span once every call of the attempt is stored (the proxy writes them behind
-        # its answers): reported after them, the reward follows them in the store's order too.
-        await self._flush_llm_calls(claimed)
-        return reward_span(reward)
+        return reward_of(result)
 
     def _run_sync_agent(self, claimed: AttemptedRollout, resources: Resources, abandoned: threading.Event) -> Any:
-        """The agent, then the flush and its reward's span, in one thread hop instead of two; not
-        once the loop has ``abandoned`` the attempt (the store ended it, or the runner's grace ran
-        out), which is not reported as a success. An agent that returned an awaitable after all
-        gets it back wrapped, for the loop to await."""
+        """The agent and its reward, in a thread; no reward once the loop has ``abandoned`` the
+        attempt (the store ended it, or the runner's grace ran out), which is not reported as a
+        success. An agent that returned an awaitable after all gets it back wrapped, for the loop
+        to await."""
         result = self.agent.run_for(claimed.rollout, resources)
         if inspect.isawaitable(result):
             return _Awaitable(result)
         reward = reward_of(result)
-        if reward is None or abandoned.is_set():
-            return None
-        self._flush_now(claimed)  # as _invoke does, in this thread
-        return reward_span(reward)
+        return None if abandoned.is_set() else reward
 
     async def _supervise(
         self, work: asyncio.Future, claimed: AttemptedRollout, abandoned: threading.Event
@@ -484,11 +498,13 @@ class Runner:
             return self._heartbeat(rollout_id, attempt_id)
 
     async def _flush_llm_calls(self, claimed: AttemptedRollout) -> None:
-        """Wait until the proxy has stored every LLM call of the attempt (:meth:`_flush_now`),
-        without blocking the loop the slots share: an in-process proxy's writer is awaited on the
-        loop (one with only a blocking ``flush`` is flushed in a thread), a proxy behind a URL is
-        asked on the loop itself. A thread hop there and back cost an async runner ~0.3 ms of CPU
-        per rollout with four slots (measured)."""
+        """Wait until the proxy has stored every LLM call of the attempt, without blocking the loop
+        the slots share: an in-process proxy's writer is awaited on the loop (one with only a
+        blocking ``flush`` is flushed in a thread, :meth:`_flush_now`), a proxy behind a URL is
+        asked on the loop itself (``POST /agentgrad/flush``). A thread hop there and back cost an
+        async runner ~0.3 ms of CPU per rollout with four slots (measured). A failure is logged,
+        not fatal; an answer that the proxy recorded a call of the attempt spares :meth:`_finish`
+        its store read."""
         if self.llm_proxy is None and not self.llm_proxy_url:
             return
         if self.llm_proxy is not None and not hasattr(self.llm_proxy, "flushed"):
@@ -510,16 +526,11 @@ class Runner:
             self._flushed(claimed, recorded)
 
     def _flush_now(self, claimed: AttemptedRollout) -> None:
-        """Wait until the proxy has stored every LLM call of the attempt; a failure is logged, not fatal.
-        An answer that the proxy recorded a call of the attempt spares :meth:`_finish` its store read."""
-        if self.llm_proxy is None and not self.llm_proxy_url:
-            return
+        """The flush of an in-process proxy that has only a blocking ``flush`` (in a thread); a
+        failure is logged, not fatal."""
         rollout_id, attempt_id = claimed.rollout.rollout_id, claimed.attempt.attempt_id
         try:
-            if self.llm_proxy is not None:
-                recorded = self.llm_proxy.flush(rollout_id, attempt_id, self.flush_timeout)
-            else:
-                recorded = self._flush_over_http(rollout_id, attempt_id)
+            recorded = self.llm_proxy.flush(rollout_id, attempt_id, self.flush_timeout)
         except Exception as exc:
             self._flush_failed(claimed, exc)
         else:
@@ -555,19 +566,6 @@ class Runner:
         """The body and headers of ``POST /agentgrad/flush`` for the attempt."""
         body = json.dumps({"rollout_id": rollout_id, "attempt_id": attempt_id, "timeout": self.flush_timeout})
         return body.encode(), self._flush_headers
-
-    def _flush_over_http(self, rollout_id: str, attempt_id: str) -> bool:
-        """``POST /agentgrad/flush`` through the package's sync transport (a sync agent's thread),
-        whose one retry (a pooled connection the proxy closed while idle) is all a flush needs: it
-        is idempotent anyway. Returns whether the proxy says it recorded a call of the attempt."""
-        wait = self.flush_timeout + 10
-        body, headers = self._flush_request(rollout_id, attempt_id)
-        with self._flush_transport_lock:  # slots flush from several threads at once
-            if self._flush_transport is None:
-                self._flush_transport = transport_for(self._flush_root(), timeout=wait)
-            transport = self._flush_transport
-        status, answer = transport.request("POST", FLUSH_PATH, body, headers=headers, timeout=wait)
-        return _flush_answer(status, answer)
 
     def _finish(self, claimed: AttemptedRollout, outcome: BaseException | None, reward: Span | None = None) -> None:
         """Report the attempt: a success with its reward's span in one store write, a failure
