@@ -212,11 +212,12 @@ class Runner:
         from agentgrad.tracing import instrument  # lazy: only a running runner tags LLM requests
 
         instrument()
-        # Our own threads: each slot may hold one for a sync agent and one for a long-polling
-        # dequeue or a heartbeat. The loop's default executor (min(32, cpus + 4) threads) would
-        # cap concurrency and could starve heartbeats behind busy sync agents.
+        # Our own threads: each slot may hold one for a sync agent, one for a long-polling dequeue
+        # or a heartbeat, and one for its last attempt's report to a store behind a network. The
+        # loop's default executor (min(32, cpus + 4) threads) would cap concurrency and could
+        # starve heartbeats behind busy sync agents.
         self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=2 * self.concurrency + 2, thread_name_prefix=f"agentgrad-runner-{self.worker_id}"
+            max_workers=3 * self.concurrency + 2, thread_name_prefix=f"agentgrad-runner-{self.worker_id}"
         )
         self._report_worker("idle", force=True)
         slots = [asyncio.create_task(self._slot()) for _ in range(self.concurrency)]
