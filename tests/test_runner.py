@@ -738,6 +738,41 @@ def test_a_slot_runs_its_next_attempt_while_the_last_one_is_finishing(local_stor
         ], names
 
 
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_a_flush_over_http_follows_the_environments_proxy_settings(local_store, monkeypatch, kind):
+    """Where the environment routes the capture proxy's URL through an HTTP proxy, the runner's
+    flush goes that way too (httpx, which honours ``NO_PROXY``): through a proxy that is not
+    there it fails — logged, the attempt still reported — and with the host in ``NO_PROXY`` it
+    reaches the capture proxy."""
+    from agentgrad.proxy import LLMProxy
+    from agentgrad.testing.stub import StubUpstream
+
+    async def async_agent(task):
+        return 1.0
+
+    def sync_agent(task):
+        return 1.0
+
+    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY", "no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # the discard port: nothing listens
+    with StubUpstream(["hello"]) as stub, LLMProxy(local_store, f"http://127.0.0.1:{stub.port}/v1") as proxy:
+        for no_proxy, failed_flushes in (("", 2), ("127.0.0.1", 0)):
+            monkeypatch.setenv("NO_PROXY", no_proxy)
+            ids = [local_store.enqueue_rollout({"i": i}).rollout_id for i in range(2)]
+            runner = Runner(
+                async_agent if kind == "async" else sync_agent,
+                local_store,
+                max_rollouts=2,
+                poll_timeout=0.05,
+                llm_proxy_url=proxy.url,
+            )
+            stats = runner.run()
+            assert stats.succeeded == 2
+            assert [r.status for r in local_store.wait_for_rollouts(ids, timeout=5)] == [RolloutStatus.SUCCEEDED] * 2
+            assert sum(": flush: " in e for e in stats.errors) == failed_flushes, stats.errors
+
+
 def test_async_agents_are_told_apart_from_sync_ones():
     from agentgrad.agents import Agent, as_agent
     from agentgrad.runner import _returns_coroutine

@@ -60,6 +60,7 @@ from agentgrad.context import RolloutContext, use_context
 from agentgrad.emit import reward_span
 from agentgrad.errors import AgentGradError, InvalidTransitionError
 from agentgrad.http.guard import PROXY_TOKEN_ENV, env_token
+from agentgrad.http.transport import Transport, env_proxy, transport_for
 from agentgrad.http.upstream import Upstream
 from agentgrad.proxy.incoming import FLUSH_PATH
 from agentgrad.rewards import reward_number
@@ -176,7 +177,8 @@ class Runner:
         self.llm_proxy_url = llm_proxy_url
         self.llm_proxy = llm_proxy
         self.flush_timeout = flush_timeout
-        self._flush_upstream: Upstream | None = None  # the event loop's: flushes of async work
+        self._flush_upstream: Upstream | None = None  # the event loop's client for flushes over HTTP
+        self._flush_transport: Transport | None = None  # httpx's, where the environment names a proxy
         self.stats = RunnerStats()
         self._stopping = threading.Event()
         self._stop_deadline = float("inf")  # time.monotonic() when a stop's grace period runs out
@@ -229,6 +231,9 @@ class Runner:
             if self._flush_upstream is not None:
                 await self._flush_upstream.aclose()
                 self._flush_upstream = None
+            if self._flush_transport is not None:
+                self._flush_transport.close()
+                self._flush_transport = None
         return self.stats
 
     async def _to_thread(self, func: Callable[..., Any], *args: Any) -> Any:
@@ -502,7 +507,7 @@ class Runner:
         """Wait until the proxy has stored every LLM call of the attempt, without blocking the loop
         the slots share: an in-process proxy's writer is awaited on the loop (one with only a
         blocking ``flush`` is flushed in a thread, :meth:`_flush_now`), a proxy behind a URL is
-        asked on the loop itself (``POST /agentgrad/flush``). A thread hop there and back cost an
+        asked on the loop itself (:meth:`_flush_over_http`). A thread hop there and back cost an
         async runner ~0.3 ms of CPU per rollout with four slots (measured). A failure is logged,
         not fatal; an answer that the proxy recorded a call of the attempt spares :meth:`_finish`
         its store read."""
@@ -516,15 +521,30 @@ class Runner:
             if self.llm_proxy is not None:
                 recorded = await self.llm_proxy.flushed(rollout_id, attempt_id, self.flush_timeout)
             else:
-                if self._flush_upstream is None:
-                    self._flush_upstream = Upstream(self._flush_root(), timeout=self.flush_timeout + 10)
-                body, headers = self._flush_request(rollout_id, attempt_id)
-                answer = await self._flush_upstream.request("POST", FLUSH_PATH, body, headers)
-                recorded = _flush_answer(answer.status_code, await answer.read())
+                recorded = await self._flush_over_http(rollout_id, attempt_id)
         except Exception as exc:
             self._flush_failed(claimed, exc)
         else:
             self._flushed(claimed, recorded)
+
+    async def _flush_over_http(self, rollout_id: str, attempt_id: str) -> bool:
+        """``POST /agentgrad/flush`` for the attempt; whether the proxy says it recorded a call of
+        it. Through the loop's lean client, or — where the environment routes the proxy's URL
+        through an HTTP proxy (``HTTP_PROXY``; ``NO_PROXY`` honoured) — through httpx in a thread."""
+        body, headers = self._flush_request(rollout_id, attempt_id)
+        root, wait = self._flush_root(), self.flush_timeout + 10
+        if self._flush_transport is None and self._flush_upstream is None and env_proxy(root):
+            self._flush_transport = transport_for(root, timeout=wait)
+        if self._flush_transport is not None:
+            transport = self._flush_transport
+            status, answer = await self._to_thread(
+                functools.partial(transport.request, "POST", FLUSH_PATH, body, headers=headers, timeout=wait)
+            )
+            return _flush_answer(status, answer)
+        if self._flush_upstream is None:
+            self._flush_upstream = Upstream(root, timeout=wait)
+        response = await self._flush_upstream.request("POST", FLUSH_PATH, body, headers)
+        return _flush_answer(response.status_code, await response.read())
 
     def _flush_now(self, claimed: AttemptedRollout) -> None:
         """The flush of an in-process proxy that has only a blocking ``flush`` (in a thread); a

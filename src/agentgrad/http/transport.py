@@ -399,18 +399,19 @@ def transport_for(
     The lean pool where it applies (plain http, no proxy in the environment, no custom httpx
     transport); httpx otherwise, so TLS and proxy settings behave as httpx users expect.
     """
-    import urllib.request  # lazy: it imports a good part of the standard library
-
     parts = urllib.parse.urlsplit(url)
-    proxies = urllib.request.getproxies()
-    if (
-        httpx_transport is None
-        and parts.scheme == "http"
-        and parts.hostname
-        and not (proxies.get("http") or proxies.get("all"))
-    ):
+    if httpx_transport is None and parts.scheme == "http" and parts.hostname and not env_proxy(url):
         return ConnectionPool(parts.hostname, parts.port or 80, headers=headers, prefix=parts.path.rstrip("/"))
     return HttpxTransport(url, headers=headers, timeout=timeout, transport=httpx_transport)
+
+
+def env_proxy(url: str) -> str | None:
+    """The proxy the environment names for ``url``'s scheme (``HTTP_PROXY``, ``HTTPS_PROXY``,
+    ``ALL_PROXY``), or None. ``NO_PROXY`` is left to httpx, which the caller then goes through."""
+    import urllib.request  # lazy: it imports a good part of the standard library
+
+    proxies = urllib.request.getproxies()
+    return proxies.get(urllib.parse.urlsplit(url).scheme) or proxies.get("all")
 
 
 @dataclass(frozen=True)
