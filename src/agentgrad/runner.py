@@ -507,7 +507,8 @@ class Runner:
         """Wait until the proxy has stored every LLM call of the attempt, without blocking the loop
         the slots share: an in-process proxy's writer is awaited on the loop (one with only a
         blocking ``flush`` is flushed in a thread, :meth:`_flush_now`), a proxy behind a URL is
-        asked on the loop itself (:meth:`_flush_over_http`). A thread hop there and back cost an
+        asked on the loop itself (:meth:`_flush_over_http`; in a thread only where the environment
+        names an HTTP proxy for its URL). A thread hop there and back cost an
         async runner ~0.3 ms of CPU per rollout with four slots (measured). A failure is logged,
         not fatal; an answer that the proxy recorded a call of the attempt spares :meth:`_finish`
         its store read."""
