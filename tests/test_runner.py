@@ -661,6 +661,38 @@ def test_a_runner_asks_an_in_process_store_on_its_loop_and_a_remote_one_from_thr
         assert all(name.startswith("agentgrad-runner-") for name in claims | reports), claims | reports
 
 
+class ClaimKeys(Counting):
+    """:class:`Counting` that also keeps, for each claim that got a rollout, its idempotency key."""
+
+    def __init__(self, store: Any, in_process: bool) -> None:
+        super().__init__(store)
+        self.in_process = in_process
+        self.keys: list[str | None] = []
+
+    def dequeue_rollout(self, *args: Any, idempotency_key: str | None = None, **kwargs: Any) -> Any:
+        claimed = self.store.dequeue_rollout(*args, idempotency_key=idempotency_key, **kwargs)
+        if claimed is not None:
+            self.keys.append(idempotency_key)
+        return claimed
+
+
+@pytest.mark.parametrize("where", ["in process", "remote"])
+def test_a_claim_carries_an_idempotency_key_only_where_it_may_be_retried(local_store, where):
+    """The loop's one try at what an in-process store has queued carries no key: nothing retries
+    it, and a key costs the claim a record's write. A claim through the long poll (a store behind a
+    network) carries one, so a retry after a lost answer is given the same claim."""
+    store = ClaimKeys(local_store, in_process=where == "in process")
+    ids = [local_store.enqueue_rollout({"x": x}).rollout_id for x in range(4)]
+    stats = Runner(agents_for_tests.reward_agent, store, max_rollouts=4, poll_timeout=0.05).run()
+    assert stats.succeeded == 4
+    assert len(local_store.wait_for_rollouts(ids, timeout=5)) == 4
+    assert len(store.keys) == 4
+    if where == "in process":
+        assert store.keys == [None] * 4
+    else:
+        assert all(key is not None for key in store.keys) and len(set(store.keys)) == 4
+
+
 class HeldSpanWrites:
     """The store as the capture proxy sees it: its first span write waits until ``release`` is set
     (the attempt's calls are still being stored, so its flush waits too)."""

@@ -317,10 +317,12 @@ class Runner:
         (then None: nothing was claimed). Every try carries the same idempotency key, so a claim the
         store made but whose answer was lost (it died before replying) is answered to the retry,
         not left claimed by nobody. Without ``wait``: one try at what is queued now, None on an
-        outage."""
-        key = new_id("claim")
+        outage — and no key, since no retry follows (a store in this process, where it is made,
+        cannot lose an answer it committed): a keyed claim also writes the key's record, which cost
+        an SQLite claim a fifth of its CPU (114 → 88 µs, measured in one process)."""
         if not wait:
-            return self.store.try_once(self.store.inner.dequeue_rollout, self.worker_id, 0.0, idempotency_key=key)
+            return self.store.try_once(self.store.inner.dequeue_rollout, self.worker_id, 0.0)
+        key = new_id("claim")
         try:
             return self.store.call(
                 self.store.inner.dequeue_rollout,
