@@ -53,6 +53,7 @@ from agentgrad.demo.template import CHAT_TEMPLATE
 from agentgrad.demo.threads import AdaptiveThreads
 from agentgrad.inference.kv_cache import cache_kwargs, prefix_cache
 from agentgrad.models.cache import install_lock, models_cache_dir, staged_dir
+from agentgrad.training.token_loss import trained_token_loss
 
 TINY_NAME = "tiny-calc"
 VOCAB_SIZE = 640
@@ -669,9 +670,7 @@ def build_tiny_model(
                     attention[row, len(prefix) : len(prefix) + len(ids)] = 1
                     labels[row, : len(ids)] = torch.tensor([t if m else -100 for t, m in zip(ids, mask, strict=True)])
                 kv_cache = prefix_cache(model, torch.tensor([prefix]), batch_size)
-                loss = model(
-                    input_ids=input_ids, attention_mask=attention, labels=labels, **cache_kwargs(kv_cache)
-                ).loss
+                loss = trained_token_loss(model, input_ids, labels, attention_mask=attention, **cache_kwargs(kv_cache))
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 optimizer.step()

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgrad.inference.kv_cache import cache_kwargs, prefix_cache
+from agentgrad.training.token_loss import trained_token_loss
 
 #: Steps of linear learning-rate warm-up before the cosine decay.
 LR_WARMUP_STEPS = 50
@@ -125,9 +126,9 @@ def warm_up(
         if prefix:
             kv_cache = prefix_cache(model, torch.tensor([prefix]), len(batch))
             attention = torch.cat([torch.ones((len(batch), len(prefix)), dtype=torch.long), attention], dim=1)
-            loss = model(input_ids=input_ids, attention_mask=attention, labels=labels, **cache_kwargs(kv_cache)).loss
+            loss = trained_token_loss(model, input_ids, labels, attention_mask=attention, **cache_kwargs(kv_cache))
         else:
-            loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+            loss = trained_token_loss(model, input_ids, labels, attention_mask=attention)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

@@ -11,6 +11,8 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
+from agentgrad.inference.logits import forward_keeping
+
 
 @cache
 def cache_name() -> str:
@@ -29,7 +31,8 @@ def prefix_cache(model: Any, prefix_ids: Any, rows: int) -> Any:
     """The cache of a prefix every row of a batch shares: run once, repeated ``rows`` times.
 
     A warm-up's or a group's rows often start with the same system turn; running it once instead
-    of once per row is what makes long shared prompts cheap to train on."""
-    kv_cache = getattr(model(input_ids=prefix_ids, use_cache=True), cache_name())
+    of once per row is what makes long shared prompts cheap to train on. (Its logits are not
+    used: only the last position's are made.)"""
+    kv_cache = getattr(forward_keeping(model, 1, input_ids=prefix_ids, use_cache=True), cache_name())
     kv_cache.batch_repeat_interleave(rows)
     return kv_cache
