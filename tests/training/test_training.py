@@ -234,3 +234,41 @@ def test_sigkill_during_training_then_resume_continues_step_and_cursor(tiny_mode
     assert lines[-1] == f"done {saved['step'] + 2}"
     final = json.loads((ckpt / (ckpt / "latest").read_text() / "state.json").read_text())
     assert final["cursor"] == (saved["step"] + 2) * 4
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "gpt2"])
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_gradient_checkpointing_runs_each_layer_again_and_changes_nothing_else(model_zoo, kind, lora):
+    """With ``gradient_checkpointing`` every layer runs again in the backward pass, though the
+    trainer steps in eval mode (dropout off; transformers checkpoints only layers in train mode),
+    and the update is the one made without it. The rows then do not share their common prefix:
+    each layer sees whole rows, once forward and once again backward."""
+    from agentgrad.training import LoraSettings
+
+    good, bad = _samples()
+    width = max(len(s.prompt_ids) + len(s.response_ids) for s in good + bad)
+    updates, widths_seen = [], []
+    for checkpointing in (False, True):
+        config = TrainConfig(lr=1e-3, gradient_checkpointing=checkpointing, lora=LoraSettings(r=4) if lora else None)
+        trainer = PolicyTrainer(model_zoo[kind], config)
+        seen: list[int] = []
+        attentions = [m for m in trainer.model.modules() if type(m).__name__.endswith("Attention")]
+        for module in attentions:
+            module.register_forward_hook(
+                lambda _m, args, kwargs, _out, seen=seen: seen.append(
+                    (args[0] if args else kwargs["hidden_states"]).shape[1]
+                ),
+                with_kwargs=True,
+            )
+        metrics = trainer.ppo_step(good + bad)
+        widths_seen.append(sorted(seen))
+        updates.append((metrics, {k: v.detach().clone() for k, v in trainer.model.named_parameters()}))
+    layers = len(attentions)
+    assert len(widths_seen[0]) == 2 * layers and max(widths_seen[0]) < width  # the shared prefix, then the rest
+    assert widths_seen[1] == [width] * (2 * layers)  # whole rows, each layer twice: forward and recompute
+    (plain, plain_weights), (checkpointed, checkpointed_weights) = updates
+    assert checkpointed.loss == pytest.approx(plain.loss, rel=1e-4, abs=1e-6)
+    assert checkpointed.grad_norm == pytest.approx(plain.grad_norm, rel=1e-3)
+    assert plain.ratio_max == pytest.approx(1.0) and checkpointed.ratio_max == pytest.approx(1.0)  # no dropout
+    for name, value in plain_weights.items():
+        torch.testing.assert_close(checkpointed_weights[name], value, rtol=1e-4, atol=1e-5)

@@ -95,6 +95,11 @@ class TrainConfig:
     """Gradient norm clipping threshold."""
     micro_batch_tokens: int = 8192
     """Padded tokens (rows × longest row) per micro-batch; bounds activation memory."""
+    gradient_checkpointing: bool = False
+    """Keep each layer's input only and run the layer again in the backward pass (transformers'
+    gradient checkpointing): less activation memory for more compute. Rows then do not share a
+    common prefix (a layer under checkpointing drops the prefix's KV cache), so it pays where rows
+    share little and costs where they share a long system turn (docs/models.md)."""
     clip_eps_low: float = 0.2
     """PPO clip range below 1: the ratio is clipped at ``1 - clip_eps_low``."""
     clip_eps_high: float = 0.28
@@ -386,7 +391,28 @@ def load_policy(model_dir: str | Path, config: TrainConfig) -> Any:
                 ),
             )
     model.config.use_cache = False
+    if config.gradient_checkpointing:  # transformers 5 renamed it; 4 has the old name only
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable({"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
+
+
+def train_mode(model: Any, config: TrainConfig) -> None:
+    """The mode training steps run in: dropout on only with ``config.dropout`` (without it the
+    recomputed logprobs of an on-policy update equal the engine's: ratio 1; gradients flow in eval
+    mode too). transformers checkpoints a layer only in train mode, so with
+    ``gradient_checkpointing`` the decoder layers alone are marked training — their dropouts and
+    attention, the modules below them, stay in eval mode."""
+    model.train(config.dropout)
+    if config.gradient_checkpointing and not config.dropout:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+
+        for module in model.modules():
+            if isinstance(module, GradientCheckpointingLayer):
+                module.training = True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -834,7 +860,7 @@ class PolicyTrainer:
         loss_total = 0.0
         batches = batches or micro_batches(samples, self.config.micro_batch_tokens)
         for chunk in batches:
-            batch = _layout(chunk, self.device)
+            batch = _layout(chunk, self.device, share_prefix=not self.config.gradient_checkpointing)
             loss, extra = loss_fn(batch, total)
             loss.backward()
             loss_total += float(loss.detach())
@@ -868,10 +894,7 @@ class PolicyTrainer:
         samples = trainable_samples(samples, context=self.context_length, model=str(self.model_dir))
         updates = update_parts(samples, mini_batches=mini_batches, epochs=epochs, seed=self.config.seed, step=self.step)
         started = time.perf_counter()
-        # Train mode only switches dropout on (nothing here depends on it otherwise: no gradient
-        # checkpointing, no batch norm); gradients flow in eval mode too. Without dropout the
-        # recomputed logprobs of an on-policy update equal the engine's (ratio 1).
-        self.model.train(self.config.dropout)
+        train_mode(self.model, self.config)
         lr = self._schedule_lr()
         sums: dict[str, float] = {}
         losses, norms, chunks = [], [], 0
@@ -965,11 +988,11 @@ class PolicyTrainer:
         import torch
 
         samples = trainable_samples(samples, context=self.context_length, model=str(self.model_dir))
-        self.model.train(self.config.dropout)
+        train_mode(self.model, self.config)
         proximal: dict[int, list[float]] = {}
         with torch.no_grad():
             for chunk in micro_batches(samples, self.config.micro_batch_tokens):
-                laid_out = _layout(chunk, self.device)
+                laid_out = _layout(chunk, self.device, share_prefix=not self.config.gradient_checkpointing)
                 logprobs, _ = token_logprobs(self.model, laid_out)
                 for sample, values in zip(chunk, response_values(chunk, laid_out, logprobs), strict=True):
                     proximal[id(sample)] = values
@@ -1220,6 +1243,7 @@ __all__ = [
     "ppo_clip_loss",
     "step_lr",
     "token_logprobs",
+    "train_mode",
     "trainable_samples",
     "trained_tokens",
     "update_parts",
