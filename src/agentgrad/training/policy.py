@@ -479,6 +479,7 @@ def _layout(batch: Sequence[Sample], device: Any, share_prefix: bool = True) -> 
     old = torch.full(size, float("nan"))
     behavior = torch.full(size, float("nan"))
     adv = torch.zeros(size)
+    responding = torch.zeros(width, dtype=torch.bool)  # columns that predict some row's response token
     starts = []
     for b, (sample, row) in enumerate(zip(batch, rows, strict=True)):
         suffix = row[prefix:]
@@ -494,10 +495,8 @@ def _layout(batch: Sequence[Sample], device: Any, share_prefix: bool = True) -> 
         if sample.behavior_logprobs is not None:
             behavior[b, start : start + n] = torch.tensor(sample.behavior_logprobs, dtype=torch.float)
         adv[b, start : start + n] = sample.advantage
+        responding[start : start + n] = True
     prefix_ids = torch.tensor([rows[0][:prefix]]) if prefix else None
-    responding = torch.zeros(width, dtype=torch.bool)
-    for start, sample in zip(starts, batch, strict=True):
-        responding[start : start + len(sample.response_ids)] = True
     columns = responding.nonzero().squeeze(-1)
     to = lambda x: None if x is None else x.to(device)  # noqa: E731
     return _Batch(
