@@ -69,6 +69,9 @@ def main() -> None:
         help="--grpo-step: TrainConfig.micro_batch_tokens (padded tokens per micro-batch)",
     )
     parser.add_argument("--full", action="store_true", help="--grpo-step: full fine-tuning instead of LoRA r=16")
+    parser.add_argument(
+        "--autocast", default=None, choices=["bfloat16"], help="--grpo-step: the trainer in mixed precision"
+    )
     parser.add_argument("--concurrency", default="1,8,32", help="requests in flight per measurement, comma-separated")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: float32 on cpu, bfloat16 on cuda)")
@@ -198,6 +201,7 @@ def grpo_step(args: argparse.Namespace) -> dict[str, object]:
             lora=None if args.full else LoraSettings(r=16),
             device=args.device,
             dtype=args.dtype,
+            autocast=args.autocast,
             micro_batch_tokens=args.micro_batch_tokens,
         ),
     )
@@ -211,6 +215,7 @@ def grpo_step(args: argparse.Namespace) -> dict[str, object]:
         "group": args.group,
         "max_tokens": args.max_tokens,
         "micro_batch_tokens": args.micro_batch_tokens,
+        "autocast": args.autocast,
         "lr": trainer.config.lr,
         "rss_after_load_mb": _rss_mb(),
     }

@@ -90,9 +90,11 @@ def test_train_runs_exports_and_records_its_config(tmp_path: Path, tasks: Path, 
         str(tasks),
         "--runners",
         "1",
+        "--engine-dtype",
+        "bfloat16",
         "--json",
         cwd=tmp_path,
-    )  # a run directory: exported, then served
+    )  # a run directory: exported, then served (by an engine in bf16)
     assert scored.returncode in (0, 1), scored.stdout + scored.stderr
     report = json.loads(scored.stdout.strip().splitlines()[-1])
     assert report["total"] == 8 and report["llm_calls_per_rollout"] == 1.0
@@ -176,6 +178,8 @@ def test_train_refuses_bad_input_before_starting(tmp_path: Path, tasks: Path, ti
     assert "--test" in remote_test.stderr and "agentgrad eval" in remote_test.stderr
     remote_swap = refused("--lora-hot-swap", "--backend", "tinker", "--tinker-url", "http://127.0.0.1:9")
     assert "--lora-hot-swap" in remote_swap.stderr
+    remote_dtype = refused("--engine-dtype", "bfloat16", "--upstream", "http://127.0.0.1:9/v1")
+    assert "--engine-dtype" in remote_dtype.stderr
 
 
 def test_train_algorithm_sft_trains_on_kept_rollouts_validates_and_exports(

@@ -196,3 +196,30 @@ def _chat(base_url: str | None, model: str) -> dict:
     )
     reply.raise_for_status()
     return reply.json()
+
+
+def test_a_bfloat16_engine_serves_and_takes_a_float32_trainers_weights(tiny_model_dir):
+    """``LocalPolicy(dtype="bfloat16")``: the engine holds its weights in bf16 (the faster CPU
+    path, docs/training.md), a float32 trainer's published weights land there rounded to bf16, and
+    it answers through the capture proxy; a dtype it does not know is refused before anything loads."""
+    import torch
+
+    from agentgrad.training import PolicyTrainer, TrainConfig
+
+    with pytest.raises(ValueError, match="bfloat16"):
+        LocalPolicy(tiny_model_dir, dtype="float16")
+    trainer = PolicyTrainer(tiny_model_dir, TrainConfig(lr=1e-2))
+    with torch.no_grad():
+        for param in trainer.model.parameters():
+            param.add_(torch.randn_like(param) * 0.05)
+    trainer.step = 1  # as after one update
+    store = MemoryStore(watchdog_interval=None)
+    with LocalPolicy(tiny_model_dir, served_model_name="tiny", dtype="bfloat16").serving(store) as policy:
+        assert policy.engine is not None
+        weights = policy.engine._base.state_dict()
+        assert {p.dtype for p in weights.values()} == {torch.bfloat16}
+        assert policy.publisher().publish(trainer).version == "v1"
+        for name, value in trainer.engine_state_dict().items():
+            torch.testing.assert_close(weights[name], value.to(torch.bfloat16), rtol=0, atol=0)
+        assert _chat(f"{policy.proxy_url}/v1", "tiny")["model_version"] == "v1"
+    store.close()

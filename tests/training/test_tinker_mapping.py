@@ -125,6 +125,7 @@ def test_a_sample_without_sampled_logprobs_is_refused():
         (TrainConfig(entropy_coef=0.01), "entropy_coef"),
         (TrainConfig(dropout=True), "dropout"),
         (TrainConfig(lora=LoraSettings(r=8, alpha=64)), "lora alpha"),
+        (TrainConfig(autocast="bfloat16"), "autocast"),
     ],
 )
 def test_settings_the_server_cannot_honour_are_refused(config, named):

@@ -272,3 +272,39 @@ def test_gradient_checkpointing_runs_each_layer_again_and_changes_nothing_else(m
     assert plain.ratio_max == pytest.approx(1.0) and checkpointed.ratio_max == pytest.approx(1.0)  # no dropout
     for name, value in plain_weights.items():
         torch.testing.assert_close(checkpointed_weights[name], value, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_autocast_runs_every_forward_in_bf16_keeps_the_weights_in_float32_and_still_learns(tiny_model_dir, lora):
+    """``TrainConfig(autocast="bfloat16")``: the layers' products run in bf16 in the updates, the
+    proximal pass (TIS) and ``sequence_logprob`` alike, while the weights (and so the optimizer's
+    state) stay float32; the logprobs are float32's to a few hundredths, and PPO still moves them."""
+    from agentgrad.training import LoraSettings
+
+    good, bad = _samples()
+    settings = dict(lr=3e-3, tis_cap=2.0, lora=LoraSettings(r=4) if lora else None)
+    plain = PolicyTrainer(tiny_model_dir, TrainConfig(**settings))
+    mixed = PolicyTrainer(tiny_model_dir, TrainConfig(**settings, autocast="bfloat16"))
+    seen: list[torch.dtype] = []
+    projection = next(m for name, m in mixed.model.named_modules() if name.endswith("mlp.down_proj"))
+    projection.register_forward_hook(lambda _m, _args, out: seen.append(out.dtype))
+
+    exact, approximate = plain.sequence_logprob(good + bad), mixed.sequence_logprob(good + bad)
+    assert seen == [torch.bfloat16] * len(good + bad)
+    assert approximate != exact
+    assert max(abs(a - b) for a, b in zip(approximate, exact, strict=True)) < 0.1 * 3  # 3 response tokens each
+
+    seen.clear()
+    for _ in range(4):
+        mixed.ppo_step(good + bad)
+    # each step: the proximal pass and the update, each a run of the shared prefix and one of the rest
+    assert set(seen) == {torch.bfloat16} and len(seen) == 4 * 2 * 2
+    assert all(p.dtype == torch.float32 for p in mixed.model.parameters())
+    after_good, after_bad = mixed.sequence_logprob(good), mixed.sequence_logprob(bad)
+    assert all(a > b + 0.5 for a, b in zip(after_good, approximate[: len(good)], strict=True))
+    assert all(a < b - 0.5 for a, b in zip(after_bad, approximate[len(good) :], strict=True))
+
+
+def test_autocast_takes_bfloat16_only():
+    with pytest.raises(ValueError, match="autocast"):
+        TrainConfig(autocast="float16")  # type: ignore[arg-type]

@@ -28,6 +28,7 @@ def run_on_local_model(
     llm_resource: str,
     sampling: dict[str, Any],
     device: str = "cpu",
+    dtype: str | None = None,
     runners: int = 1,
     concurrency: int = 1,
     timeout: float | None = None,
@@ -51,7 +52,7 @@ def run_on_local_model(
 
             model_dir = export_model(model_dir, Path(work) / "model")
         check_model(model_dir)
-        with LocalPolicy(model_dir, device=device).serving(store) as policy:
+        with LocalPolicy(model_dir, device=device, dtype=dtype).serving(store) as policy:
             trainer = Trainer(
                 store, policy=policy, n_runners=runners, concurrency=concurrency, llm_resource=llm_resource
             )

@@ -91,7 +91,8 @@ def add_commands(subparsers: Any) -> None:
             "--dtype",
             choices=("float32", "bfloat16"),
             default="float32",
-            help="weights' dtype (float32: exact and fastest on most CPUs; bfloat16: half the size)",
+            help="weights' dtype (float32: exact; bfloat16: half the size); the engine loads either in float32 "
+            "on a CPU unless given --engine-dtype",
         )
         sub.set_defaults(func=import_model)
     export = subparsers.add_parser(

@@ -7,6 +7,7 @@ package ships none, on first use; any other ``--model`` is a local Hugging Face 
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,6 +35,18 @@ MODEL_HELP = (
     f"{' or '.join(repr(n) for n in NAMED_MODELS)} (the project's tiny models) or a local Hugging Face "
     "causal-LM directory"
 )
+
+
+def add_engine_dtype_argument(parser: argparse.ArgumentParser, flag: str = "--engine-dtype", scope: str = "") -> None:
+    """``flag``: the dtype of the local engine's weights (``LocalPolicy(dtype=)``); ``scope`` says
+    when it applies."""
+    parser.add_argument(
+        flag,
+        choices=("float32", "bfloat16"),
+        default=None,
+        help=f"{scope}the engine's weights: float32 (default on a CPU) or bfloat16 (several times faster on a "
+        'CPU with AVX512-BF16 or AMX; docs/training.md, "Mixed precision")',
+    )
 
 
 def resolve_model(name: str) -> Path:

@@ -9,7 +9,7 @@ import signal
 from typing import TYPE_CHECKING, Any
 
 from agentgrad.agents import Agent, load_agent
-from agentgrad.cli.named_models import NAMED_MODELS
+from agentgrad.cli.named_models import NAMED_MODELS, add_engine_dtype_argument
 from agentgrad.errors import AgentGradError
 from agentgrad.tasks import read_tasks
 
@@ -48,6 +48,7 @@ def add_commands(commands: Any) -> None:
     )
     dev.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the server's own)")
     dev.add_argument("--device", default="cpu", help="with a local --model: cpu, cuda, cuda:N or auto")
+    add_engine_dtype_argument(dev, scope="with a local --model: ")
     dev.add_argument("--api-key", default=None, help="API key for the LLM resource")
     dev.add_argument("--llm-resource", default=None, metavar="NAME", help=LLM_RESOURCE_HELP)
     dev.add_argument(
@@ -143,6 +144,7 @@ def _dev_on_local_model(
             llm_resource=llm_resource_name(args.llm_resource, agent),
             sampling=sampling,
             device=args.device,
+            dtype=args.engine_dtype,
             runners=args.n_runners,
             concurrency=args.concurrency,
             timeout=args.timeout,

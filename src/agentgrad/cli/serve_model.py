@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agentgrad.cli.named_models import MODEL_HELP, resolve_model
+from agentgrad.cli.named_models import MODEL_HELP, add_engine_dtype_argument, resolve_model
 from agentgrad.cli.serving import add_guard_arguments, token_of
 from agentgrad.http.guard import DEFAULT_MAX_BODY_BYTES, MODEL_TOKEN_ENV
 
@@ -29,6 +29,7 @@ def add_commands(subparsers: Any) -> None:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--engine", choices=("hf", "vllm"), default="hf")
     serve.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (hf engine)")
+    add_engine_dtype_argument(serve, "--dtype", "hf engine: ")
     serve.add_argument("--max-batch-size", type=int, default=32)
     serve.add_argument("--served-model-name", default=None)
     serve.add_argument(
@@ -56,7 +57,7 @@ def serve_model(args: argparse.Namespace) -> int:
     from agentgrad.inference.server import ModelServer
 
     try:
-        engine = Engine(model, device=args.device, max_batch_size=args.max_batch_size)
+        engine = Engine(model, device=args.device, dtype=args.dtype, max_batch_size=args.max_batch_size)
     except OSError as exc:
         print(f"error: cannot load model {args.model!r}: {exc}", file=sys.stderr)
         return 2

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from agentgrad.cli.local_model import run_on_local_model
-from agentgrad.cli.named_models import MODEL_HELP, resolve_model
+from agentgrad.cli.named_models import MODEL_HELP, add_engine_dtype_argument, resolve_model
 from agentgrad.cli.run import (
     AGENT_HELP,
     LLM_RESOURCE_HELP,
@@ -227,6 +227,7 @@ def _add_run_arguments(parser: argparse.ArgumentParser, *, model_required: bool 
         help="where the engine runs (default cpu) and, for train, the trainer unless train.device names another: "
         "cpu, cuda, cuda:N or auto (train's default: the engine on the CPU, the trainer on a GPU if there is one)",
     )
+    add_engine_dtype_argument(parser)
     parser.add_argument(
         "--threads",
         type=int,
@@ -285,9 +286,14 @@ def _prepare(args: argparse.Namespace) -> _Run:
     tasks = read_tasks(args.tasks)
     val_tasks = read_tasks(args.val) if args.val else []
     test_tasks = read_tasks(args.test) if args.test else []
-    # --test scores exported model directories and --lora-hot-swap loads adapters: both need the engine this
-    # command starts.
-    local_only = [flag for flag, given in (("--test", test_tasks), ("--lora-hot-swap", args.lora_hot_swap)) if given]
+    # --test scores exported model directories, --lora-hot-swap loads adapters, --engine-dtype sets the weights:
+    # each needs the engine this command starts.
+    local_flags = (
+        ("--test", test_tasks),
+        ("--lora-hot-swap", args.lora_hot_swap),
+        ("--engine-dtype", args.engine_dtype),
+    )
+    local_only = [flag for flag, given in local_flags if given]
     if local_only and (args.upstream or args.backend != "local"):
         raise InvalidInputError(
             f"{' and '.join(local_only)} need{'s' if len(local_only) == 1 else ''} the local engine this command "
@@ -323,6 +329,7 @@ def _test_score(args: argparse.Namespace, run: _Run, store: Any, model: Path, la
         llm_resource=args.llm_resource,
         sampling={"temperature": 0.0},
         device=args.device,
+        dtype=args.engine_dtype,
         runners=args.runners,
         concurrency=args.concurrency,
         run_id=f"{run.config.run_id}-test-{label}",
@@ -458,6 +465,7 @@ def _policy(args: argparse.Namespace, model_dir: Path) -> Any:
         return LocalPolicy(
             model_dir,
             device=args.device,
+            dtype=args.engine_dtype,
             proxy_host=args.proxy_host,
             proxy_port=args.proxy_port,
             lora_hot_swap=args.lora_hot_swap,
@@ -616,6 +624,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
                     llm_resource=args.llm_resource,
                     sampling={"temperature": args.temperature},
                     device=args.device,
+                    dtype=args.engine_dtype,
                     runners=args.runners,
                     concurrency=args.concurrency,
                     timeout=args.timeout,

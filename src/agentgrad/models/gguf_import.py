@@ -106,7 +106,7 @@ def import_gguf(
     """Import the GGUF file ``source`` names (see :func:`locate_gguf`) into ``out_dir`` (default:
     the cache, :func:`default_import_dir`) and return the directory.
 
-    ``dtype``: ``float32`` (exact for the dequantized weights; the faster choice on most CPUs)
+    ``dtype``: ``float32`` (exact for the dequantized weights; the faster choice on a CPU without native bf16)
     or ``bfloat16`` (half the size). ``chat_template``: a Jinja template to use instead of the
     file's own (needed when that one is missing, or renders no tools and is not ChatML).
     """

@@ -219,8 +219,8 @@ def _refuse_unsupported(config: TrainConfig) -> None:
             problems.append(
                 "lora alpha, dropout or target_modules (the API takes the rank only; the server picks the rest)"
             )
-    if config.device not in ("auto", "cpu") or config.dtype != "auto":
-        problems.append("device/dtype (the server's hardware decides)")
+    if config.device not in ("auto", "cpu") or config.dtype != "auto" or config.autocast is not None:
+        problems.append("device/dtype/autocast (the server's hardware decides)")
     if problems:
         raise TinkerError("the Tinker backend cannot honour: " + "; ".join(problems))
 
