@@ -344,3 +344,32 @@ def test_train_publishes_to_a_model_server_started_elsewhere(tmp_path: Path, tas
         timeout=60,
     )
     assert refused.returncode == 1 and "--upstream http://127.0.0.1:9" in refused.stderr + refused.stdout
+
+
+def test_a_cpu_run_on_a_sizeable_model_is_pointed_at_the_bf16_switches(tmp_path: Path, monkeypatch) -> None:
+    """The hint appears for a local CPU run on a model with 20 MB of weights or more when the CPU
+    multiplies bf16 natively and neither switch is set; not otherwise."""
+    import argparse
+
+    import agentgrad.training.policy as policy
+    from agentgrad.cli.train import _bf16_hint
+    from agentgrad.training import TrainConfig
+
+    model = tmp_path / "model"
+    model.mkdir()
+    with (model / "model.safetensors").open("wb") as weights:
+        weights.truncate(21 * 2**20)  # sparse: only its size counts
+    args = argparse.Namespace(backend="local", upstream=None, engine_dtype=None, device="cpu")
+    train = TrainConfig(device="cpu")
+    monkeypatch.setattr(policy, "native_cpu_bf16", lambda: True)
+    hint = _bf16_hint(args, train, model)
+    assert hint is not None and "--engine-dtype bfloat16 --train.autocast bfloat16" in hint
+    assert _bf16_hint(argparse.Namespace(**{**vars(args), "engine_dtype": "float32"}), train, model) is None
+    assert _bf16_hint(args, TrainConfig(device="cpu", autocast="bfloat16"), model) is None
+    assert _bf16_hint(argparse.Namespace(**{**vars(args), "backend": "tinker"}), train, model) is None
+    monkeypatch.setattr(policy, "native_cpu_bf16", lambda: False)
+    assert _bf16_hint(args, train, model) is None
+    monkeypatch.setattr(policy, "native_cpu_bf16", lambda: True)
+    with (model / "model.safetensors").open("wb") as weights:
+        weights.truncate(3 * 2**20)  # the tiny models' size
+    assert _bf16_hint(args, train, model) is None

@@ -223,7 +223,7 @@ def _device_and_dtype(config: TrainConfig) -> tuple[Any, Any]:
     return torch.device(device), torch.bfloat16 if bf16 else torch.float32
 
 
-def _native_cpu_bf16() -> bool:
+def native_cpu_bf16() -> bool:
     """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX); without, torch emulates it."""
     import torch
 
@@ -293,6 +293,12 @@ def model_fingerprint(config: Any) -> dict[str, Any]:
     return out
 
 
+def weight_files(model_dir: str | Path) -> list[Path]:
+    """A model directory's weight files: its safetensors, else its PyTorch ``.bin`` files."""
+    root = Path(model_dir)
+    return sorted(root.glob("*.safetensors")) or sorted(root.glob("pytorch_model*.bin"))
+
+
 def weights_digest(model_dir: str | Path, samples: int = 16, chunk: int = 1 << 16) -> str | None:
     """A cheap content digest of a model directory's weight files: names, sizes and ``samples``
     evenly spaced ``chunk``-byte reads per file (a few MB at most, whatever the model's size).
@@ -300,8 +306,7 @@ def weights_digest(model_dir: str | Path, samples: int = 16, chunk: int = 1 << 1
     the directory has no weight files."""
     import hashlib
 
-    root = Path(model_dir)
-    files = sorted(root.glob("*.safetensors")) or sorted(root.glob("pytorch_model*.bin"))
+    files = weight_files(model_dir)
     if not files:
         return None
     digest = hashlib.sha256()
@@ -791,7 +796,7 @@ class PolicyTrainer:
                 " with LoRA" if config.lora is not None else "",
             )
         self.config = config
-        if config.autocast == "bfloat16" and self.device.type == "cpu" and not _native_cpu_bf16():
+        if config.autocast == "bfloat16" and self.device.type == "cpu" and not native_cpu_bf16():
             log.warning(
                 "TrainConfig(autocast='bfloat16') on a CPU without native bf16 instructions "
                 "(AVX512-BF16 or AMX): each update will be slower than in float32, not faster"
