@@ -3,6 +3,7 @@
 ``--model tiny`` (the calculator model), ``--model tiny-sql`` (the SQL agent's) and ``--model
 tiny-rag`` (the RAG agent's) are installed from the package's shipped build, or built when the
 package ships none, on first use; any other ``--model`` is a local Hugging Face model directory.
+The flag for the dtype the local engine loads a ``--model`` in lives here too.
 """
 
 from __future__ import annotations
