@@ -30,6 +30,7 @@ import dataclasses
 import json
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -355,6 +356,15 @@ def _test_after(
     return scores
 
 
+def _print_validation(
+    validation: Sequence[tuple[int, float]], tasks: int, best: float | None, when: str, console: Any
+) -> None:
+    """The run's greedy validation, first score → last, and its ``best`` score (reached ``when``)."""
+    if validation:
+        first, last = validation[0][1], validation[-1][1]
+        console.print(f"greedy validation on {tasks} tasks: [bold]{first:.3f} → {last:.3f}[/] (best {best:.3f} {when})")
+
+
 def _print_test(scores: dict[str, float] | None, tasks: int, console: Any) -> None:
     if scores:
         best = f" (best model {scores['best']:.3f})" if "best" in scores else ""
@@ -444,12 +454,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     console.rule("[bold]agentgrad train")
-    if result.validation:
-        first, last = result.validation[0][1], result.validation[-1][1]
-        console.print(
-            f"greedy validation on {len(val_tasks)} tasks: [bold]{first:.3f} → {last:.3f}[/] "
-            f"(best {result.best_score:.3f} at step {result.best_step})"
-        )
+    _print_validation(result.validation, len(val_tasks), result.best_score, f"at step {result.best_step}", console)
     _print_test(test, len(run.test_tasks), console)
     console.print(f"{result.steps} GRPO steps · final model {out / 'model'} · best model {summary['best_model']}")
     console.print(f"serve it:     agentgrad serve-model {out / 'model'}", soft_wrap=True)
@@ -602,12 +607,8 @@ def _train_sft(args: argparse.Namespace) -> int:
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     console.rule("[bold]agentgrad train --algorithm sft")
-    if result.validation:
-        first, last = result.validation[0][1], result.validation[-1][1]
-        console.print(
-            f"greedy validation on {len(val_tasks)} tasks: [bold]{first:.3f} → {last:.3f}[/] "
-            f"(best {result.best_score:.3f} after iteration {result.best_iteration})"
-        )
+    when = f"after iteration {result.best_iteration}"
+    _print_validation(result.validation, len(val_tasks), result.best_score, when, console)
     _print_test(test, len(run.test_tasks), console)
     console.print(
         f"{len(result.history)} SFT steps on {sum(result.samples)} sequence(s) · final model "
