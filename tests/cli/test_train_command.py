@@ -79,6 +79,8 @@ def test_train_runs_exports_and_records_its_config(tmp_path: Path, tasks: Path, 
     # --test: the start model before training, the exported final and best models after, each on all 8 tasks
     assert set(summary["test"]) == {"start", "final", "best"} and all(0 <= v <= 1 for v in summary["test"].values())
     assert "greedy test on 8 held-out tasks" in done.stdout
+    assert f"greedy validation on 8 tasks: {summary['validation'][0][1]:.3f} → " in done.stdout
+    assert f"(best {summary['best_score']:.3f} at step {summary['best_step']})" in done.stdout
     assert_test_rollouts(out / "store.sqlite", {"start": 8, "final": 8, "best": 8})
 
     scored = agentgrad(
@@ -220,6 +222,8 @@ def test_train_algorithm_sft_trains_on_kept_rollouts_validates_and_exports(
     assert summary["algorithm"] == "sft" and summary["iterations"] == 2 and summary["steps"] == 2
     assert summary["samples"][0] == 16  # 8 tasks × 2 samples, every reward kept (min_reward 0)
     assert [iteration for iteration, _ in summary["validation"]] == [0, 1, 2]  # before, then after each
+    assert f"greedy validation on 8 tasks: {summary['validation'][0][1]:.3f} → " in done.stdout
+    assert "after iteration" in done.stdout
     recorded = (out / "config.yaml").read_text()  # SFTConfig's settings: file < flags
     assert "iterations: 2" in recorded and "samples_per_task: 2" in recorded and "lr: 0.001" in recorded
     assert "group_size" not in recorded
