@@ -371,6 +371,7 @@ def test_a_cpu_run_on_a_sizeable_model_is_pointed_at_the_bf16_switches(tmp_path:
     assert _bf16_hint(argparse.Namespace(**{**vars(args), "engine_dtype": "float32"}), train, model) is None
     assert _bf16_hint(args, TrainConfig(device="cpu", autocast="bfloat16"), model) is None
     assert _bf16_hint(argparse.Namespace(**{**vars(args), "backend": "tinker"}), train, model) is None
+    assert _bf16_hint(args, TrainConfig(device="cuda"), model) is None  # the trainer is not on the CPU
     monkeypatch.setattr(policy, "native_cpu_bf16", lambda: False)
     assert _bf16_hint(args, train, model) is None
     monkeypatch.setattr(policy, "native_cpu_bf16", lambda: True)

@@ -468,17 +468,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _bf16_hint(args: argparse.Namespace, train: Any, model_dir: Path) -> str | None:
     """A line naming the bf16 switches when they would speed this run up and none is set: a local
     engine and trainer on a CPU with native bf16 instructions, a model of some size."""
-    from agentgrad.training.policy import native_cpu_bf16, weight_files
+    from agentgrad.training.policy import native_cpu_bf16, trainer_device_and_dtype, weight_files
 
     if args.backend != "local" or args.upstream or args.engine_dtype or train.autocast is not None:
         return None
-    if args.device != "cpu" or train.device not in ("cpu", "auto"):
-        return None
     if sum(f.stat().st_size for f in weight_files(model_dir)) < _BF16_HINT_BYTES or not native_cpu_bf16():
         return None
-    import torch
-
-    if train.device == "auto" and torch.cuda.is_available():  # the trainer goes to the GPU
+    if args.device != "cpu" or trainer_device_and_dtype(train)[0].type != "cpu":
         return None
     return (
         "hint: this CPU multiplies bf16 natively: --engine-dtype bfloat16 --train.autocast bfloat16 trained "

@@ -211,7 +211,8 @@ def trained_tokens(samples: Sequence[Sample]) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def _device_and_dtype(config: TrainConfig) -> tuple[Any, Any]:
+def trainer_device_and_dtype(config: TrainConfig) -> tuple[Any, Any]:
+    """The torch device and weights' dtype ``config`` puts the trainer on (``auto`` resolved)."""
     import torch
 
     device = config.device
@@ -395,7 +396,7 @@ def load_policy(model_dir: str | Path, config: TrainConfig) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    device, dtype = _device_and_dtype(config)
+    device, dtype = trainer_device_and_dtype(config)
     torch.manual_seed(config.seed)
     with no_progress_bars():
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device)
