@@ -478,7 +478,7 @@ def _bf16_hint(args: argparse.Namespace, train: Any, model_dir: Path) -> str | N
         return None
     return (
         "hint: this CPU multiplies bf16 natively: --engine-dtype bfloat16 --train.autocast bfloat16 trained "
-        'SmolLM2-135M as far in about 60 % of the time (docs/training.md, "Mixed precision")'
+        'SmolLM2-135M as far in 60–90 % of the time on two CPUs (docs/training.md, "Mixed precision")'
     )
 
 
