@@ -12,6 +12,8 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
+from agentgrad.training.local import ENGINE_DTYPES
+
 
 def _tiny() -> Path:
     from agentgrad.demo.tiny import ensure_tiny_model
@@ -43,7 +45,7 @@ def add_engine_dtype_argument(parser: argparse.ArgumentParser, flag: str = "--en
     when it applies."""
     parser.add_argument(
         flag,
-        choices=("float32", "bfloat16"),
+        choices=[name for name in ENGINE_DTYPES if name is not None],
         default=None,
         help=f"{scope}the engine's weights: float32 (default on a CPU) or bfloat16 (several times faster on a "
         'CPU with AVX512-BF16 or AMX; docs/training.md, "Mixed precision")',
