@@ -211,6 +211,9 @@ def test_dev_with_a_wrong_llm_endpoint_names_the_url(tasks_file):
     assert (
         alone.returncode == 1 and "--llm-resource names the LLM resource of --llm-endpoint or --proxy" in alone.stderr
     )
+    elsewhere = ("--llm-endpoint", "http://127.0.0.1:9/v1", "--model", "m", "--engine-dtype", "bfloat16")
+    dtype = agentgrad("dev", "agents_for_tests:reward_agent", "--tasks", str(tasks_file), *elsewhere)
+    assert dtype.returncode == 1 and "--engine-dtype sets the weights of the engine a local --model" in dtype.stderr
     runner = agentgrad("runner", "agents_for_tests:reward_agent", "--store", "memory", "--llm-resource", "x")
     assert (
         runner.returncode == 1 and "--llm-resource names the LLM resource the runner points at --proxy" in runner.stderr

@@ -99,13 +99,19 @@ def _cmd_dev(args: argparse.Namespace) -> int:
     from agentgrad.trainer import Trainer
     from agentgrad.types import RolloutConfig
 
+    local_model = bool(args.model) and not (args.llm_endpoint or args.proxy)
+    if args.engine_dtype and not local_model:
+        raise AgentGradError(
+            "--engine-dtype sets the weights of the engine a local --model runs on; "
+            "with --llm-endpoint or --proxy the model is served elsewhere"
+        )
     agent = load_cli_agent(args.agent)
     tasks = read_tasks(args.tasks)
     if args.limit:
         tasks = tasks[: args.limit]
     config = RolloutConfig(timeout_seconds=args.rollout_timeout) if args.rollout_timeout else None
     sampling = {} if args.temperature is None else {"temperature": args.temperature}
-    if args.model and not (args.llm_endpoint or args.proxy):
+    if local_model:
         report = _dev_on_local_model(args, agent, tasks, sampling, config)
     else:
         name, resources = llm_resource_of(args, default=llm_resource_name(None, agent), sampling=sampling)
