@@ -33,18 +33,7 @@ def main() -> None:
     engine = Engine(model_dir, max_batch_size=64)
     tok = engine.tokenizer
     problems = calc.generate_problems(args.requests, seed=0, split="test")
-    prompts = [
-        tok.encode(
-            tok.apply_chat_template(
-                [{"role": "system", "content": calc.SYSTEM_PROMPT}, {"role": "user", "content": p["question"]}],
-                tools=[calc.CALCULATOR_TOOL],
-                add_generation_prompt=True,
-                tokenize=False,
-            ),
-            add_special_tokens=False,
-        )
-        for p in problems
-    ]
+    prompts = [calc.prompt_ids(tok, p["question"]) for p in problems]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, ignore_eos=True, seed=0)
     total = args.requests * args.max_tokens
 

@@ -45,7 +45,6 @@ import resource
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 
 def _load() -> list[float]:
@@ -97,7 +96,7 @@ def main() -> None:
     engine = Engine(model_dir, device=args.device, dtype=args.dtype, max_batch_size=32)
     report["engine_load_s"] = round(time.perf_counter() - started, 1)
     model, tok = engine._base, engine.tokenizer
-    prompts = _prompts(tok, calc.generate_problems(args.requests, seed=0, split="test"))
+    prompts = [calc.prompt_ids(tok, p["question"]) for p in calc.generate_problems(args.requests, seed=0, split="test")]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True, logprobs=0)
     report |= {
         "model": str(model_dir),
@@ -162,24 +161,6 @@ def main() -> None:
     print(json.dumps(report, indent=2))
 
 
-def _prompts(tok: Any, problems: list[dict[str, Any]]) -> list[list[int]]:
-    """The calculator agent's first prompt for each problem, as token ids."""
-    from agentgrad.demo import calc
-
-    return [
-        tok.encode(
-            tok.apply_chat_template(
-                [{"role": "system", "content": calc.SYSTEM_PROMPT}, {"role": "user", "content": p["question"]}],
-                tools=[calc.CALCULATOR_TOOL],
-                add_generation_prompt=True,
-                tokenize=False,
-            ),
-            add_special_tokens=False,
-        )
-        for p in problems
-    ]
-
-
 def grpo_step(args: argparse.Namespace) -> dict[str, object]:
     """One GRPO step with LoRA, timed phase by phase (see the module docstring)."""
     import statistics
@@ -206,7 +187,7 @@ def grpo_step(args: argparse.Namespace) -> dict[str, object]:
         ),
     )
     problems = calc.generate_problems(args.tasks, seed=0, split="train")
-    prompts = _prompts(engine.tokenizer, problems)
+    prompts = [calc.prompt_ids(engine.tokenizer, p["question"]) for p in problems]
     report |= {
         "model": str(model_dir),
         "parameters": sum(p.numel() for p in engine._base.parameters()),

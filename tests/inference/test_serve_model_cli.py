@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from agentgrad.cli.serve_model import add_commands
 
@@ -30,6 +31,16 @@ def test_serve_model_defaults() -> None:
     args = _parser().parse_args(["serve-model", "tiny"])
     assert (args.host, args.engine, args.device, args.model) == ("127.0.0.1", "hf", "cpu", "tiny")
     assert (args.token, args.allowed_hosts, args.max_body_bytes) == (None, [], 32 * 1024 * 1024)
+    assert (args.prefix_caching, args.prefix_cache_mb) == (True, 256.0)
+
+
+def test_serve_model_prefix_cache_flags(capsys) -> None:
+    args = _parser().parse_args(["serve-model", "tiny", "--no-prefix-caching", "--prefix-cache-mb", "0"])
+    assert (args.prefix_caching, args.prefix_cache_mb) == (False, 0.0)
+    for bad in ("-1", "lots", "nan"):
+        with pytest.raises(SystemExit):
+            _parser().parse_args(["serve-model", "tiny", "--prefix-cache-mb", bad])
+        assert "--prefix-cache-mb" in capsys.readouterr().err
 
 
 def test_serve_model_serves_and_stops_on_sigterm(tiny_model_dir: Path) -> None:

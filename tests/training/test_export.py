@@ -30,16 +30,7 @@ def _prompts(model_dir: Path, n: int = 20) -> list[list[int]]:
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     problems = calc.generate_problems(n, 3, "test")
-    return [
-        tokenizer.apply_chat_template(
-            [{"role": "system", "content": calc.SYSTEM_PROMPT}, {"role": "user", "content": p["question"]}],
-            tools=[calc.CALCULATOR_TOOL],
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-        )
-        for p in problems
-    ]
+    return [calc.prompt_ids(tokenizer, p["question"]) for p in problems]
 
 
 def _greedy(model, prompts: list[list[int]], max_new_tokens: int = 10) -> list[list[int]]:

@@ -33,6 +33,20 @@ def add_commands(subparsers: Any) -> None:
     serve.add_argument("--max-batch-size", type=int, default=32)
     serve.add_argument("--served-model-name", default=None)
     serve.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="hf engine: prefill every prompt whole, not reusing the states of the prefixes prompts share "
+        '(docs/inference.md, "Prefix caching")',
+    )
+    serve.add_argument(
+        "--prefix-cache-mb",
+        type=_megabytes,
+        default=256.0,
+        help="hf engine: megabytes of prefix states kept for later requests (default: %(default)s; "
+        "0: shared only among the requests admitted together)",
+    )
+    serve.add_argument(
         "--max-body-bytes",
         type=int,
         default=DEFAULT_MAX_BODY_BYTES,
@@ -47,6 +61,17 @@ def add_commands(subparsers: Any) -> None:
     serve.set_defaults(func=serve_model)
 
 
+def _megabytes(text: str) -> float:
+    """``--prefix-cache-mb``'s value: a number of megabytes, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
+    return value
+
+
 def serve_model(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM; logs the endpoint it listens on."""
     logging.getLogger("agentgrad").setLevel(logging.INFO)  # the URL it serves at is logged at INFO
@@ -57,7 +82,14 @@ def serve_model(args: argparse.Namespace) -> int:
     from agentgrad.inference.server import ModelServer
 
     try:
-        engine = Engine(model, device=args.device, dtype=args.dtype, max_batch_size=args.max_batch_size)
+        engine = Engine(
+            model,
+            device=args.device,
+            dtype=args.dtype,
+            max_batch_size=args.max_batch_size,
+            prefix_caching=args.prefix_caching,
+            prefix_cache_mb=args.prefix_cache_mb,
+        )
     except OSError as exc:
         print(f"error: cannot load model {args.model!r}: {exc}", file=sys.stderr)
         return 2

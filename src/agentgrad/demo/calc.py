@@ -173,6 +173,18 @@ def tool_call_text(expression: str) -> str:
     return '<tool_call>\n{"name": "calculator", "arguments": ' + arguments + "}\n</tool_call>"
 
 
+def prompt_ids(tokenizer: Any, question: str) -> list[int]:
+    """The calculator agent's first prompt for ``question`` as the engine receives it: the system
+    turn and the question with the calculator tool, rendered by ``tokenizer``'s chat template."""
+    text = tokenizer.apply_chat_template(
+        [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}],
+        tools=[CALCULATOR_TOOL],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
 def final_answer_text(answer: int | float | str) -> str:
     """The assistant's final turn in the warm-up data."""
     return f"The answer is {answer}."

@@ -19,6 +19,11 @@ Design:
   an adapter by name, and different adapters share one batch (peft mixed-adapter batches). A
   response from an adapter names the adapter as its version (a trainer publishing LoRA policies
   loads each under a new name), one from the base weights their version.
+* Prompt prefixes are computed once (``prefix_caching``, on by default): the requests admitted
+  together run the prefix they share in one row, identical prompts (a GRPO group) run once, and
+  the states of shared prefixes and of whole prompts stay in a :class:`PrefixCache` for later
+  requests (least recently used out first, ``prefix_cache_mb`` at most), dropped when the
+  weights they came from change.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentgrad.inference.hf import no_progress_bars, quiet_peft
 from agentgrad.inference.kv_cache import cache_kwargs
+from agentgrad.inference.prefix_cache import Layers, PrefixCache, common_length
 
 if TYPE_CHECKING:
     import torch
@@ -42,6 +48,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed-adapter batch
+
+#: The fewest shared prompt tokens worth a forward pass of their own (one row, before the rest).
+MIN_SHARED_TOKENS = 16
 
 
 class EngineError(RuntimeError):
@@ -178,7 +187,10 @@ class Engine:
     """Owns a causal LM and serves ``generate`` calls from many threads, batched together.
 
     ``model`` is a model directory (anything ``AutoModelForCausalLM.from_pretrained`` loads) or an
-    already loaded model, in which case ``tokenizer`` must be given too.
+    already loaded model, in which case ``tokenizer`` must be given too. ``prefix_caching``
+    computes a prompt prefix once for the requests that share it and keeps the states of up to
+    ``prefix_cache_mb`` megabytes of prefixes for later requests (0: share only within the
+    requests admitted together); off, every prompt is prefilled whole, as before.
     """
 
     def __init__(
@@ -192,10 +204,14 @@ class Engine:
         max_model_len: int | None = None,
         version: str = "v0",
         seed: int = 0,
+        prefix_caching: bool = True,
+        prefix_cache_mb: float = 256.0,
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        if prefix_cache_mb < 0:
+            raise ValueError(f"prefix_cache_mb must be >= 0, not {prefix_cache_mb}")
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
@@ -221,6 +237,9 @@ class Engine:
         self._versions = itertools.count(1)
         self._eos_ids = self._collect_eos_ids()
         self._rng = torch.Generator(device="cpu").manual_seed(seed)
+        self._prefixes = PrefixCache(int(prefix_cache_mb * 2**20)) if prefix_caching else None
+        self._prefill_tokens = 0
+        self._reused_tokens = 0
         self._pending: queue.Queue[_Request | _Control | None] = queue.Queue()
         self._closed = False
         self._steps = 0
@@ -251,6 +270,17 @@ class Engine:
     def forward_steps(self) -> int:
         """How many decode/prefill forward passes ran: fewer than tokens means batching worked."""
         return self._steps
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Prompt tokens the engine ran forward passes over."""
+        return self._prefill_tokens
+
+    @property
+    def reused_prompt_tokens(self) -> int:
+        """Prompt tokens whose states came from a shared or cached prefix instead of a forward
+        pass: with :attr:`prefill_tokens`, every prompt token admitted."""
+        return self._reused_tokens
 
     def submit(
         self,
@@ -470,6 +500,8 @@ class Engine:
             for key, value in state.items():
                 params[key].copy_(value.to(device=params[key].device, dtype=params[key].dtype))
         self._version = version or f"v{next(self._versions)}"
+        if self._prefixes is not None:
+            self._prefixes.clear()
         log.info("weights updated to version %s (%d tensors)", self._version, len(state))
         return self._version
 
@@ -486,9 +518,13 @@ class Engine:
             self._model.load_adapter(path, adapter_name=name)
             self._model.eval()
         self._loras[name] = path
+        if self._prefixes is not None:
+            self._prefixes.forget(name)
 
     def _do_unload_lora(self, name: str) -> None:
         del self._loras[name]
+        if self._prefixes is not None:
+            self._prefixes.forget(name)
         if self._loras:
             with quiet_peft():
                 self._model.delete_adapter(name)
@@ -523,6 +559,17 @@ def _draw(logits: torch.Tensor, params: list[SamplingParams], draws: list[float]
     return torch.searchsorted(cdf, at, right=True)[:, 0].clamp(max=vocab - 1)
 
 
+def _cache_of(layers: Layers, rows: int) -> Any:
+    """A model cache holding the states ``layers`` (one row's) for each of ``rows`` rows; empty
+    without layers. The states are not copied in place later: the cache grows by concatenation."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    for index, (keys, values) in enumerate(layers):
+        cache.update(keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1), index)
+    return cache
+
+
 class _Batch:
     """The running sequences and their shared, left-padded KV cache (engine thread only)."""
 
@@ -552,28 +599,93 @@ class _Batch:
         return out.logits[:, -1, :].float()
 
     def admit(self, requests: list[_Request]) -> None:
-        """Prefill ``requests`` together and merge them into the running batch."""
-        import torch
-        from transformers import DynamicCache
-
-        width = max(len(r.prompt_ids) for r in requests)
-        pad = self.engine.tokenizer.pad_token_id or 0
-        ids = torch.full((len(requests), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(requests), width), dtype=torch.long)
-        for row, r in enumerate(requests):
-            ids[row, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
-            mask[row, width - len(r.prompt_ids) :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        logits = self._forward(ids, mask, positions, cache, [r.lora for r in requests])
-        new = [_Seq(r) for r in requests]
-        if not self.seqs:
-            self.cache, self.mask = cache, mask
+        """Prefill ``requests`` and merge them into the running batch (an adapter's requests
+        together, when prefixes are shared: a prefix's states belong to one adapter)."""
+        if self.engine._prefixes is None:
+            groups = [requests]
         else:
-            self._merge(cache, mask)
-        self.seqs.extend(new)
-        self._sample(new, logits)
+            groups = [[r for r in requests if r.lora == lora] for lora in dict.fromkeys(r.lora for r in requests)]
+        for group in groups:
+            cache, mask, logits = self._prefill(group)
+            new = [_Seq(r) for r in group]
+            if not self.seqs:
+                self.cache, self.mask = cache, mask
+            else:
+                self._merge(cache, mask)
+            self.seqs.extend(new)
+            self._sample(new, logits)
         self._retire()
+
+    def _prefill(self, group: list[_Request]) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """The cache, mask and last logits of ``group``'s prompts, reusing what prefixes allow.
+
+        Identical prompts run once. The prefix all prompts share runs once, in one row, when it
+        is :data:`MIN_SHARED_TOKENS` or more beyond what the engine's :class:`PrefixCache`
+        already holds, and is kept there; a lone prompt is kept whole. Each row's cache then
+        reads ``[shared prefix][left padding][the row's own tokens]``: attention follows the
+        mask and the positions, so the hole changes nothing."""
+        engine = self.engine
+        prefixes = engine._prefixes
+        total = sum(len(r.prompt_ids) for r in group)
+        if prefixes is None:
+            out = self._run([r.prompt_ids for r in group], [r.lora for r in group], [], 0)
+            engine._prefill_tokens += total
+            return out
+        lora = group[0].lora
+        row_of: dict[tuple[int, ...], int] = {}
+        rows = [row_of.setdefault(tuple(r.prompt_ids), len(row_of)) for r in group]
+        unique = [list(prompt) for prompt in row_of]
+        shared = min(min(common_length(unique[0], p) for p in unique), min(len(p) for p in unique) - 1)
+        layers, start = prefixes.longest(lora, unique[0], shared)
+        ran = 0
+        if len(unique) > 1 and shared - start >= MIN_SHARED_TOKENS:
+            layers = self._extend(layers, unique[0], start, shared, lora)
+            prefixes.add(lora, unique[0][:shared], layers)
+            ran, start = shared - start, shared
+        cache, mask, logits = self._run(unique, [lora] * len(unique), layers, start)
+        if len(unique) == 1 and len(unique[0]) - start >= MIN_SHARED_TOKENS:
+            prefixes.add(lora, unique[0], [(layer.keys, layer.values) for layer in cache.layers])
+        ran += sum(len(p) - start for p in unique)
+        engine._prefill_tokens += ran
+        engine._reused_tokens += total - ran
+        if len(rows) > len(unique):  # a prompt sent more than once: its row repeated
+            import torch
+
+            index = torch.tensor(rows)
+            for layer in cache.layers:
+                layer.keys = layer.keys[index.to(layer.keys.device)]
+                layer.values = layer.values[index.to(layer.values.device)]
+            mask, logits = mask[index], logits[index.to(logits.device)]
+        return cache, mask, logits
+
+    def _extend(self, layers: Layers, tokens: list[int], start: int, end: int, lora: str | None) -> Layers:
+        """The states of ``tokens[:end]``, given those of ``tokens[:start]``: one row's forward pass."""
+        import torch
+
+        cache = _cache_of(layers, 1)
+        ids = torch.tensor([tokens[start:end]])
+        self._forward(ids, torch.ones((1, end), dtype=torch.long), torch.arange(start, end)[None], cache, [lora])
+        return [(layer.keys, layer.values) for layer in cache.layers]
+
+    def _run(
+        self, prompts: list[list[int]], loras: list[str | None], layers: Layers, start: int
+    ) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """One forward pass over each prompt's tokens from ``start`` on, left-padded, after the
+        states ``layers`` of the ``start`` tokens all prompts share."""
+        import torch
+
+        width = max(len(p) - start for p in prompts)
+        pad = self.engine.tokenizer.pad_token_id or 0
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        own = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt) + start :] = torch.tensor(prompt[start:])
+            own[row, width - len(prompt) + start :] = 1
+        positions = start + (own.cumsum(-1) - 1).clamp(min=0)
+        mask = torch.cat([torch.ones((len(prompts), start), dtype=torch.long), own], dim=1)
+        cache = _cache_of(layers, len(prompts))
+        logits = self._forward(ids, mask, positions, cache, loras)
+        return cache, mask, logits
 
     def _merge(self, cache: Any, mask: torch.Tensor) -> None:
         import torch
