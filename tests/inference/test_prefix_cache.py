@@ -113,16 +113,12 @@ def test_shared_prefixes_change_no_token_and_run_a_fraction_of_the_prompt(tiny_m
         assert whole.prefill_tokens == total and whole.reused_prompt_tokens == 0
         assert shared.prefill_tokens + shared.reused_prompt_tokens == total
         assert shared.prefill_tokens < total / 5  # the system turn once, each question once
-        # the next turns: each conversation continued from its reply (kept when it finished)
+        # the next turns: each conversation continued, every prompt different, the system turn cached
         tool_says = _tokens(whole, " The tool says 42.")
         follow_ups = [p + r.token_ids + tool_says for p, r in zip(prompts, expected, strict=True)]
         before = shared.prefill_tokens
         _assert_same(_run(whole, follow_ups), _run(shared, follow_ups))
-        distinct = len({tuple(p) for p in follow_ups})  # greedy: a question's three replies are one
-        assert shared.prefill_tokens - before == distinct * (1 + len(tool_says))  # the reply's last token too
-        # rows that start from different kept states, in one forward pass
-        mixed = [follow_ups[0] + tool_says, prompts[3][:-2], follow_ups[6][:40] + tool_says]
-        _assert_same(_run(whole, mixed), _run(shared, mixed))
+        assert shared.prefill_tokens - before < sum(map(len, follow_ups)) / 2
         # a lone request, then the same one again: its whole prompt was kept
         lone = follow_ups[0] + _tokens(whole, " So the answer is")
         _assert_same(_run(whole, [lone]), _run(shared, [lone]))
@@ -198,26 +194,3 @@ def test_a_weight_update_or_an_adapter_reload_drops_the_prefixes_it_made_stale(
 def test_prefix_cache_mb_must_not_be_negative(tiny_model_dir: Path) -> None:
     with pytest.raises(ValueError, match="prefix_cache_mb"):
         Engine(tiny_model_dir, prefix_cache_mb=-1)
-
-
-def test_a_reply_is_not_kept_when_the_weights_changed_while_it_ran(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(r=4)).save_pretrained(
-        tmp_path / "adapter"
-    )
-    engine = Engine(tiny_model_dir)
-    try:
-        prompt = _prompts(engine)[0]
-        steps = engine.forward_steps
-        running = engine.submit(prompt, SamplingParams(max_tokens=150, temperature=0, ignore_eos=True))
-        while engine.forward_steps < steps + 3:
-            pass
-        engine.load_lora("other", tmp_path / "adapter")  # between two decoding steps, no drain
-        reply = running.result().token_ids
-        before = engine.prefill_tokens
-        engine.generate(prompt + reply + [5], GREEDY)
-        assert engine.prefill_tokens - before == len(reply) + 1  # the prompt was kept at admission, not the reply
-    finally:
-        engine.close()

@@ -21,10 +21,9 @@ Design:
   loads each under a new name), one from the base weights their version.
 * Prompt prefixes are computed once (``prefix_caching``, on by default): the requests admitted
   together run the prefix they share in one row, identical prompts (a GRPO group) run once, and
-  the states of shared prefixes, of lone prompts and of finished sequences (prompt and reply)
-  stay in a :class:`PrefixCache` for later requests, each of which starts from the longest one
-  its prompt begins with (least recently used out first, ``prefix_cache_mb`` at most); they are
-  dropped when the weights they came from change.
+  the states of shared prefixes and of whole prompts stay in a :class:`PrefixCache` for later
+  requests (least recently used out first, ``prefix_cache_mb`` at most), dropped when the
+  weights they came from change.
 """
 
 from __future__ import annotations
@@ -126,7 +125,6 @@ class _Seq:
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)
     finish_reason: str | None = None
-    weights: int = 0  # the engine's weights generation when it was admitted
 
 
 @dataclass
@@ -191,8 +189,8 @@ class Engine:
     ``model`` is a model directory (anything ``AutoModelForCausalLM.from_pretrained`` loads) or an
     already loaded model, in which case ``tokenizer`` must be given too. ``prefix_caching``
     computes a prompt prefix once for the requests that share it and keeps the states of up to
-    ``prefix_cache_mb`` megabytes of prefixes and finished conversations for later requests (0:
-    share only within the requests admitted together); off, every prompt is prefilled whole.
+    ``prefix_cache_mb`` megabytes of prefixes for later requests (0: share only within the
+    requests admitted together); off, every prompt is prefilled whole, as before.
     """
 
     def __init__(
@@ -240,7 +238,6 @@ class Engine:
         self._eos_ids = self._collect_eos_ids()
         self._rng = torch.Generator(device="cpu").manual_seed(seed)
         self._prefixes = PrefixCache(int(prefix_cache_mb * 2**20)) if prefix_caching else None
-        self._weights = 0  # counts weight updates and adapter loads: states of one generation
         self._prefill_tokens = 0
         self._reused_tokens = 0
         self._pending: queue.Queue[_Request | _Control | None] = queue.Queue()
@@ -503,7 +500,6 @@ class Engine:
             for key, value in state.items():
                 params[key].copy_(value.to(device=params[key].device, dtype=params[key].dtype))
         self._version = version or f"v{next(self._versions)}"
-        self._weights += 1
         if self._prefixes is not None:
             self._prefixes.clear()
         log.info("weights updated to version %s (%d tensors)", self._version, len(state))
@@ -522,13 +518,11 @@ class Engine:
             self._model.load_adapter(path, adapter_name=name)
             self._model.eval()
         self._loras[name] = path
-        self._weights += 1
         if self._prefixes is not None:
             self._prefixes.forget(name)
 
     def _do_unload_lora(self, name: str) -> None:
         del self._loras[name]
-        self._weights += 1
         if self._prefixes is not None:
             self._prefixes.forget(name)
         if self._loras:
@@ -565,33 +559,14 @@ def _draw(logits: torch.Tensor, params: list[SamplingParams], draws: list[float]
     return torch.searchsorted(cdf, at, right=True)[:, 0].clamp(max=vocab - 1)
 
 
-def _cache_of(states: list[Layers], starts: list[int]) -> Any:
-    """A model cache whose row ``i`` holds ``states[i]``, the states of its first ``starts[i]``
-    tokens, right-aligned (its columns before them are padding); empty when no row holds any.
-    Rows that share one set of states view it instead of copying it. The states are not changed
-    in place later: the cache grows by concatenation."""
+def _cache_of(layers: Layers, rows: int) -> Any:
+    """A model cache holding the states ``layers`` (one row's) for each of ``rows`` rows; empty
+    without layers. The states are not copied in place later: the cache grows by concatenation."""
     from transformers import DynamicCache
 
     cache = DynamicCache()
-    held = max(starts)
-    if held == 0:
-        return cache
-    if all(layers is states[0] for layers in states):  # one prefix for all: viewed, not copied
-        for index, (keys, values) in enumerate(states[0]):
-            cache.update(keys.expand(len(states), -1, -1, -1), values.expand(len(states), -1, -1, -1), index)
-        return cache
-    import torch
-
-    keys0, _ = next(layers for layers in states if layers)[0]
-    for index in range(len(next(layers for layers in states if layers))):
-        shape = (len(states), keys0.shape[1], held, keys0.shape[3])
-        keys = torch.zeros(shape, dtype=keys0.dtype, device=keys0.device)
-        values = torch.zeros(shape, dtype=keys0.dtype, device=keys0.device)
-        for row, (layers, start) in enumerate(zip(states, starts, strict=True)):
-            if start:
-                keys[row, :, held - start :] = layers[index][0][0]
-                values[row, :, held - start :] = layers[index][1][0]
-        cache.update(keys, values, index)
+    for index, (keys, values) in enumerate(layers):
+        cache.update(keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1), index)
     return cache
 
 
@@ -632,7 +607,7 @@ class _Batch:
             groups = [[r for r in requests if r.lora == lora] for lora in dict.fromkeys(r.lora for r in requests)]
         for group in groups:
             cache, mask, logits = self._prefill(group)
-            new = [_Seq(r, weights=self.engine._weights) for r in group]
+            new = [_Seq(r) for r in group]
             if not self.seqs:
                 self.cache, self.mask = cache, mask
             else:
@@ -644,18 +619,16 @@ class _Batch:
     def _prefill(self, group: list[_Request]) -> tuple[Any, torch.Tensor, torch.Tensor]:
         """The cache, mask and last logits of ``group``'s prompts, reusing what prefixes allow.
 
-        Identical prompts run once. Each prompt starts from the longest prefix the engine's
-        :class:`PrefixCache` keeps for it (an earlier turn of its conversation, replies
-        included); the prefix all prompts share runs once, in one row, when it is
-        :data:`MIN_SHARED_TOKENS` or more beyond that for two prompts or more, and is kept. A
-        row's cache then reads ``[padding][kept states][padding][the row's own tokens]``:
-        attention follows the mask and the positions, so the holes change nothing."""
+        Identical prompts run once. The prefix all prompts share runs once, in one row, when it
+        is :data:`MIN_SHARED_TOKENS` or more beyond what the engine's :class:`PrefixCache`
+        already holds, and is kept there; a lone prompt is kept whole. Each row's cache then
+        reads ``[shared prefix][left padding][the row's own tokens]``: attention follows the
+        mask and the positions, so the hole changes nothing."""
         engine = self.engine
         prefixes = engine._prefixes
         total = sum(len(r.prompt_ids) for r in group)
         if prefixes is None:
-            prompts = [r.prompt_ids for r in group]
-            out = self._run(prompts, [r.lora for r in group], [[]] * len(prompts), [0] * len(prompts))
+            out = self._run([r.prompt_ids for r in group], [r.lora for r in group], [], 0)
             engine._prefill_tokens += total
             return out
         lora = group[0].lora
@@ -663,20 +636,16 @@ class _Batch:
         rows = [row_of.setdefault(tuple(r.prompt_ids), len(row_of)) for r in group]
         unique = [list(prompt) for prompt in row_of]
         shared = min(min(common_length(unique[0], p) for p in unique), min(len(p) for p in unique) - 1)
-        kept = [prefixes.longest(lora, p, len(p) - 1) for p in unique]
-        base = min(kept[0][1], shared)
-        base_layers = [(k[:, :, :base], v[:, :, :base]) for k, v in kept[0][0]]
+        layers, start = prefixes.longest(lora, unique[0], shared)
         ran = 0
-        if shared - base >= MIN_SHARED_TOKENS and sum(length < shared for _, length in kept) >= 2:
-            base_layers = self._extend(base_layers, unique[0], base, shared, lora)
-            prefixes.add(lora, unique[0][:shared], base_layers)
-            ran, base = shared - base, shared
-        states = [(layers, length) if length > base else (base_layers, base) for layers, length in kept]
-        starts = [length for _, length in states]
-        cache, mask, logits = self._run(unique, [lora] * len(unique), [layers for layers, _ in states], starts)
-        if len(unique) == 1 and len(unique[0]) - starts[0] >= MIN_SHARED_TOKENS:
+        if len(unique) > 1 and shared - start >= MIN_SHARED_TOKENS:
+            layers = self._extend(layers, unique[0], start, shared, lora)
+            prefixes.add(lora, unique[0][:shared], layers)
+            ran, start = shared - start, shared
+        cache, mask, logits = self._run(unique, [lora] * len(unique), layers, start)
+        if len(unique) == 1 and len(unique[0]) - start >= MIN_SHARED_TOKENS:
             prefixes.add(lora, unique[0], [(layer.keys, layer.values) for layer in cache.layers])
-        ran += sum(len(p) - start for p, start in zip(unique, starts, strict=True))
+        ran += sum(len(p) - start for p in unique)
         engine._prefill_tokens += ran
         engine._reused_tokens += total - ran
         if len(rows) > len(unique):  # a prompt sent more than once: its row repeated
@@ -693,29 +662,28 @@ class _Batch:
         """The states of ``tokens[:end]``, given those of ``tokens[:start]``: one row's forward pass."""
         import torch
 
-        cache = _cache_of([layers], [start])
+        cache = _cache_of(layers, 1)
         ids = torch.tensor([tokens[start:end]])
         self._forward(ids, torch.ones((1, end), dtype=torch.long), torch.arange(start, end)[None], cache, [lora])
         return [(layer.keys, layer.values) for layer in cache.layers]
 
     def _run(
-        self, prompts: list[list[int]], loras: list[str | None], states: list[Layers], starts: list[int]
+        self, prompts: list[list[int]], loras: list[str | None], layers: Layers, start: int
     ) -> tuple[Any, torch.Tensor, torch.Tensor]:
-        """One forward pass over each prompt's tokens from its ``starts`` on, left-padded, after
-        ``states``, the states of the tokens before (right-aligned, left-padded)."""
+        """One forward pass over each prompt's tokens from ``start`` on, left-padded, after the
+        states ``layers`` of the ``start`` tokens all prompts share."""
         import torch
 
-        width = max(len(p) - start for p, start in zip(prompts, starts, strict=True))
-        held = max(starts)
+        width = max(len(p) - start for p in prompts)
         pad = self.engine.tokenizer.pad_token_id or 0
         ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(prompts), held + width), dtype=torch.long)
-        for row, (prompt, start) in enumerate(zip(prompts, starts, strict=True)):
+        own = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
             ids[row, width - len(prompt) + start :] = torch.tensor(prompt[start:])
-            mask[row, held - start : held] = 1
-            mask[row, held + width - len(prompt) + start :] = 1
-        positions = torch.tensor(starts)[:, None] + (mask[:, held:].cumsum(-1) - 1).clamp(min=0)
-        cache = _cache_of(states, starts)
+            own[row, width - len(prompt) + start :] = 1
+        positions = start + (own.cumsum(-1) - 1).clamp(min=0)
+        mask = torch.cat([torch.ones((len(prompts), start), dtype=torch.long), own], dim=1)
+        cache = _cache_of(layers, len(prompts))
         logits = self._forward(ids, mask, positions, cache, loras)
         return cache, mask, logits
 
@@ -808,10 +776,8 @@ class _Batch:
         done = [s for s in self.seqs if s.finish_reason is not None]
         if not done:
             return
-        for row, seq in enumerate(self.seqs):
-            if seq.finish_reason is not None:
-                self._keep(row, seq)
-                self._resolve(seq)
+        for seq in done:
+            self._resolve(seq)
         keep = [i for i, s in enumerate(self.seqs) if s.finish_reason is None]
         self.seqs = [self.seqs[i] for i in keep]
         if not self.seqs:
@@ -825,24 +791,6 @@ class _Batch:
         for layer in self.cache.layers:
             layer.keys = layer.keys[index.to(layer.keys.device), :, start:]
             layer.values = layer.values[index.to(layer.values.device), :, start:]
-
-    def _keep(self, row: int, seq: _Seq) -> None:
-        """Keep a finished sequence's states (its prompt and its reply but the last token, which
-        never ran) for the next turn of its conversation, unless the weights changed since it
-        was admitted (an adapter reloaded under its name mid-sequence)."""
-        prefixes = self.engine._prefixes
-        tokens = seq.request.prompt_ids + seq.out_ids[:-1]
-        if prefixes is None or len(tokens) < MIN_SHARED_TOKENS or seq.weights != self.engine._weights:
-            return
-        assert self.mask is not None
-        columns = self.mask[row].nonzero()[:, 0]
-        if len(columns) != len(tokens):  # cannot happen: each token ran in one column
-            raise RuntimeError(f"engine: row {row} holds {len(columns)} states for {len(tokens)} tokens")
-        layers = []
-        for layer in self.cache.layers:
-            at = columns.to(layer.keys.device)
-            layers.append((layer.keys[row : row + 1, :, at], layer.values[row : row + 1, :, at]))
-        prefixes.add(seq.request.lora, tokens, layers)
 
     def _resolve(self, seq: _Seq) -> None:
         engine, p = self.engine, seq.request.params

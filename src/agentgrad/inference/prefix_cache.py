@@ -6,9 +6,8 @@ a conversation starts with the turn before it. On a CPU, prefill is compute-boun
 cores sampled a GRPO step's first turn (128 calculator prompts of 228 tokens, 16 different) in
 75–80 s with every prompt prefilled whole and in 27–28 s with the repeated tokens run once
 (``bench/bench_prefix_cache.py``). vLLM does this on a GPU (``--enable-prefix-caching``); this
-is the same idea for the in-process engine, kept simple: whole prefixes per adapter (a shared
-system turn, a prompt, a finished turn with its reply), found a block of tokens at a time, least
-recently used first out, under a byte budget.
+is the same idea for the in-process engine, kept simple: whole prefixes per adapter, found a
+block of tokens at a time, least recently used first out, under a byte budget.
 
 Only the engine thread touches a :class:`PrefixCache`.
 """
