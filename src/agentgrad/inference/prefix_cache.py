@@ -3,9 +3,9 @@
 Why: an agent's prompts repeat most of their tokens. Every request of a run starts with the same
 system turn and tool schemas, a GRPO group sends the same prompt several times, and each turn of
 a conversation starts with the turn before it. On a CPU, prefill is compute-bound: SmolLM2 on 2
-cores sampled a GRPO step's first turn (128 calculator prompts of 228 tokens, 16 different) in
-75–80 s with every prompt prefilled whole and in 27–28 s with the repeated tokens run once
-(``bench/bench_prefix_cache.py``). vLLM does this on a GPU (``--enable-prefix-caching``); this
+cores sampled a GRPO step's first turn (128 calculator prompts of about 230 tokens, 16
+different) in 60–80 s with every prompt prefilled whole and in 22–28 s with the repeated tokens
+run once (``bench/bench_prefix_cache.py``, four rounds). vLLM does this on a GPU (``--enable-prefix-caching``); this
 is the same idea for the in-process engine, kept simple: whole prefixes per adapter, found a
 block of tokens at a time, least recently used first out, under a byte budget.
 
