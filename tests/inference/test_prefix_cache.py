@@ -134,11 +134,15 @@ def test_sampled_rows_of_a_shared_prompt_keep_their_own_seeds(tiny_model_dir: Pa
     whole, shared = Engine(tiny_model_dir, prefix_caching=False), Engine(tiny_model_dir)
     try:
         prompt = _prompts(whole)[0]
-        for engine in (whole, shared):
-            futures = [engine.submit(prompt, SamplingParams(max_tokens=12, seed=i, ignore_eos=True)) for i in range(6)]
-            engine.results = [f.result() for f in futures]  # type: ignore[attr-defined]
-        _assert_same(whole.results, shared.results)  # type: ignore[attr-defined]
-        assert len({tuple(r.token_ids) for r in shared.results}) > 1  # type: ignore[attr-defined]
+        seeded = [SamplingParams(max_tokens=12, seed=i, ignore_eos=True) for i in range(6)]
+
+        def draws(engine: Engine) -> list[GenerationResult]:
+            futures = [engine.submit(prompt, params) for params in seeded]
+            return [f.result() for f in futures]
+
+        expected, got = draws(whole), draws(shared)
+        _assert_same(expected, got)
+        assert len({tuple(r.token_ids) for r in got}) > 1
     finally:
         whole.close()
         shared.close()

@@ -17,6 +17,7 @@ from typing import Any
 from agentgrad.cli.named_models import MODEL_HELP, add_engine_dtype_argument, resolve_model
 from agentgrad.cli.serving import add_guard_arguments, token_of
 from agentgrad.http.guard import DEFAULT_MAX_BODY_BYTES, MODEL_TOKEN_ENV
+from agentgrad.inference.prefix_cache import DEFAULT_CACHE_MB
 
 log = logging.getLogger("agentgrad.inference")
 
@@ -42,7 +43,7 @@ def add_commands(subparsers: Any) -> None:
     serve.add_argument(
         "--prefix-cache-mb",
         type=_megabytes,
-        default=256.0,
+        default=DEFAULT_CACHE_MB,
         help="hf engine: megabytes of prefix states kept for later requests (default: %(default)s; "
         "0: shared only among the requests admitted together)",
     )

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentgrad.inference.hf import no_progress_bars, quiet_peft
 from agentgrad.inference.kv_cache import cache_kwargs
-from agentgrad.inference.prefix_cache import Layers, PrefixCache, common_length
+from agentgrad.inference.prefix_cache import DEFAULT_CACHE_MB, Layers, PrefixCache, common_length
 
 if TYPE_CHECKING:
     import torch
@@ -205,7 +205,7 @@ class Engine:
         version: str = "v0",
         seed: int = 0,
         prefix_caching: bool = True,
-        prefix_cache_mb: float = 256.0,
+        prefix_cache_mb: float = DEFAULT_CACHE_MB,
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -41,6 +41,10 @@ def common_length(a: Sequence[int], b: Sequence[int]) -> int:
     return same
 
 
+#: The default budget of an engine's prefix states, in megabytes (``Engine(prefix_cache_mb=)``,
+#: ``serve-model --prefix-cache-mb``).
+DEFAULT_CACHE_MB = 256.0
+
 #: Tokens per block of the lookup index: a prefix is found a block at a time, then token by token.
 BLOCK = 16
 
@@ -113,9 +117,9 @@ class PrefixCache:
         if nbytes > self.max_bytes or len(tokens) < BLOCK:
             return
         entry = _Entry(lora, list(tokens), block_hashes(tokens), layers, nbytes)
-        extended = {self._index.get((lora, hashed)) for hashed in entry.hashes} - {None}
-        for old in extended:
-            if old is not None and entry.tokens[: len(old.tokens)] == old.tokens:
+        held = {old for hashed in entry.hashes if (old := self._index.get((lora, hashed))) is not None}
+        for old in held:
+            if entry.tokens[: len(old.tokens)] == old.tokens:  # ``entry`` extends it
                 self._drop(old)
         for hashed in entry.hashes:
             self._index[(lora, hashed)] = entry
