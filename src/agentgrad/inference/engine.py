@@ -24,6 +24,9 @@ Design:
   the states of shared prefixes and of whole prompts stay in a :class:`PrefixCache` for later
   requests (least recently used out first, ``prefix_cache_mb`` at most), dropped when the
   weights they came from change.
+* The batch's key-value cache grows in place (:mod:`agentgrad.inference.batch_cache`): a decode
+  step writes its token into free positions instead of copying the whole cache, as
+  transformers' ``DynamicCache`` does with ``torch.cat``.
 """
 
 from __future__ import annotations
@@ -559,17 +562,6 @@ def _draw(logits: torch.Tensor, params: list[SamplingParams], draws: list[float]
     return torch.searchsorted(cdf, at, right=True)[:, 0].clamp(max=vocab - 1)
 
 
-def _cache_of(layers: Layers, rows: int) -> Any:
-    """A model cache holding the states ``layers`` (one row's) for each of ``rows`` rows; empty
-    without layers. The states are not copied in place later: the cache grows by concatenation."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
-    for index, (keys, values) in enumerate(layers):
-        cache.update(keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1), index)
-    return cache
-
-
 class _Batch:
     """The running sequences and their shared, left-padded KV cache (engine thread only)."""
 
@@ -631,6 +623,8 @@ class _Batch:
             out = self._run([r.prompt_ids for r in group], [r.lora for r in group], [], 0)
             engine._prefill_tokens += total
             return out
+        from agentgrad.inference.batch_cache import states
+
         lora = group[0].lora
         row_of: dict[tuple[int, ...], int] = {}
         rows = [row_of.setdefault(tuple(r.prompt_ids), len(row_of)) for r in group]
@@ -644,7 +638,7 @@ class _Batch:
             ran, start = shared - start, shared
         cache, mask, logits = self._run(unique, [lora] * len(unique), layers, start)
         if len(unique) == 1 and len(unique[0]) - start >= MIN_SHARED_TOKENS:
-            prefixes.add(lora, unique[0], [(layer.keys, layer.values) for layer in cache.layers])
+            prefixes.add(lora, unique[0], states(cache))
         ran += sum(len(p) - start for p in unique)
         engine._prefill_tokens += ran
         engine._reused_tokens += total - ran
@@ -653,8 +647,7 @@ class _Batch:
 
             index = torch.tensor(rows)
             for layer in cache.layers:
-                layer.keys = layer.keys[index.to(layer.keys.device)]
-                layer.values = layer.values[index.to(layer.values.device)]
+                layer.keep(index, 0)
             mask, logits = mask[index], logits[index.to(logits.device)]
         return cache, mask, logits
 
@@ -662,10 +655,12 @@ class _Batch:
         """The states of ``tokens[:end]``, given those of ``tokens[:start]``: one row's forward pass."""
         import torch
 
-        cache = _cache_of(layers, 1)
+        from agentgrad.inference.batch_cache import batch_cache, states
+
+        cache = batch_cache(layers, 1)
         ids = torch.tensor([tokens[start:end]])
         self._forward(ids, torch.ones((1, end), dtype=torch.long), torch.arange(start, end)[None], cache, [lora])
-        return [(layer.keys, layer.values) for layer in cache.layers]
+        return states(cache)
 
     def _run(
         self, prompts: list[list[int]], loras: list[str | None], layers: Layers, start: int
@@ -673,6 +668,8 @@ class _Batch:
         """One forward pass over each prompt's tokens from ``start`` on, left-padded, after the
         states ``layers`` of the ``start`` tokens all prompts share."""
         import torch
+
+        from agentgrad.inference.batch_cache import batch_cache
 
         width = max(len(p) - start for p in prompts)
         pad = self.engine.tokenizer.pad_token_id or 0
@@ -683,7 +680,7 @@ class _Batch:
             own[row, width - len(prompt) + start :] = 1
         positions = start + (own.cumsum(-1) - 1).clamp(min=0)
         mask = torch.cat([torch.ones((len(prompts), start), dtype=torch.long), own], dim=1)
-        cache = _cache_of(layers, len(prompts))
+        cache = batch_cache(layers, len(prompts))
         logits = self._forward(ids, mask, positions, cache, loras)
         return cache, mask, logits
 
@@ -695,12 +692,7 @@ class _Batch:
         old_len, new_len = self.mask.shape[1], mask.shape[1]
         width = max(old_len, new_len)
         for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
-            mine.keys = torch.cat(
-                [F.pad(mine.keys, (0, 0, width - old_len, 0)), F.pad(theirs.keys, (0, 0, width - new_len, 0))]
-            )
-            mine.values = torch.cat(
-                [F.pad(mine.values, (0, 0, width - old_len, 0)), F.pad(theirs.values, (0, 0, width - new_len, 0))]
-            )
+            mine.stack(theirs, width)
         self.mask = torch.cat([F.pad(self.mask, (width - old_len, 0)), F.pad(mask, (width - new_len, 0))])
 
     def step(self) -> None:
@@ -789,8 +781,7 @@ class _Batch:
         start = int(self.mask.argmax(dim=1).min())  # first real token of the longest row
         self.mask = self.mask[:, start:]
         for layer in self.cache.layers:
-            layer.keys = layer.keys[index.to(layer.keys.device), :, start:]
-            layer.values = layer.values[index.to(layer.values.device), :, start:]
+            layer.keep(index, start)
 
     def _resolve(self, seq: _Seq) -> None:
         engine, p = self.engine, seq.request.params
