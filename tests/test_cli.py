@@ -188,6 +188,23 @@ def test_runner_command_serves_until_sigterm(tmp_path):
     store.close()
 
 
+def test_runner_command_shares_the_default_tls_context_of_the_agents_clients(tmp_path):
+    db = tmp_path / "tls.db"
+    store = SqliteStore(db, watchdog_interval=None)
+    rollout = store.enqueue_rollout({"x": 1})
+    result = subprocess.run(
+        [sys.executable, "-m", "agentgrad", "runner", "agents_for_runner_start:tls_agent"]
+        + ["--store", f"sqlite://{db}", "--max-rollouts", "1"],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert store.get_rollout(rollout.rollout_id).reward == 1.0
+    store.close()
+
+
 def test_dev_with_a_wrong_llm_endpoint_names_the_url(tasks_file):
     """Once, every rollout failed on a bare "APIConnectionError: Connection error."."""
     result = agentgrad(

@@ -60,6 +60,7 @@ from agentgrad.context import RolloutContext, use_context
 from agentgrad.emit import reward_span
 from agentgrad.errors import AgentGradError, InvalidTransitionError
 from agentgrad.http.guard import PROXY_TOKEN_ENV, env_token
+from agentgrad.http.tls import share_default_tls_contexts
 from agentgrad.http.transport import Transport, env_proxy, transport_for
 from agentgrad.http.upstream import Upstream
 from agentgrad.proxy.incoming import FLUSH_PATH
@@ -789,6 +790,7 @@ def _runner_process(
         reports.put(("started", index, ""))
     logging.basicConfig(level=os.environ.get("AGENTGRAD_LOG_LEVEL", "WARNING"))
     show_outage_ends()
+    share_default_tls_contexts()  # the agent's HTTP clients: no CA bundle loaded for each
     try:
         if store_token:
             os.environ[TOKEN_ENV] = store_token  # this process's own environment: it is the runner's

@@ -39,3 +39,15 @@ def resources_mutating_agent(task: Any, resources: Resources) -> float:
     seen, note.value = note.value, "changed by an agent"
     resources.items["other"] = note
     return 1.0 if seen == "as published" else 0.0
+
+
+def tls_agent(task: Any, resources: Resources) -> float:
+    """1.0 when the runner process's httpx clients share their default TLS context."""
+    import httpx
+
+    first, second = httpx.Client(), httpx.Client()
+    try:
+        return float(first._transport._pool._ssl_context is second._transport._pool._ssl_context)
+    finally:
+        first.close()
+        second.close()
