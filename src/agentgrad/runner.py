@@ -747,12 +747,19 @@ MAIN_GUARD_HINT = (
 )
 
 
-def show_outage_ends() -> None:
-    """Let a runner process log the end of a store outage (info) beside its start (a warning),
-    even at the usual WARNING level: a warning whose end is never said reads as still true."""
+def prepare_runner_process() -> None:
+    """What a process that exists to run agents (a pool's runner process, ``agentgrad runner``)
+    sets up before its runner starts.
+
+    * The end of a store outage is logged (info) beside its start (a warning), even at the usual
+      WARNING level: a warning whose end is never said reads as still true.
+    * The HTTP clients its agents build share their thread's default TLS context
+      (:mod:`agentgrad.http.tls`): an agent builds its client per rollout, and httpx loaded the CA
+      bundle for each."""
     outage_log = logging.getLogger("agentgrad.store.outage")
     if outage_log.getEffectiveLevel() > logging.INFO:
         outage_log.setLevel(logging.INFO)
+    share_default_tls_contexts()
 
 
 class RunnerDiedError(AgentGradError, RuntimeError):
@@ -789,8 +796,7 @@ def _runner_process(
     if reports is not None:
         reports.put(("started", index, ""))
     logging.basicConfig(level=os.environ.get("AGENTGRAD_LOG_LEVEL", "WARNING"))
-    show_outage_ends()
-    share_default_tls_contexts()  # the agent's HTTP clients: no CA bundle loaded for each
+    prepare_runner_process()
     try:
         if store_token:
             os.environ[TOKEN_ENV] = store_token  # this process's own environment: it is the runner's

@@ -16,13 +16,8 @@ from agentgrad.http import tls
 @pytest.fixture
 def shared(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Share, and put every transport module's own function back afterwards."""
-    import importlib
-    import importlib.util
-
-    for name in tls.TRANSPORT_MODULES:
-        if importlib.util.find_spec(name.split(".")[0]) is not None:
-            module = importlib.import_module(name)
-            monkeypatch.setattr(module, "create_ssl_context", module.create_ssl_context)
+    for module in tls.transport_modules():
+        monkeypatch.setattr(module, "create_ssl_context", module.create_ssl_context)
     monkeypatch.delenv(tls.PER_CLIENT_ENV, raising=False)
     return tls.share_default_tls_contexts()
 

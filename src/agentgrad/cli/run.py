@@ -222,8 +222,7 @@ def check_reachable(url: str, flag: str, *, path: str, api_key: str | None = Non
 
 
 def _cmd_runner(args: argparse.Namespace) -> int:
-    from agentgrad.http.tls import share_default_tls_contexts
-    from agentgrad.runner import Runner, show_outage_ends
+    from agentgrad.runner import Runner, prepare_runner_process
     from agentgrad.store import open_store
 
     agent = load_cli_agent(args.agent)
@@ -249,8 +248,7 @@ def _cmd_runner(args: argparse.Namespace) -> int:
     )
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: runner.stop())
-    show_outage_ends()  # a store outage is waited out, and logged: its start and its end
-    share_default_tls_contexts()  # the agent's HTTP clients: no CA bundle loaded for each
+    prepare_runner_process()  # a store outage is logged, its start and its end; agents' clients share TLS contexts
     logging.getLogger("agentgrad").info("runner %s serving %s from %s", runner.worker_id, args.agent, args.store)
     through = f", LLM calls through the proxy {args.proxy}" if args.proxy else ""
     print(f"runner {runner.worker_id} taking rollouts from {args.store}{through} (Ctrl-C to stop)", flush=True)

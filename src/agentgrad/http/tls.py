@@ -22,6 +22,7 @@ import importlib.util
 import os
 import threading
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 #: The modules whose transports make a context per client (httpx, and httpx2 when installed).
@@ -48,20 +49,25 @@ def _shared(create: Callable[..., Any]) -> Callable[..., Any]:
     return create_ssl_context
 
 
+def transport_modules() -> list[ModuleType]:
+    """Those of :data:`TRANSPORT_MODULES` that are installed and call ``create_ssl_context``."""
+    modules = []
+    for name in TRANSPORT_MODULES:
+        if importlib.util.find_spec(name.split(".")[0]) is not None:
+            module = importlib.import_module(name)
+            if hasattr(module, "create_ssl_context"):
+                modules.append(module)
+    return modules
+
+
 def share_default_tls_contexts() -> list[str]:
     """Make the installed httpx transports share each thread's default TLS context (idempotent;
     nothing when :data:`PER_CLIENT_ENV` is ``1``): the modules that share it."""
     if os.environ.get(PER_CLIENT_ENV) == "1":
         return []
-    patched = []
-    for name in TRANSPORT_MODULES:
-        if importlib.util.find_spec(name.split(".")[0]) is None:
-            continue
-        module = importlib.import_module(name)
-        create = getattr(module, "create_ssl_context", None)
-        if create is None:
-            continue
+    modules = transport_modules()
+    for module in modules:
+        create = module.create_ssl_context
         if not hasattr(create, "__wrapped__"):
             setattr(module, "create_ssl_context", _shared(create))  # noqa: B010  # the name its transports call
-        patched.append(name)
-    return patched
+    return [module.__name__ for module in modules]

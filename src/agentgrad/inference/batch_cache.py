@@ -43,9 +43,8 @@ class GrowingLayer(DynamicLayer):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.is_initialized:
+        if not self.is_initialized:  # keys and values are None until now (and after a reset)
             self.device, self.is_initialized = key_states.device, True
-            self.keys = self.values = None
         length = self.get_seq_length()
         end = length + key_states.shape[-2]
         if self._room() < end:
