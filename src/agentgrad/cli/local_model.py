@@ -9,6 +9,7 @@ its calls are recorded with their token ids as in training. Not a command group 
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,8 +28,7 @@ def run_on_local_model(
     *,
     llm_resource: str,
     sampling: dict[str, Any],
-    device: str = "cpu",
-    dtype: str | None = None,
+    engine: Mapping[str, Any] | None = None,
     runners: int = 1,
     concurrency: int = 1,
     timeout: float | None = None,
@@ -39,7 +39,8 @@ def run_on_local_model(
 ) -> EvaluationReport:
     """Run every task once with ``model`` served locally as the LLM resource ``llm_resource``
     (``sampling``: ``{"temperature": 0.0}`` for greedy), recorded in ``store`` (as the run
-    ``run_id`` when given); prints the summary unless ``quiet``. A directory that is not a usable
+    ``run_id`` when given); prints the summary unless ``quiet``. ``engine``: LocalPolicy's engine
+    keywords (:func:`~agentgrad.cli.named_models.engine_keywords`). A directory that is not a usable
     model is refused, naming what it lacks, before anything starts."""
     from agentgrad.trainer import Trainer
     from agentgrad.training.local import LocalPolicy
@@ -52,7 +53,7 @@ def run_on_local_model(
 
             model_dir = export_model(model_dir, Path(work) / "model")
         check_model(model_dir)
-        with LocalPolicy(model_dir, device=device, dtype=dtype).serving(store) as policy:
+        with LocalPolicy(model_dir, **(engine or {})).serving(store) as policy:
             trainer = Trainer(
                 store, policy=policy, n_runners=runners, concurrency=concurrency, llm_resource=llm_resource
             )

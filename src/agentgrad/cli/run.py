@@ -9,7 +9,13 @@ import signal
 from typing import TYPE_CHECKING, Any
 
 from agentgrad.agents import Agent, load_agent
-from agentgrad.cli.named_models import NAMED_MODELS, add_engine_dtype_argument
+from agentgrad.cli.named_models import (
+    MODEL_HELP,
+    add_engine_dtype_argument,
+    add_prefix_cache_arguments,
+    engine_flags_given,
+    engine_keywords,
+)
 from agentgrad.errors import AgentGradError
 from agentgrad.tasks import read_tasks
 
@@ -41,14 +47,14 @@ def add_commands(commands: Any) -> None:
     dev.add_argument("--llm-endpoint", help="OpenAI-compatible base URL handed to the agent as its LLM resource")
     dev.add_argument(
         "--model",
-        help="without --llm-endpoint or --proxy: a local model to run the agent on — "
-        f"{', '.join(repr(name) for name in NAMED_MODELS)} (the project's tiny models), a Hugging Face "
-        "causal-LM directory, a training run or checkpoint — served here by the embedded engine behind "
-        "the capture proxy; with one: the model name to ask the endpoint for",
+        help=f"without --llm-endpoint or --proxy: a local model to run the agent on — {MODEL_HELP} (or a "
+        "training run or checkpoint) — served here by the embedded engine behind the capture proxy; with "
+        "one: the model name to ask the endpoint for",
     )
     dev.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the server's own)")
     dev.add_argument("--device", default="cpu", help="with a local --model: cpu, cuda, cuda:N or auto")
     add_engine_dtype_argument(dev, scope="with a local --model: ")
+    add_prefix_cache_arguments(dev, "with a local --model: ")
     dev.add_argument("--api-key", default=None, help="API key for the LLM resource")
     dev.add_argument("--llm-resource", default=None, metavar="NAME", help=LLM_RESOURCE_HELP)
     dev.add_argument(
@@ -100,10 +106,11 @@ def _cmd_dev(args: argparse.Namespace) -> int:
     from agentgrad.types import RolloutConfig
 
     local_model = bool(args.model) and not (args.llm_endpoint or args.proxy)
-    if args.engine_dtype and not local_model:
+    engine_flags = engine_flags_given(args)
+    if engine_flags and not local_model:
         raise AgentGradError(
-            "--engine-dtype sets the weights of the engine a local --model runs on; "
-            "with --llm-endpoint or --proxy the model is served elsewhere"
+            f"{' and '.join(engine_flags)} set{'s' if len(engine_flags) == 1 else ''} up the engine a local --model "
+            "runs on; with --llm-endpoint or --proxy the model is served elsewhere"
         )
     agent = load_cli_agent(args.agent)
     tasks = read_tasks(args.tasks)
@@ -149,8 +156,7 @@ def _dev_on_local_model(
             store,
             llm_resource=llm_resource_name(args.llm_resource, agent),
             sampling=sampling,
-            device=args.device,
-            dtype=args.engine_dtype,
+            engine=engine_keywords(args),
             runners=args.n_runners,
             concurrency=args.concurrency,
             timeout=args.timeout,

@@ -14,10 +14,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agentgrad.cli.named_models import MODEL_HELP, add_engine_dtype_argument, resolve_model
+from agentgrad.cli.named_models import (
+    MODEL_HELP,
+    add_engine_dtype_argument,
+    add_prefix_cache_arguments,
+    resolve_model,
+)
 from agentgrad.cli.serving import add_guard_arguments, token_of
 from agentgrad.http.guard import DEFAULT_MAX_BODY_BYTES, MODEL_TOKEN_ENV
-from agentgrad.inference.prefix_cache import DEFAULT_CACHE_MB
 
 log = logging.getLogger("agentgrad.inference")
 
@@ -33,20 +37,7 @@ def add_commands(subparsers: Any) -> None:
     add_engine_dtype_argument(serve, "--dtype", "hf engine: ")
     serve.add_argument("--max-batch-size", type=int, default=32)
     serve.add_argument("--served-model-name", default=None)
-    serve.add_argument(
-        "--no-prefix-caching",
-        dest="prefix_caching",
-        action="store_false",
-        help="hf engine: prefill every prompt whole, not reusing the states of the prefixes prompts share "
-        '(docs/inference.md, "Prefix caching")',
-    )
-    serve.add_argument(
-        "--prefix-cache-mb",
-        type=_megabytes,
-        default=DEFAULT_CACHE_MB,
-        help="hf engine: megabytes of prefix states kept for later requests (default: %(default)s; "
-        "0: shared only among the requests admitted together)",
-    )
+    add_prefix_cache_arguments(serve, "hf engine: ")
     serve.add_argument(
         "--max-body-bytes",
         type=int,
@@ -60,17 +51,6 @@ def add_commands(subparsers: Any) -> None:
         f"but /health (default: ${MODEL_TOKEN_ENV}, else no token; vLLM gets it as $VLLM_API_KEY)",
     )
     serve.set_defaults(func=serve_model)
-
-
-def _megabytes(text: str) -> float:
-    """``--prefix-cache-mb``'s value: a number of megabytes, 0 or more."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value >= 0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
-    return value
 
 
 def serve_model(args: argparse.Namespace) -> int:

@@ -36,7 +36,14 @@ from pathlib import Path
 from typing import Any
 
 from agentgrad.cli.local_model import run_on_local_model
-from agentgrad.cli.named_models import MODEL_HELP, add_engine_dtype_argument, resolve_model
+from agentgrad.cli.named_models import (
+    MODEL_HELP,
+    add_engine_dtype_argument,
+    add_prefix_cache_arguments,
+    engine_flags_given,
+    engine_keywords,
+    resolve_model,
+)
 from agentgrad.cli.run import (
     AGENT_HELP,
     LLM_RESOURCE_HELP,
@@ -232,6 +239,7 @@ def _add_run_arguments(parser: argparse.ArgumentParser, *, model_required: bool 
         "cpu, cuda, cuda:N or auto (train's default: the engine on the CPU, the trainer on a GPU if there is one)",
     )
     add_engine_dtype_argument(parser)
+    add_prefix_cache_arguments(parser, "the local engine: ")
     parser.add_argument(
         "--threads",
         type=int,
@@ -290,14 +298,10 @@ def _prepare(args: argparse.Namespace) -> _Run:
     tasks = read_tasks(args.tasks)
     val_tasks = read_tasks(args.val) if args.val else []
     test_tasks = read_tasks(args.test) if args.test else []
-    # --test scores exported model directories, --lora-hot-swap loads adapters, --engine-dtype sets the weights:
-    # each needs the engine this command starts.
-    local_flags = (
-        ("--test", test_tasks),
-        ("--lora-hot-swap", args.lora_hot_swap),
-        ("--engine-dtype", args.engine_dtype),
-    )
-    local_only = [flag for flag, given in local_flags if given]
+    # --test scores exported model directories, --lora-hot-swap loads adapters, the engine flags set up the
+    # engine: each needs the engine this command starts.
+    local_flags = (("--test", test_tasks), ("--lora-hot-swap", args.lora_hot_swap))
+    local_only = [flag for flag, given in local_flags if given] + engine_flags_given(args)
     if local_only and (args.upstream or args.backend != "local"):
         raise InvalidInputError(
             f"{' and '.join(local_only)} need{'s' if len(local_only) == 1 else ''} the local engine this command "
@@ -332,8 +336,7 @@ def _test_score(args: argparse.Namespace, run: _Run, store: Any, model: Path, la
         store,
         llm_resource=args.llm_resource,
         sampling={"temperature": 0.0},
-        device=args.device,
-        dtype=args.engine_dtype,
+        engine=engine_keywords(args),
         runners=args.runners,
         concurrency=args.concurrency,
         run_id=f"{run.config.run_id}-test-{label}",
@@ -492,8 +495,7 @@ def _policy(args: argparse.Namespace, model_dir: Path) -> Any:
             raise InvalidInputError("--tinker-url and --tinker-base-model need --backend tinker")
         return LocalPolicy(
             model_dir,
-            device=args.device,
-            dtype=args.engine_dtype,
+            **engine_keywords(args),
             proxy_host=args.proxy_host,
             proxy_port=args.proxy_port,
             lora_hot_swap=args.lora_hot_swap,
@@ -647,8 +649,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
                     store,
                     llm_resource=args.llm_resource,
                     sampling={"temperature": args.temperature},
-                    device=args.device,
-                    dtype=args.engine_dtype,
+                    engine=engine_keywords(args),
                     runners=args.runners,
                     concurrency=args.concurrency,
                     timeout=args.timeout,

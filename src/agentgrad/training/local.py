@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentgrad.inference.prefix_cache import DEFAULT_CACHE_MB
 from agentgrad.types import LLM
 
 if TYPE_CHECKING:
@@ -35,6 +36,16 @@ if TYPE_CHECKING:
 #: The engine weights' dtypes :class:`LocalPolicy` takes (None: float32 on a CPU, the model's own on a GPU).
 ENGINE_DTYPES = (None, "float32", "bfloat16")
 
+#: The Python call that gives the directory of each model the command line names (``--model tiny``),
+#: for the error a name given to :class:`LocalPolicy` gets; the same names as the CLI's
+#: ``agentgrad.cli.named_models.NAMED_MODELS`` (a test keeps them equal).
+NAMED_MODEL_CALLS = {
+    "tiny": "agentgrad.demo.tiny.ensure_tiny_model()",
+    "tiny-sql": "agentgrad.scenarios.sql.model.ensure_sql_model()",
+    "tiny-rag": "agentgrad.scenarios.rag.model.ensure_rag_model()",
+    "smollm2": "agentgrad.models.gguf_import.import_smollm2()",
+}
+
 
 class LocalPolicy:
     """A local Hugging Face causal LM served for rollouts and trained in place.
@@ -47,6 +58,11 @@ class LocalPolicy:
             ``"bfloat16"`` decodes several times faster (docs/training.md, "Mixed precision"); its
             sampled logprobs then differ from a float32 trainer's by a few hundredths.
         max_batch_size: sequences the engine decodes together.
+        prefix_caching: compute a prompt prefix the engine's requests share once, and keep the
+            states of recent prefixes for later requests (docs/inference.md, "Prefix caching");
+            False prefills every prompt whole.
+        prefix_cache_mb: megabytes of prefix states kept for later requests (0: shared only among
+            the requests admitted together).
         served_model_name: the model name agents are given (default: the directory's name).
         proxy_host, proxy_port: where the capture proxy listens (default: a free port on
             127.0.0.1); runner processes on other machines need ``proxy_host="0.0.0.0"`` and a
@@ -66,6 +82,8 @@ class LocalPolicy:
         device: str = "cpu",
         dtype: str | None = None,
         max_batch_size: int = 64,
+        prefix_caching: bool = True,
+        prefix_cache_mb: float = DEFAULT_CACHE_MB,
         served_model_name: str | None = None,
         proxy_host: str = "127.0.0.1",
         proxy_port: int = 0,
@@ -74,10 +92,11 @@ class LocalPolicy:
         path = Path(model_dir).expanduser()
         if not path.is_dir():
             what = "is not a directory" if path.exists() else "does not exist"
+            call = NAMED_MODEL_CALLS.get(str(model_dir))
             hint = (
-                "; `tiny` is the command line's name for the project's tiny model: in Python pass its "
-                "directory, agentgrad.demo.tiny.ensure_tiny_model()"
-                if str(model_dir) == "tiny"
+                f"; `{model_dir}` is the command line's name for a model the project builds or imports: in "
+                f"Python pass its directory, {call}"
+                if call is not None
                 else ""
             )
             raise FileNotFoundError(
@@ -90,10 +109,13 @@ class LocalPolicy:
             raise ValueError(f"max_batch_size must be ≥ 1, got {max_batch_size}")
         if dtype not in ENGINE_DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(map(str, ENGINE_DTYPES))}, got {dtype!r}")
+        if prefix_cache_mb < 0:
+            raise ValueError(f"prefix_cache_mb must be ≥ 0, got {prefix_cache_mb}")
         self.model_dir = path
         self.device = device
         self.dtype = dtype
         self.max_batch_size = max_batch_size
+        self.prefix_caching, self.prefix_cache_mb = prefix_caching, prefix_cache_mb
         self.model_name = served_model_name or path.name
         self.proxy_host, self.proxy_port = proxy_host, proxy_port
         self.lora_hot_swap = lora_hot_swap
@@ -169,7 +191,14 @@ class LocalPolicy:
         """The engine the model server serves (a subclass serves another one: the Tinker sampler)."""
         from agentgrad.inference.engine import Engine
 
-        return Engine(self.model_dir, device=self.device, dtype=self.dtype, max_batch_size=self.max_batch_size)
+        return Engine(
+            self.model_dir,
+            device=self.device,
+            dtype=self.dtype,
+            max_batch_size=self.max_batch_size,
+            prefix_caching=self.prefix_caching,
+            prefix_cache_mb=self.prefix_cache_mb,
+        )
 
     @contextlib.contextmanager
     def serving(self, store: Store) -> Iterator[LocalPolicy]:
