@@ -46,9 +46,10 @@ def test_a_model_dir_that_does_not_exist_is_named(tmp_path):
 
 
 def test_the_command_lines_model_names_get_the_python_way(tmp_path, monkeypatch):
-    from agentgrad.cli.named_models import NAMED_MODELS
+    from agentgrad.cli.named_models import MODEL_HELP, NAMED_MODELS
 
     assert set(NAMED_MODEL_CALLS) == set(NAMED_MODELS)
+    assert all(repr(name) in MODEL_HELP for name in NAMED_MODELS)  # the --model help names each
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError, match=r"ensure_tiny_model\(\)"):
         LocalPolicy("tiny")
@@ -75,8 +76,9 @@ def test_the_prefix_cache_settings_reach_the_engine(tiny_model_dir):
     }
     assert engine_keywords(parse([*base, "--no-prefix-caching"]))["prefix_caching"] is False
     keywords = engine_keywords(parse([*base, "--prefix-cache-mb", "8"]))
-    with pytest.raises(ValueError, match="prefix_cache_mb"):
-        LocalPolicy(tiny_model_dir, prefix_cache_mb=-1)
+    for bad in (-1, float("nan")):
+        with pytest.raises(ValueError, match="prefix_cache_mb must be 0 or more"):
+            LocalPolicy(tiny_model_dir, prefix_cache_mb=bad)
     store = MemoryStore(watchdog_interval=None)
     try:
         with LocalPolicy(tiny_model_dir, **{**keywords, "device": "cpu"}).serving(store) as policy:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentgrad.inference.prefix_cache import DEFAULT_CACHE_MB
+from agentgrad.inference.prefix_cache import DEFAULT_CACHE_MB, check_cache_mb
 from agentgrad.training.local import ENGINE_DTYPES
 
 
@@ -94,9 +94,10 @@ def _megabytes(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value >= 0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
-    return value
+    try:
+        return check_cache_mb(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}") from None
 
 
 def engine_keywords(args: argparse.Namespace) -> dict[str, Any]:

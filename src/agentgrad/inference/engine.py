@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentgrad.inference.hf import no_progress_bars, quiet_peft
 from agentgrad.inference.kv_cache import cache_kwargs
-from agentgrad.inference.prefix_cache import DEFAULT_CACHE_MB, Layers, PrefixCache, common_length
+from agentgrad.inference.prefix_cache import DEFAULT_CACHE_MB, Layers, PrefixCache, check_cache_mb, common_length
 
 if TYPE_CHECKING:
     import torch
@@ -213,8 +213,7 @@ class Engine:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        if prefix_cache_mb < 0:
-            raise ValueError(f"prefix_cache_mb must be >= 0, not {prefix_cache_mb}")
+        check_cache_mb(prefix_cache_mb)
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)

@@ -45,6 +45,16 @@ def common_length(a: Sequence[int], b: Sequence[int]) -> int:
 #: ``serve-model --prefix-cache-mb``).
 DEFAULT_CACHE_MB = 256.0
 
+
+def check_cache_mb(megabytes: float) -> float:
+    """A prefix-cache budget in megabytes, checked: 0 or more (nan refused); raises ValueError.
+    The engine, ``LocalPolicy`` (before it starts anything) and the ``--prefix-cache-mb`` flags
+    all check it here."""
+    if not megabytes >= 0:
+        raise ValueError(f"prefix_cache_mb must be 0 or more, not {megabytes}")
+    return megabytes
+
+
 #: Tokens per block of the lookup index: a prefix is found a block at a time, then token by token.
 BLOCK = 16
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentgrad.inference.prefix_cache import DEFAULT_CACHE_MB
+from agentgrad.inference.prefix_cache import DEFAULT_CACHE_MB, check_cache_mb
 from agentgrad.types import LLM
 
 if TYPE_CHECKING:
@@ -109,8 +109,7 @@ class LocalPolicy:
             raise ValueError(f"max_batch_size must be ≥ 1, got {max_batch_size}")
         if dtype not in ENGINE_DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(map(str, ENGINE_DTYPES))}, got {dtype!r}")
-        if prefix_cache_mb < 0:
-            raise ValueError(f"prefix_cache_mb must be ≥ 0, got {prefix_cache_mb}")
+        check_cache_mb(prefix_cache_mb)
         self.model_dir = path
         self.device = device
         self.dtype = dtype
