@@ -158,6 +158,9 @@ def test_a_step_whose_groups_all_agree_is_skipped_without_an_update(tiny_model_d
     out = capsys.readouterr().out
     assert out.count("zero reward variance (reward mean 1.00)") == 2
     assert out.count("every rollout of the step scored the same") == 1  # the hint once a run
+    # Output to a file, not a terminal: a whole line per step instead of a bar cut to 80 columns.
+    for step in (1, 2):
+        assert f"GRPO step {step}/2  reward 1.00  success 1.00  no update (no reward variance)" in out
 
 
 def test_identical_rewards_after_trained_steps_say_the_policy_has_settled(tiny_model_dir, tmp_path, capsys):

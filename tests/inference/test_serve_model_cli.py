@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from agentgrad.cli.named_models import prefix_cache_mb
 from agentgrad.cli.serve_model import add_commands
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -31,7 +32,7 @@ def test_serve_model_defaults() -> None:
     args = _parser().parse_args(["serve-model", "tiny"])
     assert (args.host, args.engine, args.device, args.model) == ("127.0.0.1", "hf", "cpu", "tiny")
     assert (args.token, args.allowed_hosts, args.max_body_bytes) == (None, [], 32 * 1024 * 1024)
-    assert (args.prefix_caching, args.prefix_cache_mb) == (True, 256.0)
+    assert (args.prefix_caching, args.prefix_cache_mb, prefix_cache_mb(args)) == (True, None, 256.0)
 
 
 def test_serve_model_prefix_cache_flags(capsys) -> None:

@@ -43,12 +43,13 @@ def _leftovers(parent: Path, name: str) -> list[str]:
 
 
 def test_import_round_trips_weights_and_tokenizer(
-    tiny_file: tuple[Path, dict[str, np.ndarray]], tmp_path: Path
+    tiny_file: tuple[Path, dict[str, np.ndarray]], tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path, written = tiny_file
     out = import_gguf(path, tmp_path / "out" / "tiny")
+    assert "GGUF tensors" not in capfd.readouterr().err  # no per-tensor bar in the command's output
     assert out == tmp_path / "out" / "tiny"
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "llama" and "quantization_config" not in config

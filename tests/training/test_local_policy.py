@@ -64,7 +64,7 @@ def test_the_prefix_cache_settings_reach_the_engine(tiny_model_dir):
     """``prefix_caching`` / ``prefix_cache_mb``, from Python and from the command line's flags
     (``agentgrad train/eval/dev --no-prefix-caching --prefix-cache-mb``)."""
     from agentgrad.cli import build_parser
-    from agentgrad.cli.named_models import engine_keywords
+    from agentgrad.cli.named_models import engine_flags_given, engine_keywords
 
     parse = build_parser().parse_args
     base = ["train", "a:b", "--model", "tiny", "--tasks", "t.jsonl"]
@@ -76,6 +76,9 @@ def test_the_prefix_cache_settings_reach_the_engine(tiny_model_dir):
     }
     assert engine_keywords(parse([*base, "--no-prefix-caching"]))["prefix_caching"] is False
     keywords = engine_keywords(parse([*base, "--prefix-cache-mb", "8"]))
+    # a flag given is a flag asked for, even at its default's value: refused where no engine runs
+    assert engine_flags_given(parse(base)) == []
+    assert engine_flags_given(parse([*base, "--prefix-cache-mb", "256"])) == ["--prefix-cache-mb"]
     for bad in (-1, float("nan")):
         with pytest.raises(ValueError, match="prefix_cache_mb must be 0 or more"):
             LocalPolicy(tiny_model_dir, prefix_cache_mb=bad)

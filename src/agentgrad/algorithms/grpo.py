@@ -729,27 +729,31 @@ class GRPO(Algorithm):
         assert self.run_log is not None
         self.run_log.log(step, values)
         self.result.history.append({"step": step, **values})
+        update = (
+            f"entropy {values['entropy']:.2f}  clip {values['clip_fraction']:.2f}  "
+            f"{values['tokens_per_second']:.0f} tok/s"
+            if "loss" in values
+            else "no update (no reward variance)"
+        )
+        line = (
+            f"reward {values['reward/mean']:.2f}  success {values['success']:.2f}  "
+            f"{update}  {values['rollouts_per_second']:.1f} ro/s"
+        )
         if self.progress is not None:
             progress, bar = self.progress
-            update = (
-                f"entropy {values['entropy']:.2f}  clip {values['clip_fraction']:.2f}  "
-                f"{values['tokens_per_second']:.0f} tok/s"
-                if "loss" in values
-                else "no update (no reward variance)"
-            )
-            progress.update(
-                bar,
-                completed=step,
-                description=(
-                    f"reward {values['reward/mean']:.2f}  success {values['success']:.2f}  "
-                    f"{update}  {values['rollouts_per_second']:.1f} ro/s"
-                ),
-            )
+            progress.update(bar, completed=step, description=line)
+        else:  # no live bar (a log file): one whole line a step, not a bar cut to 80 columns
+            self.console.print(f"GRPO step {step}/{self.config.steps}  {line}", soft_wrap=True, highlight=False)
         if self.on_step is not None:
             self.on_step(values)
 
     @contextmanager
     def _progress(self) -> Iterator[None]:
+        """A live progress bar where the console shows one; elsewhere (output to a file or pipe)
+        :meth:`log` prints a line per step instead."""
+        if not (self.console.is_terminal or self.console.is_jupyter):
+            yield
+            return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         progress = Progress(

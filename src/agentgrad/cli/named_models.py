@@ -82,10 +82,15 @@ def add_prefix_cache_arguments(parser: argparse.ArgumentParser, scope: str = "")
     parser.add_argument(
         "--prefix-cache-mb",
         type=_megabytes,
-        default=DEFAULT_CACHE_MB,
-        help=f"{scope}megabytes of prefix states kept for later requests (default: %(default)s; "
+        default=None,  # None: not given, so that commands without a local engine can refuse it
+        help=f"{scope}megabytes of prefix states kept for later requests (default: {DEFAULT_CACHE_MB:g}; "
         "0: shared only among the requests admitted together)",
     )
+
+
+def prefix_cache_mb(args: argparse.Namespace) -> float:
+    """``--prefix-cache-mb``'s value, its default where it was not given."""
+    return DEFAULT_CACHE_MB if args.prefix_cache_mb is None else args.prefix_cache_mb
 
 
 def _megabytes(text: str) -> float:
@@ -107,7 +112,7 @@ def engine_keywords(args: argparse.Namespace) -> dict[str, Any]:
         "device": args.device,
         "dtype": args.engine_dtype,
         "prefix_caching": args.prefix_caching,
-        "prefix_cache_mb": args.prefix_cache_mb,
+        "prefix_cache_mb": prefix_cache_mb(args),
     }
 
 
@@ -117,7 +122,7 @@ def engine_flags_given(args: argparse.Namespace) -> list[str]:
     given = [
         ("--engine-dtype", args.engine_dtype is not None),
         ("--no-prefix-caching", not args.prefix_caching),
-        ("--prefix-cache-mb", args.prefix_cache_mb != DEFAULT_CACHE_MB),
+        ("--prefix-cache-mb", args.prefix_cache_mb is not None),
     ]
     return [flag for flag, set_ in given if set_]
 

@@ -18,6 +18,7 @@ from agentgrad.cli.named_models import (
     MODEL_HELP,
     add_engine_dtype_argument,
     add_prefix_cache_arguments,
+    prefix_cache_mb,
     resolve_model,
 )
 from agentgrad.cli.serving import add_guard_arguments, token_of
@@ -69,7 +70,7 @@ def serve_model(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             max_batch_size=args.max_batch_size,
             prefix_caching=args.prefix_caching,
-            prefix_cache_mb=args.prefix_cache_mb,
+            prefix_cache_mb=prefix_cache_mb(args),
         )
     except OSError as exc:
         print(f"error: cannot load model {args.model!r}: {exc}", file=sys.stderr)

@@ -407,7 +407,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     store = open_store(run.store_url)
     console.print(
         f"training [bold]{args.agent}[/] on {model_dir} · {len(tasks)} train / {len(val_tasks)} val / "
-        f"{len(run.test_tasks)} test tasks · output {out}"
+        f"{len(run.test_tasks)} test tasks · output {out}",
+        soft_wrap=True,  # a path cut across lines cannot be copied
     )
     hint = _bf16_hint(args, config.train, model_dir)
     if hint:
@@ -564,7 +565,8 @@ def _train_sft(args: argparse.Namespace) -> int:
     store = open_store(store_url)
     console.print(
         f"SFT of [bold]{args.agent}[/] on {model_dir} · {len(tasks)} tasks × {config.samples_per_task} "
-        f"samples · {len(val_tasks)} val / {len(run.test_tasks)} test tasks · output {out}"
+        f"samples · {len(val_tasks)} val / {len(run.test_tasks)} test tasks · output {out}",
+        soft_wrap=True,
     )
     try:
         start = _test_score(args, run, store, model_dir, "start", console) if run.test_tasks else None

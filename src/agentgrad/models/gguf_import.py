@@ -21,6 +21,7 @@ the same settings is reused (``agentgrad_import.json`` records them).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import json
@@ -267,9 +268,19 @@ def _digest(text: str) -> str:
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """No per-tensor progress bars from transformers' GGUF reader, no warnings about the
-    dequantization it does on purpose."""
-    with no_progress_bars(), warnings.catch_warnings():
+    dequantization it does on purpose. Its tensor loop calls ``tqdm`` directly (transformers 5),
+    which transformers' own switch for its bars does not reach, so that name is disabled too."""
+    from unittest import mock
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    bar = getattr(gguf_utils, "tqdm", None)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(no_progress_bars())
+        stack.enter_context(warnings.catch_warnings())
         warnings.simplefilter("ignore")
+        if bar is not None:
+            stack.enter_context(mock.patch.object(gguf_utils, "tqdm", functools.partial(bar, disable=True)))
         yield
 
 
