@@ -288,7 +288,8 @@ class Trainer:
         if proxy_url and self.llm_resource != "llm":
             command += f" --llm-resource {self.llm_resource}"
         self.console.print(
-            f"[dim]n_runners=0: no runner started here; runners started elsewhere serve the agent {agent.name!r}:[/]"
+            f"[dim]n_runners=0: no runner started here; runners started elsewhere serve the agent {agent.name!r}:[/]",
+            soft_wrap=True,
         )
         self.console.print(f"  {command}", markup=False, highlight=False, soft_wrap=True)  # one line to copy
 
