@@ -9,6 +9,7 @@ import io
 import openai
 from rich.console import Console
 
+import agentgrad
 from agentgrad.cli.transcript import transcript
 from agentgrad.proxy import LLMProxy
 from agentgrad.store.memory import MemoryStore
@@ -85,6 +86,31 @@ def test_dev_shows_the_lowest_reward_and_counts_replies_cut_at_the_token_limit()
     ]
     assert lines[-1] == "reward 0" and "not trainable" not in text
     store.close()
+
+
+def writer_and_checker(task, llm):
+    """Two agents of one program, named by scopes, the checker called twice."""
+    client = openai.OpenAI(base_url=llm.endpoint, api_key="none", max_retries=0)
+    ask = [{"role": "user", "content": "?"}]
+    with agentgrad.agent("writer"):
+        client.chat.completions.create(model=llm.model, messages=ask)
+    with agentgrad.agent("checker"):
+        for _ in range(2):
+            client.chat.completions.create(model=llm.model, messages=ask)
+    return 1.0
+
+
+def test_dev_counts_the_calls_of_each_agent_name_that_agent_match_selects_from():
+    store = MemoryStore(watchdog_interval=None)
+    out = Console(file=io.StringIO(), width=200, force_terminal=False)
+    with StubUpstream() as upstream, LLMProxy(store, f"http://127.0.0.1:{upstream.port}/v1") as proxy:
+        trainer = Trainer(store, proxy=proxy.url, runner_options=FAST, console=out)
+        llm = LLM(endpoint=f"http://127.0.0.1:{upstream.port}/v1", model="m")
+        report = trainer.dev(writer_and_checker, [{}, {}], {"llm": llm}, timeout=30)
+
+    assert report.calls_by_agent == {"checker": 4, "writer": 2}
+    assert report.as_dict()["llm_calls_by_agent"] == {"checker": 4, "writer": 2}
+    assert "LLM calls by agent: checker 4 · writer 2 (the names --agent-match" in out.file.getvalue()
 
 
 def test_a_rollout_without_spans_still_reads():

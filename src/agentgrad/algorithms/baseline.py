@@ -110,6 +110,9 @@ class EvaluationReport:
     lowest: RolloutExample | None = None
     #: The evaluation run's id when it was recorded as one (``agentgrad eval``), else None (``dev``).
     run_id: str | None = None
+    #: LLM calls per agent name (None: a call no agent name reached) — the names ``agent_match``
+    #: selects from, so a multi-agent program's user sees them before training.
+    calls_by_agent: collections.Counter[str | None] = field(default_factory=collections.Counter)
 
     @property
     def total(self) -> int:
@@ -154,6 +157,7 @@ class EvaluationReport:
             "rollouts_without_llm_calls": self.no_llm_calls,
             "llm_calls_at_other_temperature": self.calls_at_other_temperature,
             "llm_calls_cut_at_token_limit": self.calls_cut_at_token_limit,
+            "llm_calls_by_agent": {name or "": count for name, count in self.calls_by_agent.most_common()},
             "failure_reasons": dict(self.failure_reasons),
         }
 
@@ -176,13 +180,27 @@ class EvaluationReport:
         title = f"AgentGrad evaluation {self.run_id}" if self.run_id else "AgentGrad dev run"
         table = Table(title=title, show_header=False)
         for key, value in self.as_dict().items():
-            if key in ("failure_reasons", "llm_calls_at_other_temperature", "llm_calls_cut_at_token_limit"):
+            if key in (
+                "failure_reasons",
+                "llm_calls_at_other_temperature",
+                "llm_calls_cut_at_token_limit",
+                "llm_calls_by_agent",
+            ):
                 continue
             table.add_row(
                 "score (a failure counts 0)" if key == "score" else key.replace("_", " "),
                 "—" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value),
             )
         console.print(table)
+        if self.calls_by_agent:
+            console.print(
+                "LLM calls by agent: "
+                + " · ".join(f"{name or '(no name)'} {count}" for name, count in self.calls_by_agent.most_common())
+                + " (the names --agent-match / agent_match selects from)",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
         if self.failure_reasons:
             reasons = Table(title="failure reasons", show_header=True)
             reasons.add_column("count", justify="right")
@@ -204,7 +222,7 @@ class EvaluationReport:
             )
         if self.lowest is not None:
             for line in self.lowest.lines():
-                console.print(line, markup=False, highlight=False)
+                console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _mean(values: Sequence[int]) -> float | None:
@@ -222,11 +240,13 @@ def summarize(
     lowest: RolloutExample | None = None
     lowest_reward = math.inf
     reasons: collections.Counter[str] = collections.Counter()
+    by_agent: collections.Counter[str | None] = collections.Counter()
     for rollout in rollouts:
         latest = store.query_spans(rollout.rollout_id, "latest")
         spans.append(len(latest))
         read = extract_calls(latest)
         calls.append(len(read))
+        by_agent.update(call.agent_name for call in read)
         cut += sum(call.finish_reason == CUT_AT_TOKEN_LIMIT for call in read)
         if temperature is not None:
             other_temperature += sum(_asked_temperature(call.request) != temperature for call in read)
@@ -237,7 +257,16 @@ def summarize(
             error = attempt.error if attempt else None
             reasons[f"{error.type}: {error.message}"[:200] if error else rollout.status.value] += 1
     return EvaluationReport(
-        list(rollouts), spans, calls, reasons, timed_out, temperature, other_temperature, cut, lowest
+        list(rollouts),
+        spans,
+        calls,
+        reasons,
+        timed_out,
+        temperature,
+        other_temperature,
+        cut,
+        lowest,
+        calls_by_agent=by_agent,
     )
 
 
