@@ -182,9 +182,10 @@ def run_demo(
     console.rule("[bold]agentgrad demo")
     console.print(
         f"greedy success on {opts['val_size']} held-out problems: "
-        f"[bold]{_fmt(before)} → {_fmt(after)}[/] after {result.steps} GRPO steps in {wall / 60:.1f} min"
+        f"[bold]{_fmt(before)} → {_fmt(after)}[/] after {result.steps} GRPO steps in {wall / 60:.1f} min",
+        soft_wrap=True,
     )
-    console.print(f"reward curve: {plot}")
+    console.print(f"reward curve: {plot}", soft_wrap=True)
     console.print(f"dashboard:    agentgrad dashboard --store sqlite://{out / 'store.sqlite'}", soft_wrap=True)
     return summary
 
