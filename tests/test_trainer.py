@@ -285,6 +285,36 @@ def test_the_runner_command_printed_for_n_runners_0_names_a_custom_llm_resource(
     store.close()
 
 
+def test_an_agent_whose_framework_is_missing_here_is_left_to_runners_elsewhere(monkeypatch, tmp_path, capsys):
+    """``agentgrad train --runners 0`` on a machine without the agent's framework (CrewAI in its
+    own environment, say): the trainer goes on with the agent's name, and the runner command it
+    prints names the agent; with runners of its own it refuses, naming the missing module."""
+    import argparse
+
+    from agentgrad.agents import ServedElsewhere, agent_spec, load_agent
+    from agentgrad.cli.train import _load_agent
+    from agentgrad.errors import AgentImportError
+
+    (tmp_path / "crew_like.py").write_text("import framework_not_installed\n\n\ndef crew(task, llm):\n    return 1.0\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(AgentImportError, match="framework_not_installed"):
+        load_agent("crew_like:crew")
+    args = argparse.Namespace(agent="crew_like:crew", runners=2, device=None, llm_resource=None)
+    with pytest.raises(AgentImportError, match="framework_not_installed"):
+        _load_agent(args)
+    args.runners = 0
+    agent = _load_agent(args)
+    assert isinstance(agent, ServedElsewhere) and agent.name == "crew" and args.llm_resource == "llm"
+    assert "framework_not_installed" in capsys.readouterr().err
+    assert agent_spec(agent) == "crew_like:crew"
+    with pytest.raises(RuntimeError, match="runners started elsewhere"):
+        agent.rollout({}, {}, None)  # type: ignore[arg-type]
+    store, out = MemoryStore(watchdog_interval=None), console()
+    Trainer(store, n_runners=0, console=out)._announce_external_runners(agent, "http://127.0.0.1:8400")
+    assert "agentgrad runner crew_like:crew --store" in out.file.getvalue()
+    store.close()
+
+
 def test_agent_spec_names_what_load_agent_loads_back(monkeypatch, tmp_path):
     from agentgrad.agents import agent_spec, load_agent
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from agentgrad.errors import InvalidInputError
+from agentgrad.errors import AgentImportError, InvalidInputError
 from agentgrad.types import LLM, PromptTemplate, Resources, Rollout
 
 #: What an agent may return: a reward, None (rewards were emitted), or a dict with ``reward``.
@@ -247,11 +247,27 @@ def _instantiate(cls: type[Agent]) -> Agent:
     return cls()  # errors raised by the user's own constructor keep their traceback
 
 
+class ServedElsewhere(Agent):
+    """The agent ``spec`` names, served by runners started elsewhere and never run here: what a
+    trainer with no runners of its own holds when the agent's module, or the framework it is
+    written with, is not installed where the trainer runs (``agentgrad train --runners 0``). Its
+    ``trained_agents`` and ``llm_resource`` are not known here, so they are not read."""
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+        self.name = spec.rpartition(":")[2].rpartition(".")[2] or None
+
+    def rollout(self, task: Any, resources: Resources, rollout: Rollout) -> RolloutResult:
+        raise RuntimeError(f"{self.spec} is served by runners started elsewhere: it cannot run in this process")
+
+
 def agent_spec(agent: Agent) -> str | None:
     """The ``module:attribute`` that :func:`load_agent` (and so ``agentgrad runner``) loads back as
     ``agent``, for a command printed to the user; None when there is none to name: a lambda, a
     function defined inside another, an agent object (its constructor's arguments are not known).
     A function of the script being run is named by the script's path."""
+    if isinstance(agent, ServedElsewhere):
+        return agent.spec
     if not isinstance(agent, FunctionAgent):
         return None
     module, qualname = agent.func.__module__, agent.func.__qualname__
@@ -288,7 +304,7 @@ def load_agent(spec: str) -> Agent:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise InvalidInputError(f"cannot import {module_name!r}: {exc}") from None
+        raise AgentImportError(f"cannot import {module_name!r}: {exc}") from None
     target: Any = module
     for part in attribute.split("."):  # module:Class.attribute reaches a nested attribute
         try:

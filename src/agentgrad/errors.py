@@ -32,6 +32,11 @@ class InvalidInputError(AgentGradError, ValueError):
     """Input refused before anything was stored (e.g. a task that is not JSON)."""
 
 
+class AgentImportError(InvalidInputError):
+    """An agent's module could not be imported here (it, or a framework it imports, is missing):
+    a trainer whose runners run elsewhere can go on without it."""
+
+
 class IdempotencyKeyReusedError(InvalidInputError):
     """An idempotency key sent again with a different request: a key names one request, and
     only an exact retry may repeat it (``key`` and ``operation`` name the two)."""

@@ -388,7 +388,7 @@ class GRPO(Algorithm):
             )
             if not self._said_no_variance and values.get("reward/std", 0.0) == 0.0:
                 self._said_no_variance = True  # once: the hint does not change from step to step
-                self.console.print(f"[yellow]  {no_variance_hint(self._has_trained)}[/]")
+                self.console.print(f"[yellow]  {no_variance_hint(self._has_trained)}[/]", soft_wrap=True)
         values["train_seconds"] = time.monotonic() - train_started
         if trainer.step % cfg.checkpoint_every == 0 or trainer.step >= cfg.steps:
             self.checkpoint()

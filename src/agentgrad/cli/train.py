@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -264,9 +265,24 @@ class _Run:
 
 def _load_agent(args: argparse.Namespace) -> Any:
     """The agent ``args.agent`` names; fills in what ``train`` and ``eval`` read after it: the
-    device (``cpu`` unless given) and the agent's LLM resource name."""
+    device (``cpu`` unless given) and the agent's LLM resource name. With ``--runners 0`` an agent
+    that cannot be imported here is left to the runners started elsewhere (its framework may be
+    installed only where they run), with a note saying what that costs."""
+    from agentgrad.agents import ServedElsewhere
+    from agentgrad.errors import AgentImportError
+
     args.device = args.device or "cpu"
-    agent = load_cli_agent(args.agent)
+    try:
+        agent = load_cli_agent(args.agent)
+    except AgentImportError as exc:
+        if args.runners != 0:
+            raise
+        agent = ServedElsewhere(args.agent)
+        print(
+            f"note: {exc}. With --runners 0 the runners started elsewhere import it; its "
+            "trained_agents and llm_resource are not read here (give --agent-match, --llm-resource).",
+            file=sys.stderr,
+        )
     args.llm_resource = llm_resource_name(args.llm_resource, agent)
     return agent
 
