@@ -285,6 +285,16 @@ def test_the_runner_command_printed_for_n_runners_0_names_a_custom_llm_resource(
     store.close()
 
 
+def test_a_run_written_to_a_log_keeps_each_line_whole(capsys):
+    """Written to a file or pipe, rich wraps at 80 columns; the Trainer's own console (and
+    every run's: ``run_console``) does not, so a path or a step's metrics stay on one line."""
+    store = MemoryStore(watchdog_interval=None)
+    line = "training my_agent on " + "/a/rather/long/path" * 6 + " · 200 train / 32 val / 64 test tasks"
+    Trainer(store, n_runners=0).console.print(line)
+    assert capsys.readouterr().out == line + "\n"
+    store.close()
+
+
 def test_an_agent_whose_framework_is_missing_here_is_left_to_runners_elsewhere(monkeypatch, tmp_path, capsys):
     """``agentgrad train --runners 0`` on a machine without the agent's framework (CrewAI in its
     own environment, say): the trainer goes on with the agent's name, and the runner command it

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Never
 from rich.console import Console
 
 from agentgrad.agents import Agent, agent_spec, as_agent
-from agentgrad.algorithms.base import Algorithm, AlgorithmContext
+from agentgrad.algorithms.base import Algorithm, AlgorithmContext, run_console
 from agentgrad.algorithms.baseline import Evaluate, EvaluationReport
 from agentgrad.runner import Runner, RunnerDiedError, RunnerPool, check_not_bootstrapping
 from agentgrad.store import open_store
@@ -131,7 +131,7 @@ class Trainer:
         self.llm_resource = llm_resource
         self.proxy = proxy
         self.runner_options = runner_options or {}
-        self.console = console or Console()
+        self.console = console or run_console()
 
     # ---- public API -----------------------------------------------------------------------------
     def dev(
@@ -288,8 +288,7 @@ class Trainer:
         if proxy_url and self.llm_resource != "llm":
             command += f" --llm-resource {self.llm_resource}"
         self.console.print(
-            f"[dim]n_runners=0: no runner started here; runners started elsewhere serve the agent {agent.name!r}:[/]",
-            soft_wrap=True,
+            f"[dim]n_runners=0: no runner started here; runners started elsewhere serve the agent {agent.name!r}:[/]"
         )
         self.console.print(f"  {command}", markup=False, highlight=False, soft_wrap=True)  # one line to copy
 

@@ -20,6 +20,21 @@ if TYPE_CHECKING:
     from agentgrad.training.local import LocalPolicy
 
 
+def is_live(console: Console) -> bool:
+    """Whether ``console`` shows its output as it comes (a terminal or a notebook), rather than
+    writing it to a file or a pipe: where a live progress bar can be drawn."""
+    return console.is_terminal or console.is_jupyter
+
+
+def run_console() -> Console:
+    """The console a run prints to. Written to a file or a pipe (a log), it does not wrap lines at
+    rich's 80 columns: a path or a step's metrics cut across lines can be neither copied nor
+    searched. In a terminal rich wraps to the terminal's width, as always."""
+    console = Console()
+    console.soft_wrap = not is_live(console)
+    return console
+
+
 @dataclass
 class AlgorithmContext:
     """What ``Trainer.fit()`` hands an algorithm."""
@@ -29,7 +44,7 @@ class AlgorithmContext:
     val_tasks: Sequence[Any] = ()
     #: Resources published before the run (``Trainer.fit(resources=…)``), if any.
     initial_resources: dict[str, Any] | None = None
-    console: Console = field(default_factory=Console)
+    console: Console = field(default_factory=run_console)
     #: The local policy the runners' agents call (``Trainer(policy=…)``), started; None when the
     #: model is served elsewhere. Weight-training algorithms publish through ``policy.publisher()``.
     policy: LocalPolicy | None = None

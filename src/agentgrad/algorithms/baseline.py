@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agentgrad.adapters.calls import CUT_AT_TOKEN_LIMIT, LLMCall, content_text, extract_calls
-from agentgrad.algorithms.base import Algorithm, AlgorithmContext
+from agentgrad.algorithms.base import Algorithm, AlgorithmContext, run_console
 from agentgrad.algorithms.batch import run_batch
 from agentgrad.store.protocol import RolloutRequest, Store
 from agentgrad.types import LLM, MetricRecord, Rollout, RolloutConfig, RolloutMode, RolloutStatus
@@ -176,7 +176,7 @@ class EvaluationReport:
         )
 
     def print(self, console: Console | None = None) -> None:
-        console = console or Console()
+        console = console or run_console()
         title = f"AgentGrad evaluation {self.run_id}" if self.run_id else "AgentGrad dev run"
         table = Table(title=title, show_header=False)
         for key, value in self.as_dict().items():
@@ -199,7 +199,6 @@ class EvaluationReport:
                 + " (the names --agent-match / agent_match selects from)",
                 markup=False,
                 highlight=False,
-                soft_wrap=True,
             )
         if self.failure_reasons:
             reasons = Table(title="failure reasons", show_header=True)
@@ -222,7 +221,7 @@ class EvaluationReport:
             )
         if self.lowest is not None:
             for line in self.lowest.lines():
-                console.print(line, markup=False, highlight=False, soft_wrap=True)
+                console.print(line, markup=False, highlight=False)
 
 
 def _mean(values: Sequence[int]) -> float | None:

@@ -47,7 +47,7 @@ from agentgrad.adapters import (
     group_advantages,
     preference_pairs,
 )
-from agentgrad.algorithms.base import Algorithm, AlgorithmContext
+from agentgrad.algorithms.base import Algorithm, AlgorithmContext, is_live
 from agentgrad.algorithms.batch import cancel_unfinished, wait_batch
 from agentgrad.algorithms.runlog import RunLog, Tracker
 from agentgrad.algorithms.validation import BestModel, with_sampling
@@ -388,7 +388,7 @@ class GRPO(Algorithm):
             )
             if not self._said_no_variance and values.get("reward/std", 0.0) == 0.0:
                 self._said_no_variance = True  # once: the hint does not change from step to step
-                self.console.print(f"[yellow]  {no_variance_hint(self._has_trained)}[/]", soft_wrap=True)
+                self.console.print(f"[yellow]  {no_variance_hint(self._has_trained)}[/]")
         values["train_seconds"] = time.monotonic() - train_started
         if trainer.step % cfg.checkpoint_every == 0 or trainer.step >= cfg.steps:
             self.checkpoint()
@@ -751,7 +751,7 @@ class GRPO(Algorithm):
     def _progress(self) -> Iterator[None]:
         """A live progress bar where the console shows one; elsewhere (output to a file or pipe)
         :meth:`log` prints a line per step instead."""
-        if not (self.console.is_terminal or self.console.is_jupyter):
+        if not is_live(self.console):
             yield
             return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

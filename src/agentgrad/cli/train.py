@@ -407,15 +407,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
         )
     if args.algorithm == "sft":
         return _train_sft(args)
-    from rich.console import Console
-
+    from agentgrad.algorithms.base import run_console
     from agentgrad.algorithms.curve import plot_rewards
     from agentgrad.algorithms.grpo import GRPO
     from agentgrad.algorithms.trackers import make_trackers
     from agentgrad.store import open_store
     from agentgrad.trainer import Trainer
 
-    console = Console()
+    console = run_console()
     run = _prepare(args)
     config, agent, tasks, val_tasks = run.config, run.agent, run.tasks, run.val_tasks
     model_dir, out = run.model_dir, run.out
@@ -568,13 +567,12 @@ def _fit_on_upstream(
 
 def _train_sft(args: argparse.Namespace) -> int:
     """``--algorithm sft``: rejection-sampling SFT with the same embedded policy and runners as GRPO."""
-    from rich.console import Console
-
+    from agentgrad.algorithms.base import run_console
     from agentgrad.algorithms.sft import SFT
     from agentgrad.store import open_store
     from agentgrad.trainer import Trainer
 
-    console = Console()
+    console = run_console()
     run = _prepare(args)
     config, agent, tasks, val_tasks = run.config, run.agent, run.tasks, run.val_tasks
     model_dir, out, store_url = run.model_dir, run.out, run.store_url

@@ -81,8 +81,8 @@ def run_demo(
 ) -> dict[str, Any]:
     """Run the whole demo; returns a summary (also written to ``summary.json``)."""
     import torch
-    from rich.console import Console
 
+    from agentgrad.algorithms.base import run_console
     from agentgrad.algorithms.curve import plot_rewards
     from agentgrad.algorithms.grpo import GRPO, GRPOConfig
     from agentgrad.demo.agent import calc_agent
@@ -96,7 +96,7 @@ def run_demo(
     # One intra-op thread: on a small shared CPU, torch's spinning thread pool loses several-fold
     # to oversubscription, and the engine and trainer take turns anyway (measured: 4× faster).
     torch.set_num_threads(threads)
-    console = Console()
+    console = run_console()
     opts = {**DEMO_SETTINGS, **(settings or {})}
     out = Path(output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -182,10 +182,9 @@ def run_demo(
     console.rule("[bold]agentgrad demo")
     console.print(
         f"greedy success on {opts['val_size']} held-out problems: "
-        f"[bold]{_fmt(before)} → {_fmt(after)}[/] after {result.steps} GRPO steps in {wall / 60:.1f} min",
-        soft_wrap=True,
+        f"[bold]{_fmt(before)} → {_fmt(after)}[/] after {result.steps} GRPO steps in {wall / 60:.1f} min"
     )
-    console.print(f"reward curve: {plot}", soft_wrap=True)
+    console.print(f"reward curve: {plot}")
     console.print(f"dashboard:    agentgrad dashboard --store sqlite://{out / 'store.sqlite'}", soft_wrap=True)
     return summary
 
