@@ -269,6 +269,9 @@ def test_dev_with_a_wrong_llm_endpoint_names_the_url(tasks_file):
         "x",
     )
     assert apo_alone.returncode == 1 and "--llm-resource names the LLM resource" in apo_alone.stderr
+    # a mistyped model name, once a traceback after a minute of trying to reach the Hugging Face hub
+    sft = agentgrad("sft", "--store", "memory", "--model-dir", "tinyy", "--output", "out")
+    assert sft.returncode == 1 and "model tinyy: the directory does not exist" in sft.stderr, sft.stderr
 
 
 def test_dev_runs_the_agent_on_a_local_model(tmp_path, tiny_model_dir):

@@ -625,11 +625,19 @@ class Runner:
             return
         self.stats.no_llm_calls += 1
         if self.stats.no_llm_calls in (1, 10, 100) or self.stats.no_llm_calls % 1000 == 0:
+            hint = (
+                "is the agent using the LLM endpoint it was given?"
+                if self.llm_proxy is not None or self.llm_proxy_url
+                else "this runner has no capture proxy, so only calls the agent's own instrumentation "
+                "reports are recorded (agentgrad.instrument()); give it one: --proxy URL, or "
+                "Trainer(proxy=LLMProxy(store, endpoint))"
+            )
             log.warning(
                 "rollout %s finished with no captured LLM call (%d so far on this runner): it yields no "
-                "training data — is the agent using the LLM endpoint it was given?",
+                "training data — %s",
                 rollout_id,
                 self.stats.no_llm_calls,
+                hint,
             )
 
     def _hand_back(self, claimed: AttemptedRollout) -> None:

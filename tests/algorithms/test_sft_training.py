@@ -9,7 +9,10 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
+from rich.console import Console
 
 from agentgrad.algorithms.base import AlgorithmContext
 from agentgrad.algorithms.sft import SFT, SaveToDirectory, SelectionCriteria
@@ -55,8 +58,12 @@ def test_sft_fast_trains_publishes_and_announces(demo_model_dir, tmp_path) -> No
         batch_size=2,
         publisher=SaveToDirectory(tmp_path / "out"),
     )
-    result = sft.run(AlgorithmContext(store=store))
+    out = Console(file=io.StringIO(), width=80)
+    result = sft.run(AlgorithmContext(store=store, console=out))
     assert result.samples == [2]  # the successful rollout's two calls; the failed one is rejected
+    step_lines = [line for line in out.file.getvalue().splitlines() if line.startswith("SFT step")]
+    assert [line.split()[2] for line in step_lines] == ["1/4", "2/4", "3/4", "4/4"]  # a line a step: 4 < 10
+    assert all(" loss " in line and line.endswith("tok/s") for line in step_lines)
     losses = [m.loss for m in result.history]
     assert len(losses) == 4 and losses[-1] < losses[0]
     AutoModelForCausalLM.from_pretrained(result.versions[0])  # a loadable model directory

@@ -79,6 +79,16 @@ def test_rollout_without_llm_calls_is_flagged(memory_store, proxy, caplog) -> No
     assert memory_store.count_rollouts(RolloutFilter(no_llm_calls=True)) == 1
 
 
+def test_a_runner_without_a_proxy_says_so_when_nothing_was_captured(memory_store, caplog) -> None:
+    memory_store.add_resources({"llm": LLM(endpoint="http://unused.invalid/v1", model="m")})
+    memory_store.enqueue_rollout({"q": "x"})
+    runner = Runner(silent_agent, memory_store, max_rollouts=1, poll_timeout=0.1)
+    with caplog.at_level(logging.WARNING, logger="agentgrad.runner"):
+        runner.run()
+    (message,) = [r.getMessage() for r in caplog.records if "no captured LLM call" in r.getMessage()]
+    assert "this runner has no capture proxy" in message and "is the agent using" not in message
+
+
 def test_cli_serves_until_sigterm(tmp_path, stub) -> None:
     db = tmp_path / "store.db"
     with open_store(f"sqlite://{db}") as s:

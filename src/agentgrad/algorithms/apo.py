@@ -365,14 +365,14 @@ class APO(Algorithm):
         self._allowed, self._required, self._base_items = allowed, required, base_items
         self.state = state = APOState.load(store, self.run_id, self.prompt_name)
         if state.candidates:
-            context.console.log(f"APO run {self.run_id!r}: resuming with {len(state.candidates)} stored candidate(s)")
+            context.console.print(f"APO run {self.run_id!r}: resuming with {len(state.candidates)} stored candidate(s)")
         val_batch = _sample(val_tasks, self.val_batch_size, f"{self.seed}:val")
         seed = (
             self._publish(store, seed_template, round_=0, parent=None, critique=None)
             or state.candidates[candidate_id(self.run_id, seed_template)]
         )
         self._evaluate(store, [seed], val_batch)
-        context.console.log(f"APO round 0: seed prompt scores {seed.score:.3f}")
+        context.console.print(f"APO round 0: seed prompt scores {seed.score:.3f}")
         history: list[dict[str, float]] = []
         for round_ in range(1, self.rounds + 1):
             beam = state.ranked(max_round=round_ - 1)[: self.beam_width]
@@ -388,7 +388,7 @@ class APO(Algorithm):
             }
             history.append(summary)
             self._record(store, f"apo:{self.run_id}", round_, summary)
-            context.console.log(
+            context.console.print(
                 f"APO round {round_}: {len(children)} new candidate(s), {rejected} refused "
                 f"reply(ies); best {summary['best_score']:.3f}, beam mean {summary['beam_mean']:.3f}"
             )
@@ -549,7 +549,13 @@ class APO(Algorithm):
             if isinstance(outcome, Candidate):
                 children.append(outcome)
             else:
-                log.warning("APO round %d: editor reply for %s refused: %s", round_, parent.resources_id, outcome)
+                log.warning(
+                    "APO round %d: editor reply for %s refused: %s; it began %r",
+                    round_,
+                    parent.resources_id,
+                    outcome,
+                    reply[:120],
+                )
                 rejected.setdefault(parent.resources_id, []).append({"reason": outcome, "reply": reply[:500]})
         refused_critiques = sum(c is None for c in critiques)
         for parent_id, entries in rejected.items():

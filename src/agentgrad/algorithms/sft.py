@@ -156,7 +156,8 @@ def select_transitions(store: Store, criteria: SelectionCriteria) -> tuple[list[
     adapter = TransitionAdapter(credit="final", agent_match=criteria.agent_match, merge=True)
     transitions, stats = adapter.adapt(store, rollouts)
     funnel.add("captured LLM calls", stats.calls)
-    funnel.add(f"agent matches {criteria.agent_match!r}", stats.calls - stats.calls_other_agents)
+    if criteria.agent_match:
+        funnel.add(f"agent matches {criteria.agent_match!r}", stats.calls - stats.calls_other_agents)
     funnel.add("calls with token ids", stats.calls - stats.calls_other_agents - len(stats.calls_without_token_ids))
     funnel.add("sequences after merging multi-turn calls", len(transitions))
     if criteria.dedupe:
@@ -218,7 +219,8 @@ def select_chat_samples(store: Store, criteria: SelectionCriteria) -> tuple[list
             if nxt is None or not _continues(nxt, s)
         )
     funnel.add("captured LLM calls", calls_total)
-    funnel.add(f"agent matches {criteria.agent_match!r}", matched)
+    if criteria.agent_match:
+        funnel.add(f"agent matches {criteria.agent_match!r}", matched)
     funnel.add("chat conversations (multi-turn folded)", len(samples))
     if criteria.dedupe:
         samples = _dedupe(samples, lambda s: json.dumps([s["messages"], s.get("tools")], sort_keys=True))
@@ -479,16 +481,23 @@ class SFT(Algorithm):
         if self._validating:
             start = context.store.get_latest_resources()
             self._validate(context, 0, trainer, self._add_resources(context.store, dict(start.items) if start else {}))
+        total_steps = self.iterations * self.steps
+        report_every = max(1, self.steps // 10)  # about ten lines an iteration: a long run shows it is moving
         for iteration in range(self.iterations):
             if context.train_tasks and self.samples_per_task:
                 self._collect(context, iteration)
             transitions, funnel = select_transitions(context.store, self.criteria)
-            context.console.log(f"SFT iteration {iteration}: {len(transitions)} sequence(s) — {funnel.describe()}")
+            context.console.print(f"SFT iteration {iteration}: {len(transitions)} sequence(s) — {funnel.describe()}")
             samples = [Sample.from_transition(t) for t in transitions]
 
             def on_step(step: int, metrics: StepMetrics, n: int = len(samples)) -> None:
                 # NaN marks "not measured by an NLL step" (clip fraction, KL…): the run log leaves it out.
                 run_log.log(step, {**metrics.as_dict(), "samples": float(n)})
+                if step % report_every == 0 or step == total_steps:
+                    context.console.print(
+                        f"SFT step {step}/{total_steps}  loss {metrics.loss:.3f}  grad norm {metrics.grad_norm:.2f}"
+                        f"  {metrics.tokens / max(metrics.seconds, 1e-9):.0f} tok/s"
+                    )
 
             result.history += fit_sequences(
                 trainer,
@@ -503,7 +512,7 @@ class SFT(Algorithm):
             result.funnels.append(funnel)
             result.samples.append(len(samples))
             result.versions.append(published.version)
-            context.console.log(f"SFT iteration {iteration}: published {published.version}")
+            context.console.print(f"SFT iteration {iteration}: published {published.version}")
             if self._validating:
                 self._validate(context, iteration + 1, trainer, greedy_id)
         if self.best is not None:
@@ -511,5 +520,5 @@ class SFT(Algorithm):
             result.best_iteration, result.best_score = self.best.step, self.best.score
         if self.output_dir is not None:
             result.model = export_policy(trainer, self.output_dir / "model")
-            context.console.log(f"SFT: final model {result.model}")
+            context.console.print(f"SFT: final model {result.model}")
         return result

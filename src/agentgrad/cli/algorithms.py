@@ -59,12 +59,13 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_sft(args: argparse.Namespace) -> int:
     from agentgrad.algorithms.base import AlgorithmContext
     from agentgrad.algorithms.sft import SFT, SaveToDirectory
+    from agentgrad.cli.named_models import resolve_model
     from agentgrad.store import open_store
     from agentgrad.training import LoraSettings, TrainConfig
 
     config = TrainConfig(lr=args.lr, lora=LoraSettings(r=args.lora_r, alpha=2 * args.lora_r) if args.lora_r else None)
     sft = SFT(
-        args.model_dir,
+        resolve_model(args.model_dir),
         criteria=_criteria(args),
         train_config=config,
         steps=args.steps,
@@ -81,7 +82,8 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 
 def _cmd_apo(args: argparse.Namespace) -> int:
     from agentgrad.algorithms.apo import APO, ChatEndpoint
-    from agentgrad.cli.run import llm_resource_name, llm_resource_of, load_cli_agent
+    from agentgrad.cli.run import capture_proxy, llm_resource_name, llm_resource_of, load_cli_agent
+    from agentgrad.store import open_store
     from agentgrad.tasks import read_tasks
     from agentgrad.trainer import Trainer
     from agentgrad.types import PromptTemplate, RolloutConfig
@@ -122,15 +124,17 @@ def _cmd_apo(args: argparse.Namespace) -> int:
     resources: dict[str, Any] = {args.prompt_name: PromptTemplate(template=prompt_text, engine=args.engine), **llm}
     train = read_tasks(args.tasks)
     val = read_tasks(args.val_tasks) if args.val_tasks else train
-    trainer = Trainer(
-        args.store,
-        n_runners=args.n_runners,
-        concurrency=args.runner_concurrency,
-        algorithm=apo,
-        proxy=args.proxy,
-        llm_resource=name,
-    )
-    result = trainer.fit(agent, train, val, resources=resources)
+    store = open_store(args.store)
+    with capture_proxy(args, store) as proxy:
+        trainer = Trainer(
+            store,
+            n_runners=args.n_runners,
+            concurrency=args.runner_concurrency,
+            algorithm=apo,
+            proxy=proxy,
+            llm_resource=name,
+        )
+        result = trainer.fit(agent, train, val, resources=resources)
     print(f"seed score {result.seed.score:.3f} → best score {result.best.score:.3f} ({result.best.resources_id})")
     if args.output:
         Path(args.output).write_text(result.best.template.template)
@@ -142,7 +146,8 @@ def _cmd_apo(args: argparse.Namespace) -> int:
 
 def add_commands(commands: Any) -> None:
     """Register ``apo``, ``sft`` and ``export`` on the main CLI's sub-parsers."""
-    from agentgrad.cli.run import AGENT_HELP, LLM_RESOURCE_HELP
+    from agentgrad.cli.named_models import MODEL_HELP
+    from agentgrad.cli.run import AGENT_HELP, LLM_ENDPOINT_HELP, LLM_RESOURCE_HELP
 
     apo = commands.add_parser(
         "apo",
@@ -183,7 +188,7 @@ def add_commands(commands: Any) -> None:
     apo.add_argument("--n-runners", type=int, default=1, help="runner processes (1 = in-process)")
     apo.add_argument("--runner-concurrency", type=int, default=4, help="rollouts in flight per runner")
     apo.add_argument("--rollout-timeout", type=float, help="per-rollout time limit (seconds)")
-    apo.add_argument("--llm-endpoint", help="OpenAI-compatible base URL handed to the agent as its LLM resource")
+    apo.add_argument("--llm-endpoint", help=LLM_ENDPOINT_HELP)
     apo.add_argument(
         "--proxy",
         default=None,
@@ -205,7 +210,9 @@ def add_commands(commands: Any) -> None:
     )
     _add_selection_args(sft)
     sft.add_argument(
-        "--model-dir", required=True, help="Hugging Face model directory of the policy that produced the traces"
+        "--model-dir",
+        required=True,
+        help=f"the policy that produced the traces: {MODEL_HELP}",
     )
     sft.add_argument("--output", required=True, help="directory for the trained weights (step-N/ subdirectories)")
     sft.add_argument("--steps", type=int, default=50, help="optimizer steps")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import signal
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from agentgrad.agents import Agent, load_agent
@@ -21,12 +23,19 @@ from agentgrad.tasks import read_tasks
 
 if TYPE_CHECKING:
     from agentgrad.algorithms.baseline import EvaluationReport
+    from agentgrad.proxy.server import LLMProxy
+    from agentgrad.store import Store
     from agentgrad.types import RolloutConfig
 
 #: What every command's AGENT argument accepts.
 AGENT_HELP = (
     "module:Class (an Agent or agentlightning LitAgent subclass, created with no arguments), "
     "module:instance or module:function (a @rollout function); a file path works as the module"
+)
+#: The help of ``--llm-endpoint`` where the command runs the agent on an endpoint served elsewhere.
+LLM_ENDPOINT_HELP = (
+    "OpenAI-compatible base URL handed to the agent as its LLM resource; without --proxy, a capture "
+    "proxy started here in front of it records every call"
 )
 #: The help of ``--llm-resource`` where the command publishes the agent's LLM.
 LLM_RESOURCE_HELP = (
@@ -44,7 +53,7 @@ def add_commands(commands: Any) -> None:
     dev.add_argument(
         "--tasks", required=True, help="tasks: JSONL (one JSON value per line), a JSON array, CSV or Parquet"
     )
-    dev.add_argument("--llm-endpoint", help="OpenAI-compatible base URL handed to the agent as its LLM resource")
+    dev.add_argument("--llm-endpoint", help=LLM_ENDPOINT_HELP)
     dev.add_argument(
         "--model",
         help=f"without --llm-endpoint or --proxy: a local model to run the agent on — {MODEL_HELP} (or a "
@@ -121,11 +130,18 @@ def _cmd_dev(args: argparse.Namespace) -> int:
     if local_model:
         report = _dev_on_local_model(args, agent, tasks, sampling, config)
     else:
+        from agentgrad.store import open_store
+
         name, resources = llm_resource_of(args, default=llm_resource_name(None, agent), sampling=sampling)
-        trainer = Trainer(
-            args.store, n_runners=args.n_runners, concurrency=args.concurrency, proxy=args.proxy, llm_resource=name
-        )
-        report = trainer.dev(agent, tasks, resources, timeout=args.timeout, config=config)
+        store = open_store(args.store)
+        try:
+            with capture_proxy(args, store) as proxy:
+                trainer = Trainer(
+                    store, n_runners=args.n_runners, concurrency=args.concurrency, proxy=proxy, llm_resource=name
+                )
+                report = trainer.dev(agent, tasks, resources, timeout=args.timeout, config=config)
+        finally:
+            store.close()
     if report.lowest is not None and not args.json:
         print(_whole_rollout_hint(args.store, report.lowest.rollout_id))
     if args.json:
@@ -201,6 +217,21 @@ def llm_resource_of(
         return name, {}
     llm = LLM(endpoint=endpoint, model=args.model or "default", api_key=args.api_key, sampling=sampling or {})
     return name, {name: llm}
+
+
+@contextlib.contextmanager
+def capture_proxy(args: argparse.Namespace, store: Store) -> Iterator[LLMProxy | str | None]:
+    """The capture proxy the agent's calls go through: ``--proxy`` as given; else, with
+    ``--llm-endpoint``, one started here in front of that endpoint for the block, recording into
+    ``store`` — so the calls are captured as through ``agentgrad proxy --upstream URL`` (``dev``
+    counts them, APO's critic reads them, ``rollouts show`` prints them) rather than lost."""
+    if args.proxy or not args.llm_endpoint:
+        yield args.proxy
+        return
+    from agentgrad.proxy.server import LLMProxy
+
+    with LLMProxy(store, args.llm_endpoint, upstream_api_key=args.api_key) as proxy:
+        yield proxy
 
 
 def check_reachable(url: str, flag: str, *, path: str, api_key: str | None = None, timeout: float = 10.0) -> None:
