@@ -1,4 +1,4 @@
-"""``agentgrad dev`` / ``apo`` with ``--llm-endpoint`` and no ``--proxy``: a capture proxy is
+"""``agentgrad dev`` / ``apo`` / ``eval`` with ``--llm-endpoint`` and no ``--proxy``: a capture proxy is
 started in front of the endpoint, so the agent's calls are recorded as through ``agentgrad proxy``.
 
 Without it a user who pointed ``dev`` at their model server read "llm calls per rollout 0" and
@@ -140,3 +140,25 @@ def test_apo_critic_reads_the_agents_conversations(agent_dir: Path) -> None:
     assert len(captured_calls(agent_dir / "apo.db")) == len(model.requests) > 0
     critique_request = json.dumps(critic.requests[0]["messages"])
     assert "Classify: Great screen." in critique_request or "Classify: Broke in a week." in critique_request
+
+
+def test_eval_on_an_endpoint_records_its_calls(agent_dir: Path) -> None:
+    with StubUpstream(["negative"]) as model:
+        done = agentgrad(
+            "eval",
+            "reviews:review_agent",
+            "--tasks",
+            "tasks.jsonl",
+            "--llm-endpoint",  # eval's --upstream, under the name dev and apo give it
+            f"http://127.0.0.1:{model.port}/v1",
+            "--served-model",
+            "stub-model",
+            "--store",
+            "eval.db",
+            "--json",
+            cwd=agent_dir,
+        )
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["reward_mean"] == pytest.approx(0.5) and report["llm_calls_per_rollout"] == 1
+    assert len(captured_calls(agent_dir / "eval.db")) == len(model.requests) == 2

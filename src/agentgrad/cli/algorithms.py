@@ -125,7 +125,7 @@ def _cmd_apo(args: argparse.Namespace) -> int:
     train = read_tasks(args.tasks)
     val = read_tasks(args.val_tasks) if args.val_tasks else train
     store = open_store(args.store)
-    with capture_proxy(args, store) as proxy:
+    with capture_proxy(store, args.llm_endpoint, proxy=args.proxy, api_key=args.api_key) as proxy:
         trainer = Trainer(
             store,
             n_runners=args.n_runners,

@@ -135,7 +135,7 @@ def _cmd_dev(args: argparse.Namespace) -> int:
         name, resources = llm_resource_of(args, default=llm_resource_name(None, agent), sampling=sampling)
         store = open_store(args.store)
         try:
-            with capture_proxy(args, store) as proxy:
+            with capture_proxy(store, args.llm_endpoint, proxy=args.proxy, api_key=args.api_key) as proxy:
                 trainer = Trainer(
                     store, n_runners=args.n_runners, concurrency=args.concurrency, proxy=proxy, llm_resource=name
                 )
@@ -220,18 +220,20 @@ def llm_resource_of(
 
 
 @contextlib.contextmanager
-def capture_proxy(args: argparse.Namespace, store: Store) -> Iterator[LLMProxy | str | None]:
-    """The capture proxy the agent's calls go through: ``--proxy`` as given; else, with
-    ``--llm-endpoint``, one started here in front of that endpoint for the block, recording into
-    ``store`` — so the calls are captured as through ``agentgrad proxy --upstream URL`` (``dev``
-    counts them, APO's critic reads them, ``rollouts show`` prints them) rather than lost."""
-    if args.proxy or not args.llm_endpoint:
-        yield args.proxy
+def capture_proxy(
+    store: Store, endpoint: str | None, *, proxy: str | None = None, api_key: str | None = None
+) -> Iterator[LLMProxy | str | None]:
+    """The capture proxy the agent's calls go through: ``proxy`` (a URL) as given; else, with an
+    ``endpoint``, one started here in front of it for the block, recording into ``store`` — so the
+    calls are captured as through ``agentgrad proxy --upstream URL`` (``dev`` and ``eval`` count
+    them, APO's critic reads them, ``rollouts show`` prints them) rather than lost."""
+    if proxy or not endpoint:
+        yield proxy
         return
     from agentgrad.proxy.server import LLMProxy
 
-    with LLMProxy(store, args.llm_endpoint, upstream_api_key=args.api_key) as proxy:
-        yield proxy
+    with LLMProxy(store, endpoint, upstream_api_key=api_key) as started:
+        yield started
 
 
 def check_reachable(url: str, flag: str, *, path: str, api_key: str | None = None, timeout: float = 10.0) -> None:

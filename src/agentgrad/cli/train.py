@@ -48,6 +48,7 @@ from agentgrad.cli.named_models import (
 from agentgrad.cli.run import (
     AGENT_HELP,
     LLM_RESOURCE_HELP,
+    capture_proxy,
     llm_resource_name,
     load_cli_agent,
 )
@@ -171,7 +172,13 @@ def add_commands(commands: Any) -> None:
         "(exported first), the tiny model, or an OpenAI-compatible server (--upstream).",
     )
     _add_run_arguments(evaluate, model_required=False)
-    evaluate.add_argument("--upstream", help="an OpenAI-compatible base URL to evaluate instead of a local model")
+    evaluate.add_argument(
+        "--upstream",
+        "--llm-endpoint",
+        dest="upstream",
+        help="an OpenAI-compatible base URL to evaluate instead of a local model (a capture proxy started here "
+        "in front of it records the calls)",
+    )
     evaluate.add_argument("--served-model", default="default", help="model name to ask --upstream for")
     evaluate.add_argument("--api-key", default=None, help="API key for --upstream")
     evaluate.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
@@ -640,7 +647,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from agentgrad.types import LLM
 
     if (args.model is None) == (args.upstream is None):
-        raise SystemExit("eval needs exactly one of --model (a local model, run or checkpoint) and --upstream URL")
+        raise SystemExit(
+            "eval needs exactly one of --model (a local model, run or checkpoint) and --upstream URL "
+            "(with --served-model NAME)"
+        )
     agent = _load_agent(args)
     tasks = read_tasks(args.tasks)
     run_id = getattr(args, "run_id", None) or time.strftime("eval-%Y%m%d-%H%M%S")
@@ -654,9 +664,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
                     api_key=args.api_key,
                     sampling={"temperature": args.temperature},
                 )
-                report = Trainer(store, n_runners=args.runners, concurrency=args.concurrency).dev(
-                    agent, tasks, {args.llm_resource: llm}, timeout=args.timeout, run_id=run_id
-                )
+                with capture_proxy(store, args.upstream, api_key=args.api_key) as proxy:
+                    report = Trainer(store, n_runners=args.runners, concurrency=args.concurrency, proxy=proxy).dev(
+                        agent, tasks, {args.llm_resource: llm}, timeout=args.timeout, run_id=run_id
+                    )
             else:
                 report = run_on_local_model(
                     args.model,
