@@ -172,6 +172,8 @@ class Rollout(BaseModel):
     reward: float | None = None
     #: Number of captured LLM calls; 0 on a finished rollout means no training data.
     llm_calls: int = 0
+    #: The agent names of those calls, in the order first seen (what ``agent_match`` selects from).
+    agent_names: list[str] = Field(default_factory=list)
 
     @property
     def group_id(self) -> str | None:

@@ -131,6 +131,32 @@ def test_rollouts_table_has_task_run_step_group_and_agent_columns(client: TestCl
     assert f'href="/dashboard/groups/{group}"' in row and '<span class="dim">solver</span>' in row
 
 
+def test_the_agents_column_names_the_agents_of_the_llm_calls_without_scopes() -> None:
+    """Framework agents (AutoGen, CrewAI, smolagents) name their calls through the proxy and open
+    no agent scope: the column once read only scopes, and showed "—" for them."""
+    from agentgrad import semconv
+    from agentgrad.types import Span
+
+    store = MemoryStore(watchdog_interval=None)
+    (rollout,) = store.enqueue_rollouts([RolloutRequest(input={"q": "2+3?"})])
+    (claimed,) = store.dequeue_rollouts(1, worker_id="runner-1")
+    attempt = claimed.attempt.attempt_id
+    calls = [
+        Span(
+            rollout_id=rollout.rollout_id,
+            attempt_id=attempt,
+            name=semconv.SPAN_LLM_CALL,
+            attributes={semconv.AGENT_NAME: name, semconv.LLM_PROMPT_TOKEN_IDS: [1]},
+        )
+        for name in ("solver", "reviewer", "solver")
+    ]
+    store.add_spans(calls)
+    store.update_attempt(rollout.rollout_id, attempt, "succeeded")
+    (row,) = rows_of(TestClient(create_app(store)).get("/dashboard/rollouts").text, "rollouts")
+    assert '<span class="dim">solver</span>' in row and '<span class="dim">reviewer</span>' in row
+    store.close()
+
+
 def test_rollouts_filter_by_run_pages_over_the_runs_rollouts(client: TestClient, runs: Runs) -> None:
     html = client.get("/dashboard/rollouts?run=grpo-a&per_page=25").text
     assert "Rollouts 1–8 of 8" in html

@@ -390,3 +390,21 @@ def test_non_json_event_attribute_is_refused(store, kit):
         store.add_spans([kit.span(rid, aid, "good"), bad])
     assert "blob" in str(info.value)
     assert store.query_spans(rid) == []
+
+
+
+def test_agent_names_of_the_latest_attempts_llm_calls(store, kit):
+    def call(aid: str, agent: str | None = None):
+        named = {semconv.AGENT_NAME: agent} if agent else {}
+        return kit.span(rid, aid, semconv.SPAN_LLM_CALL, attributes={semconv.LLM_PROMPT_TOKEN_IDS: [1], **named})
+
+    started = kit.start(store, config=RolloutConfig(max_attempts=2, retry_on=["failed"]))
+    rid, first = started.rollout.rollout_id, started.attempt.attempt_id
+    tool = kit.span(rid, first, "tool", attributes={semconv.AGENT_NAME: "tool_agent"})
+    store.add_spans([call(first, "writer"), tool, call(first, "checker"), call(first, "writer")])
+    assert store.get_rollout(rid).agent_names == ["writer", "checker"]  # LLM calls only, first seen first
+    store.update_attempt(rid, first, "failed")
+    assert store.get_rollout(rid).agent_names == [], "a requeued rollout carries no stale names"
+    second = store.dequeue_rollout().attempt.attempt_id
+    store.add_spans([call(second, "rewriter"), call(second)])
+    assert store.get_rollout(rid).agent_names == ["rewriter"]  # a call without a name adds none

@@ -293,7 +293,11 @@ def create_router(
                 return matches[query.offset : end], None
 
     def _agent_names(rollout: Rollout) -> list[str]:
-        """The agent scopes of a rollout's latest attempt (a few spans read by name)."""
+        """The agent names of a rollout's LLM calls, as the store keeps them; for a rollout without
+        (stored before the store kept them, or no call captured), the agent scopes of its latest
+        attempt (a few spans read by name)."""
+        if rollout.agent_names:
+            return rollout.agent_names
         if rollout.num_attempts == 0:
             return []
         spans = store.query_spans(rollout.rollout_id, "latest", name=semconv.SPAN_AGENT, limit=AGENT_SPANS)

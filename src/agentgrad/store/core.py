@@ -436,6 +436,7 @@ class TransactionalStore(Store):
                 num_attempts=0,
                 reward=None,
                 llm_calls=0,
+                agent_names=[],
             )
             for request in parsed
         ]
@@ -510,6 +511,7 @@ class TransactionalStore(Store):
                     start_time=view.start_time or stamp,
                     reward=None,
                     llm_calls=0,
+                    agent_names=[],
                 )
                 tx.insert_attempt(attempt)
                 tx.save_rollout(rollout)
@@ -667,7 +669,7 @@ class TransactionalStore(Store):
             changes: dict[str, Any] = {"status": RolloutStatus.SUCCEEDED, "end_time": stamp}
         elif _RETRY_REASON[status] in rollout.config.retry_on and rollout.num_attempts < rollout.config.max_attempts:
             # Results of the failed attempt don't carry over.
-            changes = {"status": RolloutStatus.REQUEUING, "reward": None, "llm_calls": 0}
+            changes = {"status": RolloutStatus.REQUEUING, "reward": None, "llm_calls": 0, "agent_names": []}
             tx.push_queue([rollout.rollout_id])
         else:
             changes = {"status": RolloutStatus.FAILED, "end_time": stamp}
@@ -783,12 +785,15 @@ class TransactionalStore(Store):
             elif status is _PREPARING and _heard_from(attempt_id, attempts, spans):
                 wake |= self._transition(tx, rollout, attempt, _RUNNING, None)[1]
                 rollout = self._require_rollout(tx, rollout.rollout_id, view=True)  # as _transition saved it
-        reward, llm_calls = rollout.reward, rollout.llm_calls
+        reward, llm_calls, agent_names = rollout.reward, rollout.llm_calls, rollout.agent_names
         for span in spans:
             if span.attempt_id == latest:
                 name = span.name
                 if name == _LLM_CALL:
                     llm_calls += 1
+                    agent = span.attributes.get(semconv.AGENT_NAME)
+                    if isinstance(agent, str) and agent not in agent_names:
+                        agent_names = [*agent_names, agent]  # a copy: ``rollout`` is a read-only view
                 elif name == _REWARD:
                     # A span that is not a reward number leaves the reward as it was (the
                     # store reads spans written by anyone; it does not refuse them for this).
@@ -796,7 +801,8 @@ class TransactionalStore(Store):
                     if value is not None:
                         reward = value
         if llm_calls != rollout.llm_calls or reward != rollout.reward:
-            tx.save_rollout(evolved(rollout, reward=reward, llm_calls=llm_calls), private=True)
+            changes = {"reward": reward, "llm_calls": llm_calls, "agent_names": agent_names}
+            tx.save_rollout(evolved(rollout, **changes), private=True)
         return wake
 
     def query_spans(
