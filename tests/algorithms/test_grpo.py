@@ -20,6 +20,8 @@ from grpo_agents import (  # noqa: E402
 
 from agentgrad.agents import rollout  # noqa: E402
 from agentgrad.algorithms.grpo import GRPO  # noqa: E402
+from agentgrad.dashboard.runs import run_of  # noqa: E402
+from agentgrad.store.protocol import RolloutFilter  # noqa: E402
 from agentgrad.store.memory import MemoryStore  # noqa: E402
 from agentgrad.trainer import Trainer  # noqa: E402
 from agentgrad.training import PolicyTrainer, Sample, TrainConfig  # noqa: E402
@@ -55,6 +57,12 @@ def test_grpo_trains_logs_checkpoints_and_resumes(tiny_model_dir, tmp_path):
     trained_steps = [h["step"] for h in result.history if "loss" in h]
     assert result.steps == 3 and trained_steps and publisher.versions == [f"v{s}" for s in trained_steps]
     assert [s for s, _ in result.validation] == [0, 3]
+    # Each validation rollout names its run and step, so the dashboard lists it with the run's own.
+    validation = store.query_rollouts(RolloutFilter(mode="val"))
+    assert (
+        sorted((r.metadata["validation_of"], r.metadata["step"]) for r in validation) == [("t", 0)] * 2 + [("t", 3)] * 2
+    )
+    assert {run_of(r) for r in validation} == {"t"}
     # The best-validation model and the final one are exported as Hugging Face directories.
     best = max(result.validation, key=lambda v: v[1])
     assert (result.best_step, result.best_score) == (best[0], best[1])

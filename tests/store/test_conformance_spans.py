@@ -392,7 +392,6 @@ def test_non_json_event_attribute_is_refused(store, kit):
     assert store.query_spans(rid) == []
 
 
-
 def test_agent_names_of_the_latest_attempts_llm_calls(store, kit):
     def call(aid: str, agent: str | None = None):
         named = {semconv.AGENT_NAME: agent} if agent else {}

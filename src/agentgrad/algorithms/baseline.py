@@ -296,6 +296,7 @@ class Evaluate(Algorithm):
     With ``run_id`` the evaluation is a run of its own, comparable with training runs: its rollouts
     carry ``eval_run`` in their metadata and its scores are logged as metrics under
     ``eval:<run_id>`` (``eval/reward_mean``, ``eval/succeeded``), so the dashboard lists it.
+    ``metadata`` goes on every rollout too (a training run's validation names its run and step).
     """
 
     def __init__(
@@ -306,16 +307,17 @@ class Evaluate(Algorithm):
         config: RolloutConfig | None = None,
         resources_id: str | None = None,
         run_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> None:
         self.mode, self.timeout, self.config, self.resources_id = mode, timeout, config, resources_id
-        self.run_id = run_id
+        self.run_id, self.metadata = run_id, metadata or {}
 
     def run(self, context: AlgorithmContext) -> EvaluationReport:
         store = context.store
         tasks = list(context.val_tasks if self.mode != "train" and context.val_tasks else context.train_tasks)
         if not tasks:
             raise ValueError("nothing to evaluate: no tasks were given")
-        metadata = {"eval_run": self.run_id} if self.run_id else {}
+        metadata = {**self.metadata, **({"eval_run": self.run_id} if self.run_id else {})}
         requests = [
             RolloutRequest(
                 input=task,

@@ -305,7 +305,9 @@ class GRPO(Algorithm):
         self.val_resources: Resources
         self.cursor = 0
         self.result = GRPOResult(steps=0, output_dir=self.output_dir)
-        self.best = BestModel(self.output_dir, timeout=config.batch_timeout, rollout_config=self.rollout_config)
+        self.best = BestModel(
+            self.output_dir, timeout=config.batch_timeout, rollout_config=self.rollout_config, run=config.run_id
+        )
         self.run_log: RunLog | None = None
         #: What the adapter did with the last batch (an empty batch names what agent_match left out).
         self.adapt_stats = AdaptStats()

@@ -473,7 +473,9 @@ class SFT(Algorithm):
         result = SFTResult([], [], [], [])
         self._validating = bool(context.val_tasks) and self.output_dir is not None
         self.best = (
-            BestModel(self.output_dir, timeout=self.wait_timeout, rollout_config=self.rollout_config)
+            BestModel(
+                self.output_dir, timeout=self.wait_timeout, rollout_config=self.rollout_config, run=f"sft:{self.run_id}"
+            )
             if self.output_dir is not None
             else None
         )

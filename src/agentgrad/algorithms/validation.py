@@ -41,13 +41,21 @@ class BestModel:
         output_dir: where ``best/`` and ``best.json`` go.
         timeout: seconds one validation waits for its rollouts (stragglers are cancelled, scored 0).
         rollout_config: the validation rollouts' config (timeouts, attempts).
+        run: the run's name in the store (its metrics' ``run_id``): each validation rollout
+            carries it as ``validation_of`` and the step as ``step``, so the dashboard lists a
+            run's validation rollouts with its training ones.
     """
 
     def __init__(
-        self, output_dir: str | Path, *, timeout: float | None = None, rollout_config: RolloutConfig | None = None
+        self,
+        output_dir: str | Path,
+        *,
+        timeout: float | None = None,
+        rollout_config: RolloutConfig | None = None,
+        run: str | None = None,
     ) -> None:
         self.output_dir = Path(output_dir)
-        self.timeout, self.rollout_config = timeout, rollout_config
+        self.timeout, self.rollout_config, self.run = timeout, rollout_config, run
         #: (step, greedy validation reward mean), in the order measured.
         self.curve: list[tuple[int, float]] = []
         self.step: int | None = None
@@ -70,7 +78,14 @@ class BestModel:
         if not tasks:
             return {}
         started = time.monotonic()
-        report = Evaluate(mode="val", timeout=self.timeout, resources_id=resources_id, config=self.rollout_config).run(
+        evaluate = Evaluate(
+            mode="val",
+            timeout=self.timeout,
+            resources_id=resources_id,
+            config=self.rollout_config,
+            metadata={"validation_of": self.run, "step": step} if self.run else None,
+        )
+        report = evaluate.run(
             AlgorithmContext(store=store, train_tasks=list(tasks), val_tasks=list(tasks), console=console)
         )
         score = report.score

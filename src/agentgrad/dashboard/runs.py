@@ -67,6 +67,8 @@ def algorithm_of(run_id: str, metric_names: Iterable[str]) -> str:
 def run_of(rollout: Rollout) -> str | None:
     """The run (metric ``run_id``) a rollout belongs to, from the metadata its algorithm set."""
     meta = rollout.metadata
+    if isinstance(meta.get("validation_of"), str):  # a training run's greedy validation
+        return meta["validation_of"]
     if isinstance(meta.get("apo_run"), str):
         return f"apo:{meta['apo_run']}"
     if isinstance(meta.get("sft_run"), str):
