@@ -3,31 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+from agentgrad_command import ENV, agentgrad
 
 from agentgrad import __version__
 from agentgrad.store.sqlite import SqliteStore
 from agentgrad.types import JsonResource, RolloutStatus
-
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {
-    **os.environ,
-    "COLUMNS": "160",
-    "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests" / "support")]),
-}
-
-
-def agentgrad(*args: str, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "agentgrad", *args], env=ENV, cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
 
 
 @pytest.fixture

@@ -21,8 +21,8 @@ from grpo_agents import (  # noqa: E402
 from agentgrad.agents import rollout  # noqa: E402
 from agentgrad.algorithms.grpo import GRPO  # noqa: E402
 from agentgrad.dashboard.runs import run_of  # noqa: E402
-from agentgrad.store.protocol import RolloutFilter  # noqa: E402
 from agentgrad.store.memory import MemoryStore  # noqa: E402
+from agentgrad.store.protocol import RolloutFilter  # noqa: E402
 from agentgrad.trainer import Trainer  # noqa: E402
 from agentgrad.training import PolicyTrainer, Sample, TrainConfig  # noqa: E402
 from agentgrad.types import LLM  # noqa: E402

@@ -6,18 +6,13 @@ LLM as ``main_llm`` without ``--llm-resource``; an explicit ``--llm-resource`` s
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from agentgrad_command import agentgrad
 
 from agentgrad.agents import Agent
 from agentgrad.cli.run import llm_resource_name
-
-ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "COLUMNS": "160", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
 
 #: An Agent Lightning agent as its users write it; it records which resource name it found.
 LIT_AGENT = """
@@ -38,18 +33,6 @@ class LitEcho(agl.LitAgent):
 class PlainAgent:
     pass
 """
-
-
-def agentgrad(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "agentgrad", *args],
-        check=False,
-        cwd=cwd,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 @pytest.fixture

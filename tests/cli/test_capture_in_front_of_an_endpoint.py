@@ -10,12 +10,10 @@ stand-ins for a model server, answering at once.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from agentgrad_command import agentgrad
 
 from agentgrad import semconv
 from agentgrad.store.sqlite import SqliteStore
@@ -23,8 +21,6 @@ from agentgrad.testing.stub import StubUpstream
 
 pytest.importorskip("fastapi")
 
-ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "COLUMNS": "160", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
 
 #: An agent as a user writes it: the OpenAI client on the endpoint it is handed.
 AGENT = """
@@ -42,18 +38,6 @@ def review_agent(task, resources):
     reply = client.chat.completions.create(model=llm.model, max_tokens=16, messages=messages)
     return 1.0 if reply.choices[0].message.content == task["label"] else 0.0
 """
-
-
-def agentgrad(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "agentgrad", *args],
-        check=False,
-        cwd=cwd,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 @pytest.fixture

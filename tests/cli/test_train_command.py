@@ -4,29 +4,18 @@ SQLite store, on a random tiny model (a few steps: the learning itself is measur
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from agentgrad_command import agentgrad as run_agentgrad
 
 pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[2]
-ENV = {
-    **os.environ,
-    "COLUMNS": "160",
-    "OMP_NUM_THREADS": "1",
-    "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests" / "support")]),
-}
-
 
 def agentgrad(*args: str, cwd: Path, timeout: float = 280) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "agentgrad", *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout
-    )
+    return run_agentgrad(*args, cwd=cwd, timeout=timeout)  # a training run takes minutes
 
 
 @pytest.fixture
