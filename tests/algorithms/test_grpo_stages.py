@@ -286,9 +286,16 @@ def test_a_new_best_validation_score_exports_the_model_and_survives_a_resume(tmp
     assert (grpo.result.best_step, grpo.result.best_score) == (5, 0.5)
     assert json.loads((tmp_path / "best.json").read_text()) == {"step": 5, "score": 0.5}
     assert grpo.result.validation == [(0, 0.25), (5, 0.5), (10, 0.375), (15, 0.5)]
+    # The run's metrics.jsonl as RunLog writes it: validated at 0 and 5, steps trained to 7, a
+    # crash after step 10's validation, cutting a line; the checkpoint it resumes from is step 5's.
+    lines = [{"step": 0, "val/reward_mean": 0.25}, {"step": 5, "loss": 0.1, "val/reward_mean": 0.5}]
+    lines += [{"step": 7, "loss": 0.2}, {"step": 10, "val/reward_mean": 0.375}]
+    text = "".join(json.dumps(line) + "\n" for line in lines) + '{"step": 11, "lo'
+    (tmp_path / "metrics.jsonl").write_text(text)
     resumed = GRPO(tmp_path, output_dir=tmp_path)
-    resumed.best.load()
+    resumed.best.load(up_to_step=5)
     assert (resumed.best.step, resumed.best.score) == (5, 0.5)
+    assert resumed.best.curve == [(0, 0.25), (5, 0.5)]  # not step 10's: the resumed run does it again
 
 
 def test_no_val_tasks_no_validation(tmp_path):

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from agentgrad_command import ENV
 from agentgrad_command import agentgrad as run_agentgrad
 
 pytest.importorskip("torch")
@@ -369,3 +372,43 @@ def test_a_cpu_run_on_a_sizeable_model_is_pointed_at_the_bf16_switches(tmp_path:
     with (model / "model.safetensors").open("wb") as weights:
         weights.truncate(3 * 2**20)  # the tiny models' size
     assert _bf16_hint(args, train, model) is None
+
+
+def test_a_run_stopped_by_sigterm_keeps_its_last_step_and_resumes_from_it(
+    tmp_path: Path, tasks: Path, tiny_model_dir: Path
+) -> None:
+    """SIGTERM (a scheduler's stop, ``timeout``, ``docker stop``) once killed the trainer where it
+    stood: no cleanup, no word, and every step since the last periodic checkpoint lost."""
+    out = tmp_path / "run"
+    command = [
+        *("train", "train_agents:short_answer_agent", "--model", str(tiny_model_dir), "--tasks", str(tasks)),
+        *("--val", str(tasks), "--val-every", "0", "--batch-size", "2", "--group-size", "4", "--runners", "1"),
+        *("--checkpoint-every", "100", "--output-dir", str(out), "--device", "cpu"),
+    ]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "agentgrad", *command, "--steps", "200"],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines = []
+    for line in process.stdout:  # type: ignore[union-attr]
+        lines.append(line)
+        if line.startswith("GRPO step 2/200"):
+            process.send_signal(signal.SIGTERM)
+            break
+    rest, _ = process.communicate(timeout=120)
+    output = "".join(lines) + rest
+    assert process.returncode == 130, output
+    stopped = re.search(r"interrupted after step (\d+) of 200; its checkpoint is in (\S+): the same command", output)
+    assert stopped, output
+    step = int(stopped[1])
+    assert step >= 2 and (out / "checkpoints" / f"step-{step:06d}").is_dir()  # not a periodic one: every 100
+
+    resumed = agentgrad(*command, "--steps", str(step + 1), cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"resumed from step {step}" in resumed.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert [s for s, _ in summary["validation"]] == [0, step + 1]  # the run's start, from before the stop

@@ -49,6 +49,7 @@ from agentgrad.adapters import (
 )
 from agentgrad.algorithms.base import Algorithm, AlgorithmContext, is_live
 from agentgrad.algorithms.batch import cancel_unfinished, wait_batch
+from agentgrad.algorithms.interrupts import deferred_interrupts
 from agentgrad.algorithms.runlog import RunLog, Tracker
 from agentgrad.algorithms.validation import BestModel, with_sampling
 from agentgrad.store.protocol import RolloutRequest, Store
@@ -319,6 +320,8 @@ class GRPO(Algorithm):
         self._said_no_variance = False
         #: Whether a step of this run has updated the weights (what identical rewards then mean differs).
         self._has_trained = False
+        #: The step of the last checkpoint saved (or resumed from); -1: none yet.
+        self._checkpointed_step = -1
 
     # ---- the loop ----------------------------------------------------------------------------------
     def run(self, context: AlgorithmContext) -> GRPOResult:
@@ -354,12 +357,15 @@ class GRPO(Algorithm):
                     # ---- advantages: rewards normalized within each group; groups that all agree drop out
                     kept, grouped = self.advantages(transitions)
                     values.update(grouped)
-                    self.cursor = next_cursor
-                    indices, next_cursor = next(batches)
-                    # ---- overlap: the next batch samples while this one trains
-                    if self._overlaps(step):
-                        pending = self.submit(indices, step + 1)
-                    last_step_seconds = self._train_step(step, kept, values, step_started)
+                    # An interrupt waits for the step's weights, cursor and checkpoint to agree.
+                    with deferred_interrupts():
+                        self.cursor = next_cursor
+                        indices, next_cursor = next(batches)
+                        # ---- overlap: the next batch samples while this one trains
+                        if self._overlaps(step):
+                            pending = self.submit(indices, step + 1)
+                        self._train_step(step, kept, values)
+                    last_step_seconds = self._end_step(values, step_started)
                 if pending is not None:  # out of time with a batch under way: not to be trained on
                     self.cancel(pending)
                     pending = None
@@ -367,13 +373,32 @@ class GRPO(Algorithm):
                     self.checkpoint()
                 if validation := self.evaluate(trainer.step):
                     self.run_log.log(trainer.step, validation)
+            except KeyboardInterrupt:
+                self._stop_interrupted()
+                raise
             finally:
                 if pending is not None:  # an error or an interrupt: nobody will train on it
                     self.cancel(pending)
         return self._finish()
 
-    def _train_step(self, step: int, kept: list[Transition], values: dict[str, float], step_started: float) -> float:
-        """Update, publish, checkpoint, validate when due, and log one step; return its seconds."""
+    def _stop_interrupted(self) -> None:
+        """Ctrl-C or SIGTERM: keep the last whole step as a checkpoint and say how to go on."""
+        step = self.trainer.step
+        with deferred_interrupts():
+            if step > 0 and self._checkpointed_step != step:
+                self.checkpoint()
+        if step == 0:
+            self.console.print("[yellow]interrupted before its first step[/]")
+            return
+        how = "the same command resumes from it" if self.config.resume else "run it again with --resume to go on"
+        self.console.print(
+            f"[yellow]interrupted after step {step} of {self.config.steps}; its checkpoint is in "
+            f"{self.checkpoint_dir}: {how}[/]",
+            soft_wrap=True,
+        )
+
+    def _train_step(self, step: int, kept: list[Transition], values: dict[str, float]) -> None:
+        """Update and publish (or skip a step with nothing to learn from), and checkpoint when due."""
         cfg, trainer = self.config, self.trainer
         train_started = time.monotonic()
         if kept:
@@ -394,6 +419,10 @@ class GRPO(Algorithm):
         values["train_seconds"] = time.monotonic() - train_started
         if trainer.step % cfg.checkpoint_every == 0 or trainer.step >= cfg.steps:
             self.checkpoint()
+
+    def _end_step(self, values: dict[str, float], step_started: float) -> float:
+        """Validate when due and log the step just trained; return its seconds."""
+        trainer = self.trainer
         # ---- evaluate: greedy validation every val_every steps (the last step's comes after the loop)
         if self._validates_after(trainer.step):
             values.update(self.evaluate(trainer.step))
@@ -443,7 +472,8 @@ class GRPO(Algorithm):
             # say: a step done before is the likelier case)
             self._has_trained = bool((state.get("extra") or {}).get("trained", self.trainer.step > 0))
             self.publish()
-            self.best.load()
+            self.best.load(self.trainer.step)
+            self._checkpointed_step = self.trainer.step
             self._sync_best()
             self.console.print(f"[bold]resumed[/] from step {self.trainer.step} (task cursor {self.cursor})")
         else:
@@ -696,6 +726,7 @@ class GRPO(Algorithm):
         updated the weights (what identical rewards mean after a resume) under ``checkpoints/``."""
         extra = {"version": self.versions[-1], "trained": self._has_trained}
         self.trainer.save_checkpoint(self.checkpoint_dir, cursor=self.cursor, extra=extra)
+        self._checkpointed_step = self.trainer.step
 
     # ---- 6. evaluate ------------------------------------------------------------------------------
     def evaluate(self, step: int) -> dict[str, float]:
