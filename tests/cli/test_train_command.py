@@ -67,6 +67,8 @@ def test_train_runs_exports_and_records_its_config(tmp_path: Path, tasks: Path, 
     assert summary["steps"] == 2 and [step for step, _ in summary["validation"]][0] == 0
     assert (out / "model" / "config.json").is_file() and (out / "best" / "config.json").is_file()
     assert "agentgrad serve-model" in done.stdout
+    # in a log, a step's line comes before the validation that follows it
+    assert done.stdout.index("GRPO step 1/2") < done.stdout.index("at step 1: ") < done.stdout.index("GRPO step 2/2")
     assert (out / "reward_curve.png").stat().st_size > 1000 and summary["reward_curve"] == str(out / "reward_curve.png")
     # --test: the start model before training, the exported final and best models after, each on all 8 tasks
     assert set(summary["test"]) == {"start", "final", "best"} and all(0 <= v <= 1 for v in summary["test"].values())

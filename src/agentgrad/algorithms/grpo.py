@@ -421,13 +421,14 @@ class GRPO(Algorithm):
             self.checkpoint()
 
     def _end_step(self, values: dict[str, float], step_started: float) -> float:
-        """Validate when due and log the step just trained; return its seconds."""
+        """Show the step just trained, validate when due and log the step; return its seconds."""
         trainer = self.trainer
+        self.show(trainer.step, values)  # before the validation's lines, which come after the step
         # ---- evaluate: greedy validation every val_every steps (the last step's comes after the loop)
         if self._validates_after(trainer.step):
             values.update(self.evaluate(trainer.step))
         values.update(step_timing(values, time.monotonic() - step_started, self._take_runner_idle()))
-        # ---- log: metrics.jsonl, the store, trackers, the progress bar, on_step
+        # ---- log: metrics.jsonl, the store, trackers, on_step
         self.log(trainer.step, values)
         return values["step_seconds"]
 
@@ -757,11 +758,15 @@ class GRPO(Algorithm):
 
     # ---- 7. log -----------------------------------------------------------------------------------
     def log(self, step: int, values: dict[str, float]) -> None:
-        """Record a step's metrics in every sink, the result's history and the progress bar; then
-        call ``on_step``."""
+        """Record a step's metrics in every sink and the result's history; then call ``on_step``."""
         assert self.run_log is not None
         self.run_log.log(step, values)
         self.result.history.append({"step": step, **values})
+        if self.on_step is not None:
+            self.on_step(values)
+
+    def show(self, step: int, values: dict[str, float]) -> None:
+        """A trained step's numbers on the progress bar, or where there is none one whole line."""
         update = (
             f"entropy {values['entropy']:.2f}  clip {values['clip_fraction']:.2f}  "
             f"{values['tokens_per_second']:.0f} tok/s"
@@ -777,13 +782,11 @@ class GRPO(Algorithm):
             progress.update(bar, completed=step, description=line)
         else:  # no live bar (a log file): one whole line a step, not a bar cut to 80 columns
             self.console.print(f"GRPO step {step}/{self.config.steps}  {line}", soft_wrap=True, highlight=False)
-        if self.on_step is not None:
-            self.on_step(values)
 
     @contextmanager
     def _progress(self) -> Iterator[None]:
         """A live progress bar where the console shows one; elsewhere (output to a file or pipe)
-        :meth:`log` prints a line per step instead."""
+        :meth:`show` prints a line per step instead."""
         if not is_live(self.console):
             yield
             return
