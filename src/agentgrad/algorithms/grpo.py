@@ -49,10 +49,10 @@ from agentgrad.adapters import (
 )
 from agentgrad.algorithms.base import Algorithm, AlgorithmContext, is_live
 from agentgrad.algorithms.batch import cancel_unfinished, wait_batch
-from agentgrad.algorithms.interrupts import deferred_interrupts
 from agentgrad.algorithms.runlog import RunLog, Tracker
 from agentgrad.algorithms.validation import BestModel, with_sampling
 from agentgrad.store.protocol import RolloutRequest, Store
+from agentgrad.training.interrupts import deferred_interrupts
 from agentgrad.training.policy import TrainConfig  # a dataclass: importing it loads no torch
 from agentgrad.types import LLM, Resources, Rollout, RolloutConfig, RolloutStatus, Transition
 

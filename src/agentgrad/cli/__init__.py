@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # loads its model in the engine, the trainer and each test score) would break into it. Set
     # HF_HUB_DISABLE_PROGRESS_BARS=0 to keep them.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    from agentgrad.algorithms.interrupts import terminate_as_interrupt
+    from agentgrad.training.interrupts import terminate_as_interrupt
 
     terminate_as_interrupt()  # a stopped run cleans up and keeps its last step, as after Ctrl-C
     try:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from agentgrad.training.interrupts import deferred_interrupts
+
 if TYPE_CHECKING:
     from agentgrad.training.policy import Sample, StepMetrics, TrainConfig
 
@@ -157,11 +159,12 @@ def fit_sequences(
     history: list[StepMetrics] = []
     batches = cursor_batches(len(samples), batch_size, cursor, trainer.config.seed)
     while trainer.step < steps:
-        indices, cursor = next(batches)
-        metrics = trainer.nll_step([samples[i] for i in indices])
-        history.append(metrics)
-        if checkpoint_dir is not None and (trainer.step % checkpoint_every == 0 or trainer.step == steps):
-            trainer.save_checkpoint(checkpoint_dir, cursor=cursor)
+        with deferred_interrupts():  # Ctrl-C or SIGTERM waits for the step and its checkpoint
+            indices, cursor = next(batches)
+            metrics = trainer.nll_step([samples[i] for i in indices])
+            history.append(metrics)
+            if checkpoint_dir is not None and (trainer.step % checkpoint_every == 0 or trainer.step == steps):
+                trainer.save_checkpoint(checkpoint_dir, cursor=cursor)
         if on_step is not None:
             on_step(trainer.step, metrics)
     return history

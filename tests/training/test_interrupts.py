@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agentgrad.algorithms.interrupts import deferred_interrupts, terminate_as_interrupt
+from agentgrad.training.interrupts import deferred_interrupts, terminate_as_interrupt
 
 
 @pytest.fixture(autouse=True)
@@ -80,7 +80,7 @@ def test_a_sigterm_left_to_the_default_still_ends_the_process_after_the_block() 
     after the part that must not be cut."""
     code = (
         "import os, signal, sys\n"
-        "from agentgrad.algorithms.interrupts import deferred_interrupts\n"
+        "from agentgrad.training.interrupts import deferred_interrupts\n"
         "with deferred_interrupts():\n"
         "    os.kill(os.getpid(), signal.SIGTERM)\n"
         "    print('finished the part', flush=True)\n"
