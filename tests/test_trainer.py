@@ -380,3 +380,47 @@ def test_dev_names_llm_calls_that_did_not_ask_for_the_resources_temperature():
     assert unchecked.temperature is None and unchecked.temperature_warning() is None
     assert default.calls_at_other_temperature == 0  # none named is the server's default, 1
     store.close()
+
+
+_SEEN_ENDPOINTS: list[str] = []  # the runner is a thread of this process (a task is a copy: it went through the store)
+
+
+def _calls_its_llm(task: dict, llm: LLM) -> float:
+    import openai
+
+    client = openai.OpenAI(base_url=llm.endpoint, api_key=llm.api_key or "none", max_retries=0)
+    reply = client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": "hi"}])
+    _SEEN_ENDPOINTS.append(llm.endpoint)
+    return 1.0 if reply.choices[0].message.content else 0.0
+
+
+def test_dev_records_the_calls_to_the_resources_endpoint_through_a_proxy_it_starts(caplog):
+    """Without a policy or a proxy the agent's calls to its endpoint were not recorded at all:
+    ``dev`` reported 0 LLM calls, APO's critic read no conversation, and nothing could be trained."""
+    from agentgrad.testing.stub import StubUpstream
+
+    with StubUpstream(["5"]) as upstream, StubUpstream(["6"]) as judge:
+        url = f"http://127.0.0.1:{upstream.port}/v1"
+        store = MemoryStore(watchdog_interval=None)
+        seen = _SEEN_ENDPOINTS
+        seen.clear()
+        agent = as_agent(_calls_its_llm)
+        report = Trainer(store, runner_options=FAST, console=console()).dev(
+            agent, [{}], {"llm": LLM(endpoint=url, model="m")}, timeout=30
+        )
+        assert report.succeeded == 1 and report.llm_calls_per_rollout == [1] and len(upstream.requests) == 1
+        assert "/rollout/" in seen[0]  # the proxy's endpoint for the attempt, which the Trainer stopped after
+        # capture=False: the endpoint as given, nothing recorded
+        uncaptured = Trainer(store, runner_options=FAST, console=console(), capture=False).dev(
+            agent, [{}], {"llm": LLM(endpoint=url, model="m")}, timeout=30
+        )
+        assert uncaptured.llm_calls_per_rollout == [0] and seen[1] == url
+        # two endpoints: which one to record is the user's choice; a warning says so
+        two = {
+            "llm": LLM(endpoint=url, model="m"),
+            "judge": LLM(endpoint=f"http://127.0.0.1:{judge.port}/v1", model="j"),
+        }
+        with caplog.at_level("WARNING", logger="agentgrad.trainer"):
+            Trainer(store, runner_options=FAST, console=console()).dev(agent, [{}], two, timeout=30)
+        assert seen[2] == url and "name several LLM endpoints" in caplog.text
+        store.close()

@@ -20,8 +20,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))  # make ``examples`` importable when run as a script
 
 from agentgrad.algorithms.apo import APO, ChatEndpoint  # noqa: E402
-from agentgrad.proxy import LLMProxy  # noqa: E402
-from agentgrad.store import open_store  # noqa: E402
 from agentgrad.tasks import read_tasks  # noqa: E402
 from agentgrad.trainer import Trainer  # noqa: E402
 from agentgrad.types import LLM, PromptTemplate  # noqa: E402
@@ -64,10 +62,8 @@ def main() -> None:
             sampling={"temperature": 0.0},
         ),
     }
-    store = open_store(args.store)
-    with LLMProxy(store, args.agent_base_url) as proxy:  # records the agent's calls: the critic reads them
-        trainer = Trainer(store, concurrency=4, algorithm=apo, proxy=proxy)
-        result = trainer.fit(review_agent, tasks[::2], tasks[1::2] + tasks[::2], resources=resources)
+    trainer = Trainer(args.store, concurrency=4, algorithm=apo)
+    result = trainer.fit(review_agent, tasks[::2], tasks[1::2] + tasks[::2], resources=resources)
     print(f"score {result.seed.score:.2f} → {result.best.score:.2f}\nbest prompt:\n{result.best.template.template}")
 
 

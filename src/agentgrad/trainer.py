@@ -94,7 +94,12 @@ class Trainer:
             agent's ``llm`` parameter or ``resources[...]`` lookup asks for).
         proxy: the capture proxy when there is no ``policy`` (a started
             :class:`~agentgrad.proxy.LLMProxy` or its URL); each rollout's ``LLM`` resources then
-            point at it, so every call is recorded.
+            point at it, so every call is recorded. With neither, ``dev()`` and ``fit()`` start one
+            in front of the one LLM endpoint their resources name (``capture``).
+        capture: whether ``dev()`` and ``fit()`` without a policy or a proxy start a capture proxy
+            in front of their resources' LLM endpoint (when they name one, and one only: for
+            several, start :class:`~agentgrad.proxy.LLMProxy` yourself). False: the agent calls
+            its endpoints directly, and only what it records itself (``instrument()``) is kept.
         runner_options: extra keyword arguments for each :class:`Runner` (timings, hooks).
         console: where progress and summaries are printed.
     """
@@ -109,6 +114,7 @@ class Trainer:
         concurrency: int = 1,
         llm_resource: str = "llm",
         proxy: LLMProxy | str | None = None,
+        capture: bool = True,
         runner_options: dict[str, Any] | None = None,
         console: Console | None = None,
     ) -> None:
@@ -130,6 +136,7 @@ class Trainer:
         self.concurrency = concurrency
         self.llm_resource = llm_resource
         self.proxy = proxy
+        self.capture = capture
         self.runner_options = runner_options or {}
         self.console = console or run_console()
 
@@ -162,7 +169,7 @@ class Trainer:
                 resources_id=published.resources_id if published else None,
                 run_id=run_id,
             )
-            with self.running(agent) as store:
+            with self._capturing(resources), self.running(agent) as store:
                 context = AlgorithmContext(
                     store=store, train_tasks=tasks, val_tasks=tasks, console=self.console, policy=self.policy
                 )
@@ -196,7 +203,7 @@ class Trainer:
             resources = self._resources(resources)
             if resources is not None:
                 self.store.add_resources(resources)
-            with self.running(agent) as store:
+            with self._capturing(resources), self.running(agent) as store:
                 context = AlgorithmContext(
                     store=store,
                     train_tasks=train_tasks,
@@ -241,6 +248,34 @@ class Trainer:
         if resources is None and self.policy is not None:
             return {self.llm_resource: self.policy.llm()}
         return resources
+
+    @contextlib.contextmanager
+    def _capturing(self, resources: dict[str, Any] | None) -> Iterator[None]:
+        """With neither a policy nor a proxy: a capture proxy in front of the one LLM endpoint of
+        ``resources`` for the block (the runners send the agent's calls through it, so they are
+        recorded, with token ids where the server returns them)."""
+        from agentgrad.types import LLM
+
+        if not self.capture or self.policy is not None or self.proxy is not None:
+            yield
+            return
+        endpoints = {item.endpoint for item in (resources or {}).values() if isinstance(item, LLM)}
+        if len(endpoints) != 1 or not next(iter(endpoints)).startswith(("http://", "https://")):
+            if len(endpoints) > 1:
+                log.warning(
+                    "the resources name several LLM endpoints %s: their calls are not captured; start "
+                    "agentgrad.LLMProxy(store, endpoint) in front of the one to train and pass it as proxy=",
+                    sorted(endpoints),
+                )
+            yield
+            return
+        from agentgrad.proxy.server import LLMProxy  # lazy: the proxy's server dependencies
+
+        with LLMProxy(self.store, endpoints.pop()) as self.proxy:
+            try:
+                yield
+            finally:
+                self.proxy = None
 
     def _proxy(self) -> tuple[Any, str | None]:
         """The capture proxy the runners use (object or URL) and its URL."""

@@ -82,8 +82,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 
 def _cmd_apo(args: argparse.Namespace) -> int:
     from agentgrad.algorithms.apo import APO, ChatEndpoint
-    from agentgrad.cli.run import capture_proxy, llm_resource_name, llm_resource_of, load_cli_agent
-    from agentgrad.store import open_store
+    from agentgrad.cli.run import llm_resource_name, llm_resource_of, load_cli_agent
     from agentgrad.tasks import read_tasks
     from agentgrad.trainer import Trainer
     from agentgrad.types import PromptTemplate, RolloutConfig
@@ -124,17 +123,15 @@ def _cmd_apo(args: argparse.Namespace) -> int:
     resources: dict[str, Any] = {args.prompt_name: PromptTemplate(template=prompt_text, engine=args.engine), **llm}
     train = read_tasks(args.tasks)
     val = read_tasks(args.val_tasks) if args.val_tasks else train
-    store = open_store(args.store)
-    with capture_proxy(store, args.llm_endpoint, proxy=args.proxy, api_key=args.api_key) as proxy:
-        trainer = Trainer(
-            store,
-            n_runners=args.n_runners,
-            concurrency=args.runner_concurrency,
-            algorithm=apo,
-            proxy=proxy,
-            llm_resource=name,
-        )
-        result = trainer.fit(agent, train, val, resources=resources)
+    trainer = Trainer(
+        args.store,
+        n_runners=args.n_runners,
+        concurrency=args.runner_concurrency,
+        algorithm=apo,
+        proxy=args.proxy,  # without one, the Trainer records the calls through a proxy before --llm-endpoint
+        llm_resource=name,
+    )
+    result = trainer.fit(agent, train, val, resources=resources)
     print(f"seed score {result.seed.score:.3f} → best score {result.best.score:.3f} ({result.best.resources_id})")
     if args.output:
         Path(args.output).write_text(result.best.template.template)

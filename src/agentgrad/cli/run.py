@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import signal
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from agentgrad.agents import Agent, load_agent
@@ -23,8 +21,6 @@ from agentgrad.tasks import read_tasks
 
 if TYPE_CHECKING:
     from agentgrad.algorithms.baseline import EvaluationReport
-    from agentgrad.proxy.server import LLMProxy
-    from agentgrad.store import Store
     from agentgrad.types import RolloutConfig
 
 #: What every command's AGENT argument accepts.
@@ -129,19 +125,12 @@ def _cmd_dev(args: argparse.Namespace) -> int:
     sampling = {} if args.temperature is None else {"temperature": args.temperature}
     if local_model:
         report = _dev_on_local_model(args, agent, tasks, sampling, config)
-    else:
-        from agentgrad.store import open_store
-
+    else:  # the Trainer records the calls through --proxy, or a proxy it starts in front of --llm-endpoint
         name, resources = llm_resource_of(args, default=llm_resource_name(None, agent), sampling=sampling)
-        store = open_store(args.store)
-        try:
-            with capture_proxy(store, args.llm_endpoint, proxy=args.proxy, api_key=args.api_key) as proxy:
-                trainer = Trainer(
-                    store, n_runners=args.n_runners, concurrency=args.concurrency, proxy=proxy, llm_resource=name
-                )
-                report = trainer.dev(agent, tasks, resources, timeout=args.timeout, config=config)
-        finally:
-            store.close()
+        trainer = Trainer(
+            args.store, n_runners=args.n_runners, concurrency=args.concurrency, proxy=args.proxy, llm_resource=name
+        )
+        report = trainer.dev(agent, tasks, resources, timeout=args.timeout, config=config)
     if report.lowest is not None and not args.json:
         print(_whole_rollout_hint(args.store, report.lowest.rollout_id))
     if args.json:
@@ -217,23 +206,6 @@ def llm_resource_of(
         return name, {}
     llm = LLM(endpoint=endpoint, model=args.model or "default", api_key=args.api_key, sampling=sampling or {})
     return name, {name: llm}
-
-
-@contextlib.contextmanager
-def capture_proxy(
-    store: Store, endpoint: str | None, *, proxy: str | None = None, api_key: str | None = None
-) -> Iterator[LLMProxy | str | None]:
-    """The capture proxy the agent's calls go through: ``proxy`` (a URL) as given; else, with an
-    ``endpoint``, one started here in front of it for the block, recording into ``store`` — so the
-    calls are captured as through ``agentgrad proxy --upstream URL`` (``dev`` and ``eval`` count
-    them, APO's critic reads them, ``rollouts show`` prints them) rather than lost."""
-    if proxy or not endpoint:
-        yield proxy
-        return
-    from agentgrad.proxy.server import LLMProxy
-
-    with LLMProxy(store, endpoint, upstream_api_key=api_key) as started:
-        yield started
 
 
 def check_reachable(url: str, flag: str, *, path: str, api_key: str | None = None, timeout: float = 10.0) -> None:

@@ -48,7 +48,6 @@ from agentgrad.cli.named_models import (
 from agentgrad.cli.run import (
     AGENT_HELP,
     LLM_RESOURCE_HELP,
-    capture_proxy,
     llm_resource_name,
     load_cli_agent,
 )
@@ -664,10 +663,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
                     api_key=args.api_key,
                     sampling={"temperature": args.temperature},
                 )
-                with capture_proxy(store, args.upstream, api_key=args.api_key) as proxy:
-                    report = Trainer(store, n_runners=args.runners, concurrency=args.concurrency, proxy=proxy).dev(
-                        agent, tasks, {args.llm_resource: llm}, timeout=args.timeout, run_id=run_id
-                    )
+                report = Trainer(store, n_runners=args.runners, concurrency=args.concurrency).dev(
+                    agent, tasks, {args.llm_resource: llm}, timeout=args.timeout, run_id=run_id
+                )
             else:
                 report = run_on_local_model(
                     args.model,

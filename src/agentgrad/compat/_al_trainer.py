@@ -14,8 +14,7 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -169,15 +168,14 @@ class Trainer:
                 f"agent_match {match!r} does not apply to APO (it optimizes a prompt, reading every "
                 "call); remove it (or the agent's trained_agents)"
             )
-        with self._proxy() as proxy:
-            trainer = _Trainer(
-                self.store,
-                algorithm=algorithm,
-                proxy=proxy,
-                n_runners=self.n_runners,
-                llm_resource=self._llm_resource(agent),
-            )
-            return trainer.fit(agent, train, val, resources=self.initial_resources)
+        trainer = _Trainer(
+            self.store,
+            algorithm=algorithm,
+            proxy=self._proxy(),
+            n_runners=self.n_runners,
+            llm_resource=self._llm_resource(agent),
+        )
+        return trainer.fit(agent, train, val, resources=self.initial_resources)
 
     def dev(
         self, agent: Any, train_dataset: Sequence[Any] | None = None, *, val_dataset: Sequence[Any] | None = None
@@ -189,12 +187,11 @@ class Trainer:
         if not runs:
             raise ValueError("Trainer.dev() needs a dataset: trainer.dev(agent, tasks)")
         report = None
-        with self._proxy() as proxy:
-            trainer = _Trainer(
-                self.store, proxy=proxy, n_runners=self.n_runners, llm_resource=self._llm_resource(agent)
-            )
-            for tasks, mode in runs:
-                report = trainer.dev(agent, list(tasks), self.initial_resources, mode=mode)  # type: ignore[arg-type]
+        trainer = _Trainer(
+            self.store, proxy=self._proxy(), n_runners=self.n_runners, llm_resource=self._llm_resource(agent)
+        )
+        for tasks, mode in runs:
+            report = trainer.dev(agent, list(tasks), self.initial_resources, mode=mode)  # type: ignore[arg-type]
         return report
 
     # ---- wiring -----------------------------------------------------------------------------------
@@ -208,29 +205,20 @@ class Trainer:
     def _llm_resource(agent: Agent) -> str:
         return agent.llm_resource or MAIN_LLM
 
-    @contextlib.contextmanager
-    def _proxy(self) -> Iterator[Any]:
-        """``llm_proxy``, else a capture proxy in front of the one LLM endpoint of the initial
-        resources (None when they hold no LLM: the agent calls what it calls)."""
+    def _proxy(self) -> Any:
+        """``llm_proxy``; else None, and AgentGrad's Trainer starts a capture proxy in front of the
+        one LLM endpoint of the initial resources (Agent Lightning's ``LLMProxy`` role). Several
+        endpoints are refused: every call of the agent would go unrecorded."""
         if self.llm_proxy is not None:
-            yield self.llm_proxy
-            return
+            return self.llm_proxy
         endpoints = {item.endpoint for item in (self.initial_resources or {}).values() if isinstance(item, LLM)}
-        if not endpoints:
-            yield None
-            return
         if len(endpoints) > 1:
             raise UnsupportedError(
                 f"initial_resources name several LLM endpoints {sorted(endpoints)}: AgentGrad "
                 "captures calls through one proxy; start agentgrad.LLMProxy yourself and pass it "
                 "as llm_proxy="
             )
-        from agentgrad.proxy.server import (
-            LLMProxy,  # lazy: the proxy's server dependencies
-        )
-
-        with LLMProxy(self.store, endpoints.pop()) as proxy:
-            yield proxy
+        return None
 
     def _fit_verl(self, verl: VERL, agent: Agent, train: list[Any], val: list[Any], match: str | None) -> Any:
         from agentgrad.algorithms.grpo import GRPO
