@@ -38,11 +38,9 @@ def demo_model_dir():
     return ensure_tiny_model()
 
 
-def test_sft_fast_trains_publishes_and_announces(demo_model_dir, tmp_path) -> None:
-    from transformers import AutoModelForCausalLM
-
-    from agentgrad.training import TrainConfig
-
+def captured_store() -> MemoryStore:
+    """Two calculator rollouts captured through the proxy from a scripted upstream: one right (two
+    calls), one wrong."""
     store = MemoryStore()
     tasks = [{"question": "What is 2 + 3?", "answer": 5}, {"question": "What is 2 + 4?", "answer": 6}]
     with (
@@ -51,6 +49,15 @@ def test_sft_fast_trains_publishes_and_announces(demo_model_dir, tmp_path) -> No
     ):
         trainer = Trainer(store, runner_options={"resources_hook": ProxyResourcesHook(proxy.base_url)})
         trainer.dev(calc_agent, tasks, {"llm": LLM(endpoint="unused", model="stub-model")}, print_summary=False)
+    return store
+
+
+def test_sft_fast_trains_publishes_and_announces(demo_model_dir, tmp_path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from agentgrad.training import TrainConfig
+
+    store = captured_store()
     sft = SFT(
         demo_model_dir,
         train_config=TrainConfig(lr=1e-3),
@@ -72,6 +79,31 @@ def test_sft_fast_trains_publishes_and_announces(demo_model_dir, tmp_path) -> No
     with pytest.raises(AgentGradError, match="somewhere to publish"):
         SFT(demo_model_dir).run(AlgorithmContext(store=store))
     store.close()
+
+
+def test_an_interrupted_sft_run_says_where_its_checkpoint_is(demo_model_dir, tmp_path, monkeypatch) -> None:
+    from agentgrad.algorithms.runlog import RunLog
+    from agentgrad.training import TrainConfig
+
+    def log_then_stop(self, step, values) -> None:  # Ctrl-C between steps 2 and 3
+        if step == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(RunLog, "log", log_then_stop)
+    checkpoints = tmp_path / "checkpoints"
+    sft = SFT(
+        demo_model_dir,
+        train_config=TrainConfig(lr=1e-3),
+        steps=4,
+        batch_size=2,
+        publisher=SaveToDirectory(tmp_path / "out"),
+        checkpoint_dir=checkpoints,
+    )
+    out = Console(file=io.StringIO(), width=200)
+    with pytest.raises(KeyboardInterrupt):
+        sft.run(AlgorithmContext(store=captured_store(), console=out))
+    assert f"interrupted after SFT step 2; its checkpoint is in {checkpoints}: the same command" in out.file.getvalue()
+    assert (checkpoints / "step-000002").is_dir()
 
 
 @pytest.mark.slow

@@ -465,11 +465,25 @@ class SFT(Algorithm):
         )
 
     def run(self, context: AlgorithmContext) -> SFTResult:
+        self._trainer: TrainBackend | None = None
+        try:
+            return self._run(context)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: a step is never cut (fit_sequences); say where it stopped
+            step = self._trainer.step if self._trainer is not None else 0
+            how = (
+                f"its checkpoint is in {self.checkpoint_dir}: the same command resumes from it"
+                if self.checkpoint_dir is not None and step > 0
+                else "no checkpoint directory (--resume, checkpoint_dir=): a new run starts over"
+            )
+            context.console.print(f"[yellow]interrupted after SFT step {step}; {how}[/]", soft_wrap=True)
+            raise
+
+    def _run(self, context: AlgorithmContext) -> SFTResult:
         from agentgrad.training import Sample, fit_sequences
         from agentgrad.training.backend import export_policy, trainer_for
 
         publisher = self._publisher(context)
-        trainer = trainer_for(context.policy, self.model_dir, self.train_config)
+        trainer = self._trainer = trainer_for(context.policy, self.model_dir, self.train_config)
         result = SFTResult([], [], [], [])
         self._validating = bool(context.val_tasks) and self.output_dir is not None
         self.best = (
