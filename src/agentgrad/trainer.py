@@ -35,7 +35,7 @@ from agentgrad.algorithms.baseline import Evaluate, EvaluationReport
 from agentgrad.runner import Runner, RunnerDiedError, RunnerPool, check_not_bootstrapping
 from agentgrad.store import open_store
 from agentgrad.store.protocol import Store, fill_wrapper
-from agentgrad.types import Rollout, RolloutConfig, RolloutMode
+from agentgrad.types import LLM, Rollout, RolloutConfig, RolloutMode
 
 if TYPE_CHECKING:
     from agentgrad.proxy.server import LLMProxy
@@ -98,8 +98,9 @@ class Trainer:
             in front of the one LLM endpoint their resources name (``capture``).
         capture: whether ``dev()`` and ``fit()`` without a policy or a proxy start a capture proxy
             in front of their resources' LLM endpoint (when they name one, and one only: for
-            several, start :class:`~agentgrad.proxy.LLMProxy` yourself). False: the agent calls
-            its endpoints directly, and only what it records itself (``instrument()``) is kept.
+            several, start :class:`~agentgrad.proxy.LLMProxy` yourself; never with
+            ``n_runners=0``, whose runners elsewhere take ``--proxy``). False: the agent calls its
+            endpoints directly, and only what it records itself (``instrument()``) is kept.
         runner_options: extra keyword arguments for each :class:`Runner` (timings, hooks).
         console: where progress and summaries are printed.
     """
@@ -253,10 +254,9 @@ class Trainer:
     def _capturing(self, resources: dict[str, Any] | None) -> Iterator[None]:
         """With neither a policy nor a proxy: a capture proxy in front of the one LLM endpoint of
         ``resources`` for the block (the runners send the agent's calls through it, so they are
-        recorded, with token ids where the server returns them)."""
-        from agentgrad.types import LLM
-
-        if not self.capture or self.policy is not None or self.proxy is not None:
+        recorded, with token ids where the server returns them). Not for runners elsewhere
+        (``n_runners=0``): they could not reach a proxy on this machine's loopback."""
+        if not self.capture or self.policy is not None or self.proxy is not None or self.n_runners == 0:
             yield
             return
         endpoints = {item.endpoint for item in (resources or {}).values() if isinstance(item, LLM)}
