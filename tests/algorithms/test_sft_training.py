@@ -52,19 +52,24 @@ def captured_store() -> MemoryStore:
     return store
 
 
-def test_sft_fast_trains_publishes_and_announces(demo_model_dir, tmp_path) -> None:
-    from transformers import AutoModelForCausalLM
-
+def four_step_sft(model_dir, tmp_path, **options) -> SFT:
     from agentgrad.training import TrainConfig
 
-    store = captured_store()
-    sft = SFT(
-        demo_model_dir,
+    return SFT(
+        model_dir,
         train_config=TrainConfig(lr=1e-3),
         steps=4,
         batch_size=2,
         publisher=SaveToDirectory(tmp_path / "out"),
+        **options,
     )
+
+
+def test_sft_fast_trains_publishes_and_announces(demo_model_dir, tmp_path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    store = captured_store()
+    sft = four_step_sft(demo_model_dir, tmp_path)
     out = Console(file=io.StringIO(), width=80)
     result = sft.run(AlgorithmContext(store=store, console=out))
     assert result.samples == [2]  # the successful rollout's two calls; the failed one is rejected
@@ -83,7 +88,6 @@ def test_sft_fast_trains_publishes_and_announces(demo_model_dir, tmp_path) -> No
 
 def test_an_interrupted_sft_run_says_where_its_checkpoint_is(demo_model_dir, tmp_path, monkeypatch) -> None:
     from agentgrad.algorithms.runlog import RunLog
-    from agentgrad.training import TrainConfig
 
     def log_then_stop(self, step, values) -> None:  # Ctrl-C between steps 2 and 3
         if step == 2:
@@ -91,14 +95,7 @@ def test_an_interrupted_sft_run_says_where_its_checkpoint_is(demo_model_dir, tmp
 
     monkeypatch.setattr(RunLog, "log", log_then_stop)
     checkpoints = tmp_path / "checkpoints"
-    sft = SFT(
-        demo_model_dir,
-        train_config=TrainConfig(lr=1e-3),
-        steps=4,
-        batch_size=2,
-        publisher=SaveToDirectory(tmp_path / "out"),
-        checkpoint_dir=checkpoints,
-    )
+    sft = four_step_sft(demo_model_dir, tmp_path, checkpoint_dir=checkpoints)
     out = Console(file=io.StringIO(), width=200)
     with pytest.raises(KeyboardInterrupt):
         sft.run(AlgorithmContext(store=captured_store(), console=out))
