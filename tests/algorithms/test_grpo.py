@@ -103,7 +103,9 @@ def test_grpo_trains_logs_checkpoints_and_resumes(tiny_model_dir, tmp_path):
     result2 = Trainer(store, concurrency=4, algorithm=grpo2).fit(
         coin_agent, tasks, resources={"llm": LLM(endpoint="http://unused/v1", model="m")}
     )
-    resumed_steps = [h["step"] for h in result2.history if "loss" in h]
+    # the result covers the whole run: its first three steps read back from metrics.jsonl
+    assert [h["step"] for h in result2.history] == [1, 2, 3, 4] and [s for s, _ in result2.validation] == [0, 3]
+    resumed_steps = [h["step"] for h in result2.history if "loss" in h and h["step"] > 3]
     assert result2.steps == 4
     assert publisher.versions[len(trained_steps) :] == ["v3"] + [f"v{s}" for s in resumed_steps]
     store.close()

@@ -49,7 +49,7 @@ from agentgrad.adapters import (
 )
 from agentgrad.algorithms.base import Algorithm, AlgorithmContext, is_live
 from agentgrad.algorithms.batch import cancel_unfinished, wait_batch
-from agentgrad.algorithms.runlog import RunLog, Tracker
+from agentgrad.algorithms.runlog import RunLog, Tracker, read_back
 from agentgrad.algorithms.validation import BestModel, with_sampling
 from agentgrad.store.protocol import RolloutRequest, Store
 from agentgrad.training.interrupts import deferred_interrupts
@@ -473,7 +473,10 @@ class GRPO(Algorithm):
             # say: a step done before is the likelier case)
             self._has_trained = bool((state.get("extra") or {}).get("trained", self.trainer.step > 0))
             self.publish()
-            self.best.load(self.trainer.step)
+            logged = read_back(self.output_dir, self.trainer.step)
+            self.best.load(logged)
+            rows = {r["step"]: r for r in logged if "reward/mean" in r}  # steps, not validations; the last try of each
+            self.result.history = [rows[step] for step in sorted(rows)]
             self._checkpointed_step = self.trainer.step
             self._sync_best()
             self.console.print(f"[bold]resumed[/] from step {self.trainer.step} (task cursor {self.cursor})")

@@ -33,6 +33,25 @@ class Tracker(Protocol):
     def close(self) -> None: ...
 
 
+def read_back(output_dir: Path, up_to_step: int) -> list[dict[str, float]]:
+    """The records a run logged to ``output_dir/metrics.jsonl`` for steps up to ``up_to_step`` (the
+    step a resumed run goes on from), oldest first, without their ``time``. A line a crash cut
+    short is skipped, and so are records of later steps: the resumed run logs those again."""
+    path = Path(output_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= up_to_step:
+            record.pop("time", None)
+            records.append(record)
+    return records
+
+
 class RunLog:
     """Logs a run's metrics to ``output_dir/metrics.jsonl`` (appended: a resumed run continues
     it), to ``store.add_metrics`` under ``run_id``, and to each tracker.

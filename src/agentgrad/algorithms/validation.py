@@ -106,22 +106,13 @@ class BestModel:
         (self.output_dir / "best.json").write_text(json.dumps({"step": step, "score": score}))
         console.print(f"  [cyan]new best ({score:.3f}) at step {step}: {self.output_dir / 'best'}[/]")
 
-    def load(self, up_to_step: int) -> None:
+    def load(self, logged: Sequence[Mapping[str, Any]]) -> None:
         """Read back what a previous run of the same ``output_dir`` recorded: the best step and
-        score, and the validation curve to ``up_to_step`` (the step it resumes from; from its
-        ``metrics.jsonl``), so that a resumed run reports the run's start, not its own."""
+        score (``best.json``), and the validation curve from its ``logged`` records (``RunLog``'s
+        ``read_back``), so that a resumed run reports the run's start, not its own."""
         path = self.output_dir / "best.json"
         if path.exists():
             best = json.loads(path.read_text())
             self.step, self.score = int(best["step"]), float(best["score"])
-        metrics = self.output_dir / "metrics.jsonl"
-        if metrics.exists():
-            scores: dict[int, float] = {}  # a step validated twice (before and after a crash): the last
-            for line in metrics.read_text(encoding="utf-8").splitlines():
-                try:
-                    record = json.loads(line)
-                except ValueError:  # a line a crash cut short
-                    continue
-                if "val/reward_mean" in record and record.get("step", up_to_step + 1) <= up_to_step:
-                    scores[int(record["step"])] = float(record["val/reward_mean"])
-            self.curve = sorted(scores.items())
+        scores = {int(r["step"]): float(r["val/reward_mean"]) for r in logged if "val/reward_mean" in r}
+        self.curve = sorted(scores.items())  # a step validated twice (before and after a crash): the last
