@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -163,10 +164,11 @@ def test_unfiltered_pages_come_from_the_enqueue_index_in_the_order_of_a_full_sca
 # ---- exclusive claims across processes -----------------------------------------------------
 
 
-def _drain(prefix: str, worker: str) -> list[str]:
+def _drain(prefix: str, worker: str, start: Any) -> list[str]:
     store = _open(prefix)
     got: list[str] = []
     try:
+        start.wait(60)  # all together: on a loaded machine the first process up once drained the queue alone
         while claimed := store.dequeue_rollouts(1 + len(got) % 3, worker_id=worker):
             got += [c.rollout.rollout_id for c in claimed]
     finally:
@@ -177,8 +179,10 @@ def _drain(prefix: str, worker: str) -> list[str]:
 def test_processes_claim_each_rollout_exactly_once(prefix):
     store = _open(prefix)
     expected = {r.rollout_id for r in store.enqueue_rollouts([RolloutRequest(input=i) for i in range(N_ROLLOUTS)])}
-    with multiprocessing.get_context("spawn").Pool(N_WORKERS) as pool:
-        per_worker = pool.starmap(_drain, [(prefix, f"p{i}") for i in range(N_WORKERS)])
+    context = multiprocessing.get_context("spawn")
+    with context.Manager() as manager, context.Pool(N_WORKERS) as pool:
+        start = manager.Barrier(N_WORKERS)
+        per_worker = pool.starmap(_drain, [(prefix, f"p{i}", start) for i in range(N_WORKERS)])
     claimed = [rid for got in per_worker for rid in got]
     assert len(claimed) == len(set(claimed)), "a rollout was handed out twice"
     assert set(claimed) == expected
