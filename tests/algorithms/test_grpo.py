@@ -33,7 +33,15 @@ def bad_reward_agent(task, llm):
     return "great"  # not a number: the runner fails the rollout
 
 
-def test_grpo_trains_logs_checkpoints_and_resumes(tiny_model_dir, tmp_path):
+def test_grpo_trains_logs_checkpoints_and_resumes(tiny_model_dir, tmp_path, monkeypatch):
+    saved_at: list[int] = []
+    save_checkpoint = PolicyTrainer.save_checkpoint
+
+    def recorded(self, *args, **kwargs):
+        saved_at.append(self.step)
+        return save_checkpoint(self, *args, **kwargs)
+
+    monkeypatch.setattr(PolicyTrainer, "save_checkpoint", recorded)
     store = MemoryStore()
     publisher = RecordingPublisher()
     grpo = GRPO(
@@ -57,6 +65,7 @@ def test_grpo_trains_logs_checkpoints_and_resumes(tiny_model_dir, tmp_path):
     trained_steps = [h["step"] for h in result.history if "loss" in h]
     assert result.steps == 3 and trained_steps and publisher.versions == [f"v{s}" for s in trained_steps]
     assert [s for s, _ in result.validation] == [0, 3]
+    assert saved_at == [2, 3]  # every 2 steps, and the last step once
     # Each validation rollout names its run and step, so the dashboard lists it with the run's own.
     validation = store.query_rollouts(RolloutFilter(mode="val"))
     assert (

@@ -369,8 +369,7 @@ class GRPO(Algorithm):
                 if pending is not None:  # out of time with a batch under way: not to be trained on
                     self.cancel(pending)
                     pending = None
-                if trainer.step > 0 and trainer.step % cfg.checkpoint_every != 0:
-                    self.checkpoint()
+                self._checkpoint_unless_saved()  # out of time before the last step: keep the one reached
                 if validation := self.evaluate(trainer.step):
                     self.run_log.log(trainer.step, validation)
             except KeyboardInterrupt:
@@ -385,8 +384,7 @@ class GRPO(Algorithm):
         """Ctrl-C or SIGTERM: keep the last whole step as a checkpoint and say how to go on."""
         step = self.trainer.step
         with deferred_interrupts():
-            if step > 0 and self._checkpointed_step != step:
-                self.checkpoint()
+            self._checkpoint_unless_saved()
         if step == 0:
             self.console.print("[yellow]interrupted before its first step[/]")
             return
@@ -731,6 +729,11 @@ class GRPO(Algorithm):
         extra = {"version": self.versions[-1], "trained": self._has_trained}
         self.trainer.save_checkpoint(self.checkpoint_dir, cursor=self.cursor, extra=extra)
         self._checkpointed_step = self.trainer.step
+
+    def _checkpoint_unless_saved(self) -> None:
+        """A checkpoint of the step reached, unless one was saved (or resumed from) at it already."""
+        if self.trainer.step > 0 and self._checkpointed_step != self.trainer.step:
+            self.checkpoint()
 
     # ---- 6. evaluate ------------------------------------------------------------------------------
     def evaluate(self, step: int) -> dict[str, float]:
