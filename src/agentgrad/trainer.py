@@ -260,18 +260,19 @@ class Trainer:
             yield
             return
         endpoints = {item.endpoint for item in (resources or {}).values() if isinstance(item, LLM)}
-        if len(endpoints) != 1 or not next(iter(endpoints)).startswith(("http://", "https://")):
-            if len(endpoints) > 1:
-                log.warning(
-                    "the resources name several LLM endpoints %s: their calls are not captured; start "
-                    "agentgrad.LLMProxy(store, endpoint) in front of the one to train and pass it as proxy=",
-                    sorted(endpoints),
-                )
+        if len(endpoints) > 1:
+            log.warning(
+                "the resources name several LLM endpoints %s: their calls are not captured; start "
+                "agentgrad.LLMProxy(store, endpoint) in front of the one to train and pass it as proxy=",
+                sorted(endpoints),
+            )
+        endpoint = endpoints.pop() if len(endpoints) == 1 else ""
+        if not endpoint.startswith(("http://", "https://")):  # none, several, or not a URL to relay to
             yield
             return
         from agentgrad.proxy.server import LLMProxy  # lazy: the proxy's server dependencies
 
-        with LLMProxy(self.store, endpoints.pop()) as self.proxy:
+        with LLMProxy(self.store, endpoint) as self.proxy:
             try:
                 yield
             finally:

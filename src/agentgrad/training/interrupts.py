@@ -42,17 +42,17 @@ def deferred_interrupts() -> Iterator[None]:
         held.append(signal.Signals(signum))
 
     previous = {number: signal.getsignal(number) for number in _SIGNALS}
-    for number, handler in previous.items():
-        if handler is not signal.SIG_IGN and handler is not None:  # None: installed outside Python
-            signal.signal(number, hold)
+    # an ignored signal stays ignored; None: a handler installed outside Python, left alone
+    taken = {number: handler for number, handler in previous.items() if handler not in (signal.SIG_IGN, None)}
+    for number in taken:
+        signal.signal(number, hold)
     try:
         yield
     finally:
-        for number, handler in previous.items():
-            if handler is not signal.SIG_IGN and handler is not None:
-                signal.signal(number, handler)
+        for number, handler in taken.items():
+            signal.signal(number, handler)
         if held:
-            handler = previous[held[0]]
+            handler = taken[held[0]]
             if callable(handler):
                 handler(held[0], None)
             else:  # SIG_DFL: what the signal would have done, now
